@@ -1,0 +1,227 @@
+"""Client-side computation as functions of (parameters, batch, hyper-parameters).
+
+A client is not a resident model object: one module per process serves every client through
+``torch.func.functional_call``, with that client's parameters passed in. This keeps memory
+flat in the number of simulated clients and leaves room for a cohort-vectorized path that
+runs many clients' steps as one batched computation.
+
+The SGD update is PyTorch's own functional SGD (``torch.optim.sgd.sgd``, single-tensor
+path), so a client reproduces ``torch.optim.SGD`` bit for bit on the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.optim.sgd import sgd
+
+from fedcore.payload import StateDict
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, StateDict], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """Local optimisation hyper-parameters (seed 000 §IV: SGD, momentum 0.9, wd 5e-4)."""
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    max_steps: int | None = None  # cap on local steps per round (None: full epochs)
+
+
+class ImageData:
+    """uint8 images kept once in memory; batches are normalised (and noised) on the fly."""
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+    ) -> None:
+        self.images = images  # (N, C, H, W) uint8
+        self.labels = labels  # (N,) int64
+        c = images.shape[1]
+        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
+        self._std = torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def batch(
+        self,
+        idx: torch.Tensor,
+        *,
+        noise_var: float = 0.0,
+        generator: torch.Generator | None = None,
+        device: torch.device | str = "cpu",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.images.index_select(0, idx).to(torch.float32).div_(255.0)
+        x = (x - self._mean) / self._std  # (B, C, H, W)
+        if noise_var > 0.0:
+            # Seed 000 §IV feature skew: x^ = x + e, e ~ N(0, sigma*i/N), drawn per access
+            # as NIID-Bench's AddGaussianNoise transform does.
+            x = x + torch.randn(x.shape, generator=generator) * math.sqrt(noise_var)
+        return x.to(device), self.labels.index_select(0, idx).to(device)
+
+    def share_memory_(self) -> ImageData:
+        self.images.share_memory_()
+        self.labels.share_memory_()
+        return self
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, params: StateDict) -> torch.Tensor:
+    """FedAvg's client objective (a mean over the batch)."""
+    return nn.functional.cross_entropy(logits, targets)
+
+
+def split_state(model: nn.Module, state: StateDict) -> tuple[StateDict, StateDict]:
+    """Split a state dict into (trainable parameters, buffers) by the module's own names."""
+    param_names = {n for n, _ in model.named_parameters()}
+    params = {k: v for k, v in state.items() if k in param_names}
+    buffers = {k: v for k, v in state.items() if k not in param_names}
+    return params, buffers
+
+
+def local_sgd_step(
+    model: nn.Module,
+    params: StateDict,
+    buffers: StateDict,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lr: float,
+    cfg: LocalConfig,
+    momentum_buffers: list[torch.Tensor | None],
+    loss_fn: LossFn = cross_entropy,
+) -> torch.Tensor:
+    """One SGD step on ``params`` (updated in place); returns the detached loss.
+
+    ``buffers`` (BatchNorm running statistics) are updated in place by the forward pass.
+    """
+    logits = functional_call(model, (params, buffers), (x,))
+    loss = loss_fn(logits, y, params)
+    tensors = list(params.values())
+    grads = torch.autograd.grad(loss, tensors)
+    with torch.no_grad():
+        sgd(
+            tensors,
+            list(grads),
+            momentum_buffers,
+            foreach=False,
+            weight_decay=cfg.weight_decay,
+            momentum=cfg.momentum,
+            lr=lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
+    return loss.detach()
+
+
+@dataclass
+class LocalResult:
+    state: StateDict  # every tensor of the model after local training
+    num_samples: int  # samples in the client's shard (FedAvg's aggregation weight)
+    num_steps: int  # local SGD steps taken (tau_i, FedNova's normaliser)
+    samples_seen: int  # samples processed over all epochs
+    train_loss: float  # mean loss over the local steps
+    seconds: float
+
+
+def batch_order(
+    num_samples: int, cfg: LocalConfig, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """Positions into the client's shard for every local step (reshuffled every epoch)."""
+    batches: list[torch.Tensor] = []
+    for _ in range(cfg.local_epochs):
+        perm = torch.randperm(num_samples, generator=generator)
+        batches.extend(perm.split(cfg.batch_size))
+    if cfg.max_steps is not None:
+        batches = batches[: cfg.max_steps]
+    return batches
+
+
+def train_locally(
+    model: nn.Module,
+    state: StateDict,
+    data: ImageData,
+    indices: np.ndarray,
+    *,
+    lr: float,
+    cfg: LocalConfig,
+    seed: int,
+    noise_var: float = 0.0,
+    loss_fn: LossFn = cross_entropy,
+    device: torch.device | str = "cpu",
+) -> LocalResult:
+    """Run a client's local epochs from ``state``; the result depends only on the arguments."""
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(seed)
+    shard = torch.as_tensor(indices, dtype=torch.int64)
+    work = {k: v.detach().clone().to(device) for k, v in state.items()}
+    params, buffers = split_state(model, work)
+    for p in params.values():
+        p.requires_grad_(True)
+    momentum_buffers: list[torch.Tensor | None] = [None] * len(params)
+    model.train()
+    losses: list[torch.Tensor] = []
+    seen = 0
+    for pos in batch_order(len(shard), cfg, generator):
+        x, y = data.batch(shard[pos], noise_var=noise_var, generator=generator, device=device)
+        losses.append(
+            local_sgd_step(
+                model,
+                params,
+                buffers,
+                x,
+                y,
+                lr=lr,
+                cfg=cfg,
+                momentum_buffers=momentum_buffers,
+                loss_fn=loss_fn,
+            )
+        )
+        seen += len(pos)
+    out = {k: v.detach() for k, v in work.items()}
+    mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
+    return LocalResult(
+        state=out,
+        num_samples=len(shard),
+        num_steps=len(losses),
+        samples_seen=seen,
+        train_loss=mean_loss,
+        seconds=time.perf_counter() - start,
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    state: StateDict,
+    data: ImageData,
+    indices: np.ndarray | None = None,
+    *,
+    batch_size: int = 1000,
+    device: torch.device | str = "cpu",
+) -> tuple[int, float, int]:
+    """(correct predictions, summed cross-entropy, samples) of ``state`` on ``data``."""
+    model.eval()
+    idx = torch.arange(len(data)) if indices is None else torch.as_tensor(indices)
+    params, buffers = split_state(model, {k: v.to(device) for k, v in state.items()})
+    correct, loss_sum = 0, 0.0
+    for pos in idx.split(batch_size):
+        x, y = data.batch(pos, device=device)
+        logits = functional_call(model, (params, buffers), (x,))
+        loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == y).sum())
+    return correct, loss_sum, int(idx.numel())

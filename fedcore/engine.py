@@ -1,0 +1,318 @@
+"""The federated simulation engine: sampling, download, local training, upload, aggregation.
+
+Determinism: every random choice is derived from (seed, round, client) and every client's
+local training runs single-threaded, so a run gives the same numbers whatever the number of
+worker processes, their completion order or the machine's thread count. Updates are
+aggregated in the order the server sampled the clients, never in completion order.
+
+Parallelism comes from worker processes (each one model, one thread): on 2 CPU cores two
+single-thread clients outrun one two-thread client (DESIGN.md, CPU facts). On CUDA the clients
+run one after another in this process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedcore import payload
+from fedcore.algorithms.base import ClientUpdate, FederatedAlgorithm
+from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
+from fedcore.events import Callback, ClientRecord, RoundRecord
+from fedcore.schedules import LRSchedule
+
+_SAMPLING_STREAM = 1
+_CLIENT_STREAM = 2
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    rounds: int
+    clients_per_round: int
+    # "without_replacement": distinct clients each round (seed 004 §6.1.4, 10 of 100);
+    # "with_replacement": independent uniform draws, a client drawn twice trains twice.
+    sampling: str = "without_replacement"
+    eval_every: int = 1
+    last_rounds: int = 5  # L of "mean accuracy of the last L rounds" (seed 004 §6.1.5)
+    seed: int = 0
+
+
+@dataclass
+class History:
+    rounds: list[RoundRecord] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    last_rounds: int = 5
+
+    @property
+    def evaluated(self) -> list[RoundRecord]:
+        return [r for r in self.rounds if r.accuracy is not None]
+
+    @property
+    def final_accuracy(self) -> float | None:
+        ev = self.evaluated
+        return ev[-1].accuracy if ev else None
+
+    @property
+    def mean_accuracy_last(self) -> float | None:
+        ev = self.evaluated[-self.last_rounds :]
+        return float(np.mean([r.accuracy for r in ev])) if ev else None
+
+    @property
+    def upload_bytes(self) -> int:
+        return self.rounds[-1].cum_upload_bytes if self.rounds else 0
+
+    @property
+    def download_bytes(self) -> int:
+        return self.rounds[-1].cum_download_bytes if self.rounds else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "final_accuracy": self.final_accuracy,
+            "mean_accuracy_last_L": self.mean_accuracy_last,
+            "last_rounds_L": self.last_rounds,
+            "upload_bytes": self.upload_bytes,
+            "download_bytes": self.download_bytes,
+            "wall_seconds": self.wall_seconds,
+            "rounds": [r.to_dict() for r in self.rounds],
+        }
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed from a tuple of integers (NumPy SeedSequence: independent streams)."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(2, dtype=np.uint64)[0] >> 1)
+
+
+def sample_clients(cfg: FederationConfig, num_clients: int, round_: int) -> tuple[int, ...]:
+    rng = np.random.default_rng(derive_seed(cfg.seed, _SAMPLING_STREAM, round_))
+    m = cfg.clients_per_round
+    if cfg.sampling == "with_replacement":
+        picked = rng.integers(0, num_clients, size=m)
+    elif m >= num_clients:
+        picked = np.arange(num_clients)
+    else:
+        picked = np.sort(rng.choice(num_clients, size=m, replace=False))
+    return tuple(int(c) for c in picked)
+
+
+# ---- the work a client or an evaluator does; runs in this process or in a worker ----------
+
+
+@dataclass
+class _Context:
+    model: nn.Module
+    algorithm: FederatedAlgorithm
+    train: ImageData
+    test: ImageData
+    shards: Sequence[np.ndarray]
+    noise_var: Sequence[float]
+    local: LocalConfig
+    device: str
+
+
+_WORKER: _Context | None = None
+
+
+def _init_worker(model_fn: Callable[[], nn.Module], *args: Any) -> None:
+    global _WORKER
+    torch.set_num_threads(1)
+    _WORKER = _Context(model_fn(), *args)
+
+
+def _client_job(
+    ctx: _Context, client_id: int, lr: float, seed: int, download: bytes
+) -> tuple[int, bytes, int, int, float, float]:
+    """Decode the download, train locally, encode the upload: the wire on both sides."""
+    state = payload.decode(download)
+    res = train_locally(
+        ctx.model,
+        state,
+        ctx.train,
+        ctx.shards[client_id],
+        lr=lr,
+        cfg=ctx.local,
+        seed=seed,
+        noise_var=ctx.noise_var[client_id],
+        loss_fn=ctx.algorithm.client_objective(state),
+        device=ctx.device,
+    )
+    upload = payload.encode(res.state)
+    return client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds
+
+
+def _eval_job(ctx: _Context, state_bytes: bytes, indices: np.ndarray) -> tuple[int, float, int]:
+    return evaluate(ctx.model, payload.decode(state_bytes), ctx.test, indices, device=ctx.device)
+
+
+def _worker_client_job(*args: Any) -> tuple[int, bytes, int, int, float, float]:
+    assert _WORKER is not None
+    return _client_job(_WORKER, *args)
+
+
+def _worker_eval_job(*args: Any) -> tuple[int, float, int]:
+    assert _WORKER is not None
+    return _eval_job(_WORKER, *args)
+
+
+class Simulation:
+    """Runs ``federation.rounds`` rounds of ``algorithm`` over the client shards."""
+
+    def __init__(
+        self,
+        *,
+        model_fn: Callable[[], nn.Module],
+        algorithm: FederatedAlgorithm,
+        train: ImageData,
+        test: ImageData,
+        shards: Sequence[np.ndarray],
+        local: LocalConfig,
+        lr_schedule: LRSchedule,
+        federation: FederationConfig,
+        noise_var: Sequence[float] | None = None,
+        workers: int = 1,
+        device: str = "cpu",
+        callbacks: Sequence[Callback] = (),
+        eval_chunk: int = 2500,
+    ) -> None:
+        self.model_fn = model_fn
+        self.algorithm = algorithm
+        self.train, self.test = train, test
+        self.shards = [np.asarray(s, dtype=np.int64) for s in shards]
+        self.noise_var = list(noise_var) if noise_var is not None else [0.0] * len(self.shards)
+        self.local, self.schedule, self.cfg = local, lr_schedule, federation
+        self.device = device
+        # CUDA runs clients sequentially in-process; CPU fans out to single-thread workers.
+        self.workers = 0 if device != "cpu" else max(0, workers)
+        self.callbacks = list(callbacks)
+        self.eval_chunk = eval_chunk
+        torch.manual_seed(federation.seed)
+        model = model_fn()
+        self.global_state: dict[str, torch.Tensor] = {
+            k: v.detach().clone() for k, v in model.state_dict().items()
+        }
+        self._ctx_args = (algorithm, train, test, self.shards, self.noise_var, local, device)
+        self._local_ctx: _Context | None = None
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    # ---- execution back-ends -----------------------------------------------------------
+    def _start(self) -> None:
+        if self.workers >= 1:
+            self.train.share_memory_()
+            self.test.share_memory_()
+            self._pool = cf.ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=mp.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.model_fn, *self._ctx_args),
+            )
+        else:
+            model = self.model_fn().to(self.device)
+            self._local_ctx = _Context(model, *self._ctx_args)
+
+    def _map(self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple]) -> list:
+        if self._pool is not None:
+            futures = [self._pool.submit(fn_worker, *job) for job in jobs]
+            return [f.result() for f in futures]  # results in submission order
+        assert self._local_ctx is not None
+        threads = torch.get_num_threads()
+        if self.device == "cpu":
+            torch.set_num_threads(1)  # the same arithmetic as a single-thread worker
+        try:
+            return [fn_local(self._local_ctx, *job) for job in jobs]
+        finally:
+            torch.set_num_threads(threads)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    # ---- the round loop ----------------------------------------------------------------
+    def evaluate(self) -> tuple[float, float]:
+        blob = payload.encode(self.global_state)
+        chunks = np.array_split(np.arange(len(self.test)), max(1, -(-len(self.test) // self.eval_chunk)))
+        parts = self._map(_eval_job, _worker_eval_job, [(blob, c) for c in chunks])
+        correct = sum(p[0] for p in parts)
+        loss = sum(p[1] for p in parts)
+        n = sum(p[2] for p in parts)
+        return correct / n, loss / n
+
+    def run(self) -> History:
+        history = History(last_rounds=self.cfg.last_rounds)
+        start = time.perf_counter()
+        self._emit("on_fit_start", {"num_clients": len(self.shards), "rounds": self.cfg.rounds})
+        self._start()
+        try:
+            cum_down = cum_up = 0
+            for r in range(1, self.cfg.rounds + 1):
+                record = self._round(r, cum_down, cum_up)
+                cum_down, cum_up = record.cum_download_bytes, record.cum_upload_bytes
+                history.rounds.append(record)
+                self._emit("on_round_end", record)
+        finally:
+            self.close()
+        history.wall_seconds = time.perf_counter() - start
+        self._emit("on_fit_end", history)
+        return history
+
+    def _round(self, r: int, cum_down: int, cum_up: int) -> RoundRecord:
+        t0 = time.perf_counter()
+        lr = self.schedule.at(r)
+        clients = sample_clients(self.cfg, len(self.shards), r)
+        self._emit("on_round_start", r, clients, lr)
+        download = payload.encode(self.global_state)
+        jobs = [
+            (c, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, c, slot), download)
+            for slot, c in enumerate(clients)
+        ]
+        results = self._map(_client_job, _worker_client_job, jobs)
+        updates: list[ClientUpdate] = []
+        rejected = 0
+        for cid, upload, n, steps, loss, secs in results:
+            state = payload.decode(upload)
+            ok = payload.is_finite(state)
+            if ok:
+                updates.append(ClientUpdate(cid, state, n, steps, loss, len(upload)))
+            else:
+                rejected += 1  # a NaN/Inf update never reaches the global model
+            self._emit(
+                "on_client_end",
+                ClientRecord(r, cid, n, steps, loss, len(download), len(upload), secs, ok),
+            )
+        if updates:
+            aggregated = self.algorithm.aggregate(self.global_state, updates)
+            self.global_state = self.algorithm.server_update(self.global_state, aggregated, r)
+        down = len(download) * len(clients)
+        up = sum(len(res[1]) for res in results)
+        acc = test_loss = None
+        if r % self.cfg.eval_every == 0 or r == self.cfg.rounds:
+            acc, test_loss = self.evaluate()
+        weights = [u.num_samples for u in updates]
+        train_loss = (
+            float(np.average([u.train_loss for u in updates], weights=weights)) if updates else float("nan")
+        )
+        return RoundRecord(
+            round=r,
+            lr=lr,
+            clients=clients,
+            download_bytes=down,
+            upload_bytes=up,
+            cum_download_bytes=cum_down + down,
+            cum_upload_bytes=cum_up + up,
+            train_loss=train_loss,
+            accuracy=acc,
+            test_loss=test_loss,
+            rejected=rejected,
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _emit(self, event: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, event)(*args)
