@@ -1,0 +1,167 @@
+"""The ``fedapt`` command line. Heavy imports happen inside commands (start-up stays fast)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="fedapt: communication-efficient federated learning with parameter-efficient adapters.",
+)
+out = Console()
+err = Console(stderr=True)
+
+ParamsOpt = Annotated[Path | None, typer.Option("--params", "-p", help="params file (default: params.yaml)")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="override a parameter, e.g. --set federation.rounds=5"),
+]
+
+
+def _guard(fn: Callable[[], Any]) -> Any:
+    """Run a command body; a FedaptError becomes one line on stderr and exit code 2."""
+    from fedcore.errors import FedaptError
+
+    try:
+        return fn()
+    except FedaptError as exc:
+        err.print(f"[red]fedapt: error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err.print("fedapt: interrupted")
+        raise typer.Exit(130) from None
+
+
+def _load(params: Path | None, overrides: list[str] | None, extra: list[str] | None = None) -> Any:
+    from flows.config import load_params
+
+    return load_params(params, [*(overrides or []), *(extra or [])])
+
+
+@app.command()
+def run(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
+    workers: Annotated[str | None, typer.Option(help="CPU worker processes: auto or N")] = None,
+) -> None:
+    """Run the experiment grid in params.yaml and print the results table."""
+
+    def body() -> None:
+        from flows.experiment import experiment_dir, run_experiment
+
+        extra = []
+        if device is not None:
+            extra.append(f"runtime.device={device}")
+        if workers is not None:
+            extra.append(f"runtime.workers={workers}")
+        p = _load(params, set_, extra)
+        records = run_experiment(p, err)
+        out.print(results_table(records))
+        out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
+
+    _guard(body)
+
+
+def results_table(records: list[dict[str, Any]]) -> Table:
+    from fedcore.payload import mib
+
+    t = Table(title="fedapt results")
+    for col in ("algorithm", "adapter", "partition", "rounds", "final acc", "mean acc (last L)",
+                "up MiB/round", "down MiB/round", "up MiB total", "down MiB total", "wall s"):
+        t.add_column(col, justify="right" if col not in ("algorithm", "adapter", "partition") else "left")
+    for r in records:
+        t.add_row(
+            r["algorithm"], r["adapter"], r["partition"], str(r["rounds"]),
+            _pct(r["final_accuracy"]), _pct(r["mean_accuracy_last_L"]) + f" (L={r['last_rounds_L']})",
+            f"{mib(r['upload_bytes_per_round']):.3f}", f"{mib(r['download_bytes_per_round']):.3f}",
+            f"{mib(r['upload_bytes']):.2f}", f"{mib(r['download_bytes']):.2f}", f"{r['wall_seconds']:.1f}",
+        )
+    return t
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+@app.command()
+def partition(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
+) -> None:
+    """Partition the dataset; write manifest.csv + stats.json and print a label histogram."""
+
+    def body() -> None:
+        from flows.experiment import experiment_dir
+        from tasks.data import build_partition, load_experiment_data, write_partition
+
+        p = _load(params, set_)
+        data = load_experiment_data(p)
+        part = build_partition(p, data)
+        target = out_dir or experiment_dir(p) / "partition"
+        manifest, stats = write_partition(p, data, part, target)
+        counts = part.label_counts(data.train.labels.numpy(), data.train.info.num_classes)
+        t = Table(title=f"{part.scheme} {part.params}  hash {part.content_hash()[:12]}")
+        t.add_column("client", justify="right")
+        t.add_column("size", justify="right")
+        for k in range(counts.shape[1]):
+            t.add_column(str(k), justify="right")
+        if any(v > 0 for v in part.noise_var):
+            t.add_column("noise var", justify="right")
+        for i, row in enumerate(counts):
+            cells = [str(i), str(int(row.sum())), *(str(int(v)) for v in row)]
+            if any(v > 0 for v in part.noise_var):
+                cells.append(f"{part.noise_var[i]:.4f}")
+            t.add_row(*cells)
+        out.print(t)
+        out.print(f"manifest: {manifest}\nstats: {stats}")
+
+    _guard(body)
+
+
+@app.command()
+def models(
+    num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
+    input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "3,32,32",
+) -> None:
+    """List registered backbones with parameter counts and payload bytes."""
+
+    def body() -> None:
+        from fedcore.errors import ConfigError
+        from fedcore.payload import encode, mib
+        from models import count_parameters, get_model, list_models
+
+        try:
+            c, h, w = (int(x) for x in input_shape.split(","))
+        except ValueError:
+            raise ConfigError(f"--input-shape expects C,H,W (got {input_shape!r})") from None
+        if h != w:
+            raise ConfigError(f"--input-shape: square inputs only (got {h}x{w})")
+        t = Table(title=f"backbones for input {c}x{h}x{w}, {num_classes} classes (adapter: full)")
+        for col in ("model", "total params", "trainable params", "payload bytes", "payload MiB"):
+            t.add_column(col, justify="left" if col == "model" else "right")
+        for name in list_models():
+            m = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
+            n = len(encode(m.state_dict()))
+            t.add_row(name, f"{count_parameters(m):,}", f"{count_parameters(m, trainable_only=True):,}",
+                      f"{n:,}", f"{mib(n):.3f}")
+        out.print(t)
+
+    _guard(body)
+
+
+def main() -> None:
+    app(prog_name="fedapt")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""params.yaml -> frozen, validated configuration, parsed once at the flow edge.
+
+Errors come out as one line naming the file, the YAML line, the dotted key and what is
+allowed, e.g. ``params.yaml:14: federation.rounds: must be >= 1 (got 0)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedcore.errors import ConfigError
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ExperimentSection(_Section):
+    name: str = Field("fedapt", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    seed: int = Field(0, ge=0)
+    reports_dir: str = "reports"
+
+
+class DataSection(_Section):
+    dataset: str = "fashion_mnist"
+    root: str = "data/raw"
+    train_subset: int | None = Field(None, ge=1)  # a seeded random subset of the train split
+    test_subset: int | None = Field(None, ge=1)
+    download: bool = True
+
+
+class PartitionSection(BaseModel):
+    """``scheme`` and ``num_clients``; every other key is an option of that scheme."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    scheme: str = "dirichlet_classwise"
+    num_clients: int = Field(10, ge=1)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ModelSection(_Section):
+    name: str = "cifar_cnn"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class FederationSection(_Section):
+    rounds: int = Field(20, ge=1)
+    participation: float = Field(1.0, gt=0.0, le=1.0)
+    sampling: Literal["without_replacement", "with_replacement"] = "without_replacement"
+    eval_every: int = Field(1, ge=1)
+    last_rounds: int = Field(5, ge=1)
+
+
+class ClientSection(_Section):
+    lr: float = Field(0.05, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(5e-4, ge=0.0)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+
+
+class ScheduleSection(_Section):
+    kind: Literal["constant", "step", "exponential"] = "constant"
+    gamma: float = Field(0.1, gt=0.0)
+    milestones: tuple[int, ...] = ()
+    decay: float = Field(0.998, gt=0.0, le=1.0)
+
+    @field_validator("milestones")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(m < 1 for m in v):
+            raise ValueError("milestones are rounds >= 1")
+        return tuple(sorted(v))
+
+
+class GridSection(_Section):
+    algorithms: tuple[str, ...] = ("fedavg",)
+    adapters: tuple[str, ...] = ("full",)
+    algorithm_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class RuntimeSection(_Section):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    workers: int | Literal["auto"] = "auto"  # CPU worker processes (0: in this process)
+
+
+class Params(_Section):
+    experiment: ExperimentSection = ExperimentSection()
+    data: DataSection = DataSection()
+    partition: PartitionSection = PartitionSection()
+    model: ModelSection = ModelSection()
+    federation: FederationSection = FederationSection()
+    client: ClientSection = ClientSection()
+    lr_schedule: ScheduleSection = ScheduleSection()
+    grid: GridSection = GridSection()
+    runtime: RuntimeSection = RuntimeSection()
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted-key view (for tracking params and the run summary)."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict) and value:
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else str(k), v)
+            else:
+                out[prefix] = list(value) if isinstance(value, tuple) else value
+
+        walk("", self.model_dump(mode="json"))
+        return out
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+
+def _yaml_line(text: str, path: tuple[Any, ...]) -> int | None:
+    """1-based line of the YAML node at ``path`` (or of its deepest existing parent)."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in path:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(key):
+                    line, node = k.start_mark.line + 1, v
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _where(source: str, text: str, path: tuple[Any, ...]) -> str:
+    line = _yaml_line(text, path) if text else None
+    return f"{source}:{line}" if line else source
+
+
+def _one_line(err: ValidationError, source: str, text: str) -> str:
+    e = err.errors()[0]
+    loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+    key = ".".join(str(x) for x in loc)
+    if e["type"] == "extra_forbidden":
+        section = _section_model(loc[:-1])
+        allowed = ", ".join(section.model_fields) if section else ""
+        msg = f"unknown key {key!r}; allowed: {allowed}"
+    else:
+        msg = f"{key}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
+    return f"{_where(source, text, loc)}: {msg}"
+
+
+def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Params
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], yaml-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value (got {item!r})")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set expects key=value (got {item!r})")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    data = copy.deepcopy(raw)
+    for item in overrides:
+        parts, value = parse_override(item)
+        if parts[0] not in Params.model_fields:
+            raise ConfigError(
+                f"--set {'.'.join(parts)}: unknown key {parts[0]!r}; allowed: "
+                + ", ".join(Params.model_fields)
+            )
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {'.'.join(parts)}: {p!r} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def load_params(path: str | Path | None = None, overrides: list[str] | None = None) -> Params:
+    """Read params.yaml (or only defaults when ``path`` is None and none exists)."""
+    source = str(path or DEFAULT_PARAMS)
+    text = ""
+    p = Path(source)
+    if p.exists():
+        text = p.read_text()
+    elif path is not None:
+        raise ConfigError(f"params file {source} not found")
+    try:
+        raw = yaml.safe_load(text) if text else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
+    data = apply_overrides(raw, overrides or [])
+    try:
+        return Params.model_validate(data)
+    except ValidationError as err:
+        label = source if not overrides else f"{source} (with --set)"
+        raise ConfigError(_one_line(err, label, text)) from None

@@ -1,0 +1,61 @@
+"""The experiment pipeline: partition -> one training run per grid cell -> summary.
+
+Every input is checked before anything is written, so bad parameters leave no partial
+outputs; each output file is written atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from fedcore.algorithms import build_algorithm
+from fedcore.device import resolve_device
+from flows.config import Params
+from models.adapters import check_adapter
+from tasks.data import build_partition, load_experiment_data, write_partition
+from tasks.io import atomic_write_json
+from tasks.progress import RichProgress
+from tasks.train import cell_name, model_factory, train_cell
+
+
+def experiment_dir(params: Params) -> Path:
+    return Path(params.experiment.reports_dir) / params.experiment.name
+
+
+def validate(params: Params) -> None:
+    """Fail on bad names/options before any data is loaded or any file written."""
+    for algorithm in params.grid.algorithms:
+        build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+    for adapter in params.grid.adapters:
+        check_adapter(adapter)
+    resolve_device(params.runtime.device)
+
+
+def run_experiment(params: Params, console: Console | None = None) -> list[dict[str, Any]]:
+    console = console or Console(stderr=True)
+    validate(params)
+    data = load_experiment_data(params)
+    model_factory(params, data)()  # unknown model or option -> error before any output
+    part = build_partition(params, data)
+    out = experiment_dir(params)
+    write_partition(params, data, part, out / "partition")
+    records = []
+    for algorithm in params.grid.algorithms:
+        for adapter in params.grid.adapters:
+            name = cell_name(algorithm, adapter)
+            started = time.perf_counter()
+            rec = train_cell(
+                params, data, part, algorithm, adapter, out / "runs" / name,
+                callbacks=[RichProgress(name, console)],
+            )
+            rec["process_seconds"] = round(time.perf_counter() - started, 3)
+            records.append(rec)
+    atomic_write_json(
+        out / "summary.json",
+        {"experiment": params.experiment.name, "params": params.flat(), "runs": records},
+    )
+    return records

@@ -1,0 +1,91 @@
+"""Loading the experiment's data and its client partition (IO lives here, math in fedcore)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from fedcore.client import ImageData
+from fedcore.datasets import ArrayDataset, load_dataset
+from fedcore.errors import ConfigError
+from fedcore.partition import (
+    Partition,
+    make_partition,
+    partition_stats,
+    write_manifest,
+    write_stats,
+)
+from flows.config import Params
+
+_SUBSET_STREAM = 7
+
+
+def subset_indices(n: int, size: int | None, seed: int, key: str) -> np.ndarray:
+    """A seeded random subset of ``range(n)`` (sorted), or everything when ``size`` is None."""
+    if size is None or size >= n:
+        return np.arange(n, dtype=np.int64)
+    stream = {"train": 1, "test": 2}[key]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _SUBSET_STREAM, stream]))
+    return np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
+
+
+@dataclass
+class ExperimentData:
+    train: ArrayDataset
+    test: ArrayDataset
+    train_idx: np.ndarray  # rows of the train split used by the experiment
+    test_idx: np.ndarray
+
+    def image_data(self, split: str) -> ImageData:
+        ds, idx = (self.train, self.train_idx) if split == "train" else (self.test, self.test_idx)
+        if split == "test" and len(idx) < len(ds):
+            ds = ds.subset(idx)
+        return ImageData(ds.images, ds.labels, ds.info.mean, ds.info.std)
+
+
+def load_experiment_data(params: Params) -> ExperimentData:
+    d = params.data
+    train = load_dataset(d.dataset, d.root, "train", download=d.download)
+    test = load_dataset(d.dataset, d.root, "test", download=d.download)
+    seed = params.experiment.seed
+    return ExperimentData(
+        train=train,
+        test=test,
+        train_idx=subset_indices(len(train), d.train_subset, seed, "train"),
+        test_idx=subset_indices(len(test), d.test_subset, seed, "test"),
+    )
+
+
+def build_partition(params: Params, data: ExperimentData) -> Partition:
+    """Partition the experiment's train rows; indices refer to the full train split."""
+    labels = data.train.labels.numpy()[data.train_idx]
+    p = params.partition
+    if p.num_clients > len(labels):
+        raise ConfigError(
+            f"partition.num_clients: {p.num_clients} clients but only {len(labels)} training samples"
+        )
+    part = make_partition(
+        p.scheme, labels, num_clients=p.num_clients, seed=params.experiment.seed, **p.options
+    )
+    # Map positions in the subset back to rows of the dataset so the manifest is self-contained.
+    mapped = tuple(np.sort(data.train_idx[ix]) for ix in part.client_indices)
+    return Partition(part.scheme, part.params, mapped, part.noise_var)
+
+
+def write_partition(
+    params: Params, data: ExperimentData, part: Partition, out_dir: str | Path
+) -> tuple[Path, Path]:
+    """Write ``manifest.csv`` and ``stats.json``; returns their paths."""
+    out = Path(out_dir)
+    labels = data.train.labels.numpy()
+    manifest, stats_path = out / "manifest.csv", out / "stats.json"
+    write_manifest(part, labels, manifest)
+    stats = partition_stats(part, labels, data.train.info.num_classes)
+    stats["dataset"] = params.data.dataset
+    write_stats(stats, stats_path)
+    return manifest, stats_path
+
+
+def shards_of(part: Partition) -> list[np.ndarray]:
+    return [np.asarray(ix, dtype=np.int64) for ix in part.client_indices]

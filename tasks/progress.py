@@ -1,0 +1,44 @@
+"""Console side effects of a run: a rich progress bar over rounds with live metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedcore.events import Callback, RoundRecord
+from fedcore.payload import mib
+
+
+class RichProgress(Callback):
+    def __init__(self, label: str, console: Console | None = None) -> None:
+        self.label = label
+        self.console = console or Console(stderr=True)
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    def on_fit_start(self, info: dict[str, Any]) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(self.label, total=info["rounds"], status="")
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        assert self._progress is not None
+        acc = f"acc {record.accuracy:.4f}" if record.accuracy is not None else "acc -"
+        status = (
+            f"{acc}  down {mib(record.download_bytes):.2f} MiB  up {mib(record.upload_bytes):.2f} MiB"
+        )
+        self._progress.update(self._task, advance=1, status=status)
+
+    def on_fit_end(self, history: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,127 @@
+"""One training cell of the experiment grid: (algorithm, adapter) on the shared partition."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedcore.algorithms import build_algorithm
+from fedcore.client import LocalConfig
+from fedcore.device import resolve_device, resolve_workers
+from fedcore.engine import FederationConfig, History, Simulation
+from fedcore.events import Callback
+from fedcore.partition import Partition
+from fedcore.schedules import LRSchedule
+from flows.config import Params
+from models import get_model
+from models.adapters import check_adapter
+from tasks.data import ExperimentData, shards_of
+from tasks.io import atomic_write_json
+
+
+def clients_per_round(params: Params) -> int:
+    f = params.federation
+    return max(1, round(f.participation * params.partition.num_clients))
+
+
+def model_factory(params: Params, data: ExperimentData) -> functools.partial:
+    """A picklable builder (worker processes construct their own copy)."""
+    info = data.train.info
+    c, h, _ = info.input_shape
+    return functools.partial(
+        get_model,
+        params.model.name,
+        num_classes=info.num_classes,
+        in_channels=c,
+        input_size=h,
+        **params.model.options,
+    )
+
+
+def cell_name(algorithm: str, adapter: str) -> str:
+    return f"{algorithm}-{adapter}"
+
+
+def train_cell(
+    params: Params,
+    data: ExperimentData,
+    part: Partition,
+    algorithm: str,
+    adapter: str,
+    out_dir: str | Path,
+    callbacks: Sequence[Callback] = (),
+) -> dict[str, Any]:
+    """Simulate one grid cell; writes ``metrics.json`` and returns the summary record."""
+    check_adapter(adapter)
+    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+    device = resolve_device(params.runtime.device)
+    m = clients_per_round(params)
+    c, s = params.client, params.lr_schedule
+    sim = Simulation(
+        model_fn=model_factory(params, data),
+        algorithm=algo,
+        train=data.image_data("train"),
+        test=data.image_data("test"),
+        shards=shards_of(part),
+        noise_var=part.noise_var,
+        local=LocalConfig(
+            local_epochs=c.local_epochs,
+            batch_size=c.batch_size,
+            momentum=c.momentum,
+            weight_decay=c.weight_decay,
+            max_steps=c.max_steps,
+        ),
+        lr_schedule=LRSchedule(
+            kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
+        ),
+        federation=FederationConfig(
+            rounds=params.federation.rounds,
+            clients_per_round=m,
+            sampling=params.federation.sampling,
+            eval_every=params.federation.eval_every,
+            last_rounds=params.federation.last_rounds,
+            seed=params.experiment.seed,
+        ),
+        workers=resolve_workers(params.runtime.workers, device, m),
+        device=device,
+        callbacks=callbacks,
+    )
+    history = sim.run()
+    record = summary_record(params, algorithm, adapter, part, history, device)
+    out = Path(out_dir)
+    atomic_write_json(out / "metrics.json", {**record, "rounds": history.to_dict()["rounds"]})
+    return record
+
+
+def summary_record(
+    params: Params, algorithm: str, adapter: str, part: Partition, h: History, device: str
+) -> dict[str, Any]:
+    return {
+        "algorithm": algorithm,
+        "adapter": adapter,
+        "partition": part.scheme,
+        "partition_params": part.params,
+        "partition_hash": part.content_hash(),
+        "model": params.model.name,
+        "dataset": params.data.dataset,
+        "num_clients": part.num_clients,
+        "clients_per_round": clients_per_round(params),
+        "seed": params.experiment.seed,
+        "rounds": len(h.rounds),
+        "final_accuracy": h.final_accuracy,
+        "mean_accuracy_last_L": h.mean_accuracy_last,
+        "last_rounds_L": h.last_rounds,
+        "upload_bytes": h.upload_bytes,
+        "download_bytes": h.download_bytes,
+        "upload_bytes_per_round": h.rounds[-1].upload_bytes if h.rounds else 0,
+        "download_bytes_per_round": h.rounds[-1].download_bytes if h.rounds else 0,
+        "wall_seconds": round(h.wall_seconds, 3),
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
