@@ -1,0 +1,151 @@
+"""FedAvg engine properties: equivalence with plain SGD, weights, determinism, bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedcore import payload
+from fedcore.aggregate import weighted_average
+from fedcore.algorithms import FedAvg, build_algorithm
+from fedcore.algorithms.base import ClientUpdate
+from fedcore.client import LocalConfig, batch_order
+from fedcore.engine import FederationConfig, Simulation, derive_seed, sample_clients
+from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.events import Callback
+from fedcore.schedules import LRSchedule
+from tests.helpers import tiny_cnn, toy_data
+
+
+def make_sim(shards, rounds=2, m=None, workers=0, callbacks=(), local=None, seed=0, algorithm=None):
+    data = toy_data()
+    return Simulation(
+        model_fn=tiny_cnn,
+        algorithm=algorithm or FedAvg(),
+        train=data,
+        test=toy_data(100, seed=1),
+        shards=shards,
+        local=local or LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
+        lr_schedule=LRSchedule(lr=0.05),
+        federation=FederationConfig(rounds=rounds, clients_per_round=m or len(shards), seed=seed),
+        workers=workers,
+        callbacks=callbacks,
+    )
+
+
+def test_single_client_fedavg_equals_plain_sgd():
+    """One client holding all data, one round == torch.optim.SGD over the same batch order."""
+    local = LocalConfig(local_epochs=2, batch_size=16, momentum=0.9, weight_decay=5e-4)
+    sim = make_sim([np.arange(400)], rounds=1, local=local, seed=3)
+    init = {k: v.clone() for k, v in sim.global_state.items()}
+    sim.run()
+
+    data = toy_data()
+    model = tiny_cnn()
+    model.load_state_dict(init)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    gen = torch.Generator().manual_seed(derive_seed(3, 2, 1, 0, 0))  # (seed, client stream, round, client, slot)
+    torch.set_num_threads(1)
+    for pos in batch_order(400, local, gen):
+        x, y = data.batch(pos, generator=gen)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, sim.global_state[k]), k
+
+
+def test_weighted_average_hand_computed():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
+    b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}
+    out = weighted_average([a, b], [1, 3])
+    assert torch.allclose(out["w"], torch.tensor([2.5, 5.0]))
+    assert out["n"].item() == 5  # counters take the max
+
+
+def test_fedavg_weights_are_sample_counts():
+    ups = [ClientUpdate(0, {}, 10, 1, 0.0, 0), ClientUpdate(1, {}, 30, 3, 0.0, 0)]
+    assert FedAvg().aggregation_weights(ups) == [10.0, 30.0]
+
+
+def test_byte_accounting_matches_serialized_sizes():
+    shards = np.array_split(np.arange(400), 4)
+    seen = []
+
+    class Spy(Callback):
+        def on_client_end(self, record):
+            seen.append(record)
+
+    sim = make_sim(shards, rounds=2, m=3, callbacks=[Spy()])
+    expected = len(payload.encode(sim.global_state))
+    hist = sim.run()
+    assert len(seen) == 6
+    for rec in seen:  # full model both ways: same keys, shapes and dtypes
+        assert rec.download_bytes == expected and rec.upload_bytes == expected
+    r1, r2 = hist.rounds
+    assert r1.download_bytes == 3 * expected and r1.upload_bytes == 3 * expected
+    assert r2.cum_download_bytes == 6 * expected and hist.upload_bytes == 6 * expected
+
+
+def test_payload_overhead_is_measured_not_assumed():
+    lin = nn.Linear(3, 2)
+    state = lin.state_dict()
+    assert payload.tensor_nbytes(state) == (3 * 2 + 2) * 4  # hand-computed float32 bytes
+    blob = payload.encode(state)
+    assert len(blob) > payload.tensor_nbytes(state)  # container overhead exists...
+    decoded = payload.decode(blob)
+    assert all(torch.equal(decoded[k], state[k]) for k in state)  # ...and is lossless
+    big = tiny_cnn().state_dict()
+    overhead = len(payload.encode(big)) - payload.tensor_nbytes(big)
+    assert 0 < overhead < 2000 * len(big)  # a bounded per-tensor cost (README reports the figure)
+
+
+def test_deterministic_across_workers_and_order():
+    shards = np.array_split(np.arange(400), 4)
+    a = make_sim(shards, rounds=2, m=3, workers=0)
+    ha = a.run()
+    b = make_sim(shards, rounds=2, m=3, workers=2)
+    hb = b.run()
+    assert [r.accuracy for r in ha.rounds] == [r.accuracy for r in hb.rounds]
+    for k in a.global_state:
+        assert torch.equal(a.global_state[k], b.global_state[k]), k
+
+
+def test_sampling():
+    cfg = FederationConfig(rounds=1, clients_per_round=5, seed=1)
+    picks = sample_clients(cfg, 20, 1)
+    assert len(set(picks)) == 5 and picks == sample_clients(cfg, 20, 1)
+    assert picks != sample_clients(cfg, 20, 2)
+    with_repl = FederationConfig(rounds=1, clients_per_round=50, sampling="with_replacement")
+    draws = sample_clients(with_repl, 10, 1)
+    assert len(draws) == 50 and len(set(draws)) < 50
+    assert sample_clients(FederationConfig(rounds=1, clients_per_round=10), 10, 4) == tuple(range(10))
+
+
+def test_lr_schedules():
+    assert LRSchedule(kind="step", lr=0.1, milestones=(30,)).at(29) == pytest.approx(0.1)
+    assert LRSchedule(kind="step", lr=0.1, milestones=(30,)).at(30) == pytest.approx(0.01)
+    assert LRSchedule(kind="exponential", lr=0.01, decay=0.998).at(1) == 0.01
+    assert LRSchedule(kind="exponential", lr=0.01, decay=0.998).at(101) == pytest.approx(0.01 * 0.998**100)
+
+
+def test_nan_update_rejected_and_model_kept():
+    class Poison(FedAvg):
+        def client_objective(self, global_state):
+            return lambda logits, y, params: logits.sum() * float("nan")
+
+    sim = make_sim([np.arange(200), np.arange(200, 400)], rounds=1, algorithm=Poison())
+    before = {k: v.clone() for k, v in sim.global_state.items()}
+    hist = sim.run()
+    assert hist.rounds[0].rejected == 2
+    assert all(torch.equal(before[k], sim.global_state[k]) for k in before)
+
+
+def test_algorithm_registry_errors():
+    with pytest.raises(UnknownNameError, match="fedavg"):
+        build_algorithm("fedsgd")
+    with pytest.raises(ConfigError, match="mu"):
+        build_algorithm("fedavg", mu=0.1)
