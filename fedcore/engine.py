@@ -40,7 +40,7 @@ class FederationConfig:
     # "without_replacement": distinct clients each round (seed 004 §6.1.4, 10 of 100);
     # "with_replacement": independent uniform draws, a client drawn twice trains twice.
     sampling: str = "without_replacement"
-    eval_every: int = 1
+    eval_every: int = 1  # 0: never evaluate (benchmarks)
     last_rounds: int = 5  # L of "mean accuracy of the last L rounds" (seed 004 §6.1.5)
     seed: int = 0
 
@@ -292,7 +292,7 @@ class Simulation:
         down = len(download) * len(clients)
         up = sum(len(res[1]) for res in results)
         acc = test_loss = None
-        if r % self.cfg.eval_every == 0 or r == self.cfg.rounds:
+        if self.cfg.eval_every and (r % self.cfg.eval_every == 0 or r == self.cfg.rounds):
             acc, test_loss = self.evaluate()
         weights = [u.num_samples for u in updates]
         train_loss = (

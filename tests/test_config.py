@@ -1,0 +1,70 @@
+"""params.yaml parsing: defaults, overrides and one-line errors naming key and YAML line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedcore.errors import ConfigError
+from flows.config import load_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_repo_params_parse():
+    p = load_params(REPO / "params.yaml")
+    assert p.data.dataset == "fashion_mnist"
+    assert p.partition.scheme == "dirichlet_classwise" and p.partition.options["beta"] == 0.5
+    assert p.grid.algorithms == ("fedavg",)
+
+
+def test_overrides_and_flat():
+    p = load_params(REPO / "params.yaml", ["federation.rounds=3", "partition.beta=0.3"])
+    assert p.federation.rounds == 3 and p.partition.options["beta"] == 0.3
+    flat = p.flat()
+    assert flat["federation.rounds"] == 3 and flat["partition.beta"] == 0.3
+
+
+def write(tmp_path, text):
+    f = tmp_path / "params.yaml"
+    f.write_text(text)
+    return f
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("federation:\n  rounds: 0\n", "params.yaml:2: federation.rounds"),
+        ("client:\n  lr: 0.1\n  momentum: 0.9\n  lr_decay: 3\n", "params.yaml:4: unknown key 'client.lr_decay'"),
+        ("federation:\n  participation: 1.5\n", "federation.participation"),
+        ("client:\n  lr: -0.1\n", "client.lr"),
+        ("federation:\n  rounds: [\n", "malformed YAML"),
+        ("bogus: 1\n", "unknown key 'bogus'"),
+        ("- a\n- b\n", "mapping"),
+    ],
+)
+def test_bad_params_one_line(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as exc:
+        load_params(write(tmp_path, text))
+    msg = str(exc.value)
+    assert needle in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("federation.roundz=3", "unknown key 'federation.roundz'; allowed: rounds"),
+        ("nothing=1", "unknown key 'nothing'"),
+        ("novalue", "key=value"),
+        ("federation.sampling=sometimes", "federation.sampling"),
+    ],
+)
+def test_bad_overrides(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_params(REPO / "params.yaml", [override])
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "nope.yaml")
