@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedcore.errors import ConfigError
 
@@ -37,15 +44,34 @@ class DataSection(_Section):
 
 
 class PartitionSection(BaseModel):
-    """``scheme`` and ``num_clients``; every other key is an option of that scheme."""
+    """``scheme`` and ``num_clients``, plus one sub-section of options per scheme.
+
+    Options live under the scheme's own name (``partition.dirichlet_classwise.beta``), so
+    switching ``scheme`` never leaves another scheme's options in the way.
+    """
 
     model_config = ConfigDict(frozen=True, extra="allow")
     scheme: str = "dirichlet_classwise"
     num_clients: int = Field(10, ge=1)
 
+    @model_validator(mode="after")
+    def _sections_are_mappings(self) -> PartitionSection:
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, dict):
+                raise ValueError(
+                    f"partition.{key} must be a mapping of options of scheme {key!r} "
+                    f"(e.g. partition.dirichlet_classwise.beta)"
+                )
+        return self
+
     @property
     def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        """The options of the selected scheme."""
+        return dict((self.model_extra or {}).get(self.scheme, {}))
+
+    @property
+    def option_sections(self) -> list[str]:
+        return sorted(self.model_extra or {})
 
 
 class ModelSection(_Section):

@@ -15,15 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 def test_repo_params_parse():
     p = load_params(REPO / "params.yaml")
     assert p.data.dataset == "fashion_mnist"
-    assert p.partition.scheme == "dirichlet_classwise" and p.partition.options["beta"] == 0.5
+    assert p.partition.scheme == "dirichlet_classwise" and p.partition.options == {"beta": 0.5, "min_size": 10}
     assert p.grid.algorithms == ("fedavg",)
 
 
 def test_overrides_and_flat():
-    p = load_params(REPO / "params.yaml", ["federation.rounds=3", "partition.beta=0.3"])
+    p = load_params(
+        REPO / "params.yaml", ["federation.rounds=3", "partition.dirichlet_classwise.beta=0.3"]
+    )
     assert p.federation.rounds == 3 and p.partition.options["beta"] == 0.3
     flat = p.flat()
-    assert flat["federation.rounds"] == 3 and flat["partition.beta"] == 0.3
+    assert flat["federation.rounds"] == 3 and flat["partition.dirichlet_classwise.beta"] == 0.3
+    q = load_params(REPO / "params.yaml", ["partition.scheme=labels_per_client"])
+    assert q.partition.options == {"m": 2}
 
 
 def write(tmp_path, text):
@@ -41,6 +45,7 @@ def write(tmp_path, text):
         ("client:\n  lr: -0.1\n", "client.lr"),
         ("federation:\n  rounds: [\n", "malformed YAML"),
         ("bogus: 1\n", "unknown key 'bogus'"),
+        ("partition:\n  beta: 0.5\n", "partition.beta must be a mapping"),
         ("- a\n- b\n", "mapping"),
     ],
 )
