@@ -59,8 +59,8 @@ class PartitionSection(BaseModel):
         for key, value in (self.model_extra or {}).items():
             if not isinstance(value, dict):
                 raise ValueError(
-                    f"partition.{key} must be a mapping of options of scheme {key!r} "
-                    f"(e.g. partition.dirichlet_classwise.beta)"
+                    f"partition.{key} must be a mapping: scheme options go under the "
+                    f"scheme's name, e.g. partition.dirichlet_classwise.beta"
                 )
         return self
 
