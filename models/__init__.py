@@ -1,0 +1,7 @@
+"""Backbones (registry of keyword-only builders) and adapter methods."""
+
+from models import cnn as _cnn  # noqa: F401  (registers cifar_cnn, lenet5)
+from models import resnet as _resnet  # noqa: F401  (registers resnet26)
+from models.registry import count_parameters, get_model, list_models, model_options, register_model
+
+__all__ = ["count_parameters", "get_model", "list_models", "model_options", "register_model"]

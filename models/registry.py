@@ -1,0 +1,59 @@
+"""Registry of keyword-only backbone builders (torchvision ``get_model`` style)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from fedcore.errors import ConfigError, UnknownNameError
+
+Builder = Callable[..., nn.Module]
+_MODELS: dict[str, Builder] = {}
+_COMMON = ("num_classes", "in_channels", "input_size")
+
+
+def register_model(name: str) -> Callable[[Builder], Builder]:
+    def wrap(fn: Builder) -> Builder:
+        if name in _MODELS:
+            raise ValueError(f"model {name!r} is already registered")
+        _MODELS[name] = fn
+        return fn
+
+    return wrap
+
+
+def list_models() -> list[str]:
+    return sorted(_MODELS)
+
+
+def model_options(name: str) -> list[str]:
+    """The builder's own options (beyond num_classes, in_channels, input_size)."""
+    if name not in _MODELS:
+        raise UnknownNameError("model", name, _MODELS)
+    sig = inspect.signature(_MODELS[name])
+    return [p for p in sig.parameters if p not in _COMMON]
+
+
+def get_model(
+    name: str, *, num_classes: int, in_channels: int = 3, input_size: int = 32, **options: Any
+) -> nn.Module:
+    allowed = model_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"model {name!r} takes no option {unknown[0]!r}; allowed: {', '.join(allowed) or 'none'}"
+        )
+    if num_classes < 2:
+        raise ConfigError(f"model.num_classes must be >= 2 (got {num_classes})")
+    if in_channels < 1:
+        raise ConfigError(f"model.in_channels must be >= 1 (got {in_channels})")
+    return _MODELS[name](
+        num_classes=num_classes, in_channels=in_channels, input_size=input_size, **options
+    )
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
