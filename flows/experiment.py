@@ -14,6 +14,8 @@ from rich.console import Console
 
 from fedcore.algorithms import build_algorithm
 from fedcore.device import resolve_device
+from fedcore.errors import ConfigError
+from fedcore.partition import list_partitioners, scheme_options
 from flows.config import Params
 from models.adapters import check_adapter
 from tasks.data import build_partition, load_experiment_data, write_partition
@@ -33,6 +35,13 @@ def validate(params: Params) -> None:
     for adapter in params.grid.adapters:
         check_adapter(adapter)
     resolve_device(params.runtime.device)
+    scheme_options(params.partition.scheme)  # unknown scheme -> the valid names
+    for section in params.partition.option_sections:
+        if section not in list_partitioners():
+            raise ConfigError(
+                f"unknown key 'partition.{section}'; option sections are scheme names: "
+                + ", ".join(list_partitioners())
+            )
 
 
 def run_experiment(params: Params, console: Console | None = None) -> list[dict[str, Any]]:
