@@ -159,7 +159,7 @@ def load_dataset(
         except Exception:  # missing/corrupt files or no network: try the next source
             continue
         x = torch.as_tensor(np.array(images), dtype=torch.uint8).contiguous()  # own, writable copy
-        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)
+        y = torch.as_tensor(np.array(labels), dtype=torch.int64).reshape(-1)
         if x.ndim != 4 or tuple(x.shape[1:]) != info.input_shape or len(x) != len(y):
             raise DataUnavailableError(f"{name}: unexpected array shape {tuple(x.shape)} in {root}")
         return ArrayDataset(x, y, info)

@@ -16,7 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="fedapt: communication-efficient federated learning with parameter-efficient adapters.",
 )
-out = Console()
+out = Console(width=140) if not sys.stdout.isatty() else Console()
 err = Console(stderr=True)
 
 ParamsOpt = Annotated[Path | None, typer.Option("--params", "-p", help="params file (default: params.yaml)")]
@@ -72,18 +72,21 @@ def run(
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:
+    """One row per run; accuracy in %, traffic in MiB (2**20 bytes) per round and in total."""
     from fedcore.payload import mib
 
-    t = Table(title="fedapt results")
-    for col in ("algorithm", "adapter", "partition", "rounds", "final acc", "mean acc (last L)",
-                "up MiB/round", "down MiB/round", "up MiB total", "down MiB total", "wall s"):
-        t.add_column(col, justify="right" if col not in ("algorithm", "adapter", "partition") else "left")
+    t = Table(title="fedapt results (MiB = 2^20 bytes)")
+    cols = ("run", "partition", "rounds", "final acc", "mean acc last L",
+            "up MiB/rnd", "down MiB/rnd", "up MiB", "down MiB", "s")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("run", "partition") else "right")
     for r in records:
         t.add_row(
-            r["algorithm"], r["adapter"], r["partition"], str(r["rounds"]),
-            _pct(r["final_accuracy"]), _pct(r["mean_accuracy_last_L"]) + f" (L={r['last_rounds_L']})",
-            f"{mib(r['upload_bytes_per_round']):.3f}", f"{mib(r['download_bytes_per_round']):.3f}",
-            f"{mib(r['upload_bytes']):.2f}", f"{mib(r['download_bytes']):.2f}", f"{r['wall_seconds']:.1f}",
+            f"{r['algorithm']}/{r['adapter']}", r["partition"], str(r["rounds"]),
+            _pct(r["final_accuracy"]), f"{_pct(r['mean_accuracy_last_L'])} L={r['last_rounds_L']}",
+            f"{mib(r['upload_bytes_per_round']):.2f}", f"{mib(r['download_bytes_per_round']):.2f}",
+            f"{mib(r['upload_bytes']):.1f}", f"{mib(r['download_bytes']):.1f}",
+            f"{r['wall_seconds']:.0f}",
         )
     return t
 
