@@ -177,7 +177,9 @@ def train_locally(
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
     shard = torch.as_tensor(indices, dtype=torch.int64)
-    work = {k: _to_format(v.detach().clone().to(device), cfg.channels_last) for k, v in state.items()}
+    work = {
+        k: _to_format(v.detach().clone().to(device), cfg.channels_last) for k, v in state.items()
+    }
     params, buffers = split_state(model, work)
     for p in params.values():
         p.requires_grad_(True)

@@ -62,10 +62,20 @@ _REGISTRY: dict[str, DatasetInfo] = {
         DatasetInfo("mnist", 10, (1, 28, 28), (0.1307,), (0.3081,), "MNIST"),
         DatasetInfo("emnist", 47, (1, 28, 28), (0.1751,), (0.3332,), "EMNIST"),
         DatasetInfo(
-            "cifar10", 10, (3, 32, 32), (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "CIFAR10"
+            "cifar10",
+            10,
+            (3, 32, 32),
+            (0.4914, 0.4822, 0.4465),
+            (0.2470, 0.2435, 0.2616),
+            "CIFAR10",
         ),
         DatasetInfo(
-            "cifar100", 100, (3, 32, 32), (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "CIFAR100"
+            "cifar100",
+            100,
+            (3, 32, 32),
+            (0.5071, 0.4865, 0.4409),
+            (0.2673, 0.2564, 0.2762),
+            "CIFAR100",
         ),
         DatasetInfo(
             "svhn", 10, (3, 32, 32), (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "SVHN"
@@ -134,7 +144,7 @@ def _how_to_get(info: DatasetInfo, root: Path) -> str:
     split = ", split='train'" if info.name == "svhn" else ""
     return (
         f"{info.torchvision_class} not found under {root} and download failed; fetch it with "
-        f"internet access: python -c \"import torchvision; torchvision.datasets."
+        f'internet access: python -c "import torchvision; torchvision.datasets.'
         f"{info.torchvision_class}('{root}'{extra}{split}, download=True)\""
     )
 

@@ -14,7 +14,9 @@ def resolve_device(name: str = "auto") -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError("runtime.device: 'cuda' requested but no CUDA device is available; use auto or cpu")
+            raise ConfigError(
+                "runtime.device: 'cuda' requested but no CUDA device is available; use auto or cpu"
+            )
         return "cuda"
     if name == "cpu":
         return "cpu"
@@ -26,7 +28,11 @@ def resolve_workers(workers: int | str, device: str, clients_per_round: int) -> 
     if device != "cpu":
         return 0
     if workers == "auto":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
         n = min(cores, clients_per_round)
         return n if n > 1 else 0
     return int(workers)

@@ -237,7 +237,9 @@ class Simulation:
     # ---- the round loop ----------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
         blob = payload.encode(self.global_state)
-        chunks = np.array_split(np.arange(len(self.test)), max(1, -(-len(self.test) // self.eval_chunk)))
+        chunks = np.array_split(
+            np.arange(len(self.test)), max(1, -(-len(self.test) // self.eval_chunk))
+        )
         parts = self._map(_eval_job, _worker_eval_job, [(blob, c) for c in chunks])
         correct = sum(p[0] for p in parts)
         loss = sum(p[1] for p in parts)
@@ -296,7 +298,9 @@ class Simulation:
             acc, test_loss = self.evaluate()
         weights = [u.num_samples for u in updates]
         train_loss = (
-            float(np.average([u.train_loss for u in updates], weights=weights)) if updates else float("nan")
+            float(np.average([u.train_loss for u in updates], weights=weights))
+            if updates
+            else float("nan")
         )
         return RoundRecord(
             round=r,

@@ -19,7 +19,9 @@ app = typer.Typer(
 out = Console(width=140) if not sys.stdout.isatty() else Console()
 err = Console(stderr=True)
 
-ParamsOpt = Annotated[Path | None, typer.Option("--params", "-p", help="params file (default: params.yaml)")]
+ParamsOpt = Annotated[
+    Path | None, typer.Option("--params", "-p", help="params file (default: params.yaml)")
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="override a parameter, e.g. --set federation.rounds=5"),
@@ -76,16 +78,31 @@ def results_table(records: list[dict[str, Any]]) -> Table:
     from fedcore.payload import mib
 
     t = Table(title="fedapt results (MiB = 2^20 bytes)")
-    cols = ("run", "partition", "rounds", "final acc", "mean acc last L",
-            "up MiB/rnd", "down MiB/rnd", "up MiB", "down MiB", "s")
+    cols = (
+        "run",
+        "partition",
+        "rounds",
+        "final acc",
+        "mean acc last L",
+        "up MiB/rnd",
+        "down MiB/rnd",
+        "up MiB",
+        "down MiB",
+        "s",
+    )
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "partition") else "right")
     for r in records:
         t.add_row(
-            f"{r['algorithm']}/{r['adapter']}", r["partition"], str(r["rounds"]),
-            _pct(r["final_accuracy"]), f"{_pct(r['mean_accuracy_last_L'])} L={r['last_rounds_L']}",
-            f"{mib(r['upload_bytes_per_round']):.2f}", f"{mib(r['download_bytes_per_round']):.2f}",
-            f"{mib(r['upload_bytes']):.1f}", f"{mib(r['download_bytes']):.1f}",
+            f"{r['algorithm']}/{r['adapter']}",
+            r["partition"],
+            str(r["rounds"]),
+            _pct(r["final_accuracy"]),
+            f"{_pct(r['mean_accuracy_last_L'])} L={r['last_rounds_L']}",
+            f"{mib(r['upload_bytes_per_round']):.2f}",
+            f"{mib(r['download_bytes_per_round']):.2f}",
+            f"{mib(r['upload_bytes']):.1f}",
+            f"{mib(r['download_bytes']):.1f}",
             f"{r['wall_seconds']:.0f}",
         )
     return t
@@ -155,8 +172,13 @@ def models(
         for name in list_models():
             m = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
             n = len(encode(m.state_dict()))
-            t.add_row(name, f"{count_parameters(m):,}", f"{count_parameters(m, trainable_only=True):,}",
-                      f"{n:,}", f"{mib(n):.3f}")
+            t.add_row(
+                name,
+                f"{count_parameters(m):,}",
+                f"{count_parameters(m, trainable_only=True):,}",
+                f"{n:,}",
+                f"{mib(n):.3f}",
+            )
         out.print(t)
 
     _guard(body)

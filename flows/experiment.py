@@ -58,7 +58,12 @@ def run_experiment(params: Params, console: Console | None = None) -> list[dict[
             name = cell_name(algorithm, adapter)
             started = time.perf_counter()
             rec = train_cell(
-                params, data, part, algorithm, adapter, out / "runs" / name,
+                params,
+                data,
+                part,
+                algorithm,
+                adapter,
+                out / "runs" / name,
                 callbacks=[RichProgress(name, console)],
             )
             rec["process_seconds"] = round(time.perf_counter() - started, 3)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from fedcore.client import ImageData
 from fedcore.datasets import ArrayDataset, load_dataset
 from fedcore.errors import ConfigError

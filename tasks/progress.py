@@ -34,9 +34,7 @@ class RichProgress(Callback):
     def on_round_end(self, record: RoundRecord) -> None:
         assert self._progress is not None
         acc = f"acc {record.accuracy:.4f}" if record.accuracy is not None else "acc -"
-        status = (
-            f"{acc}  down {mib(record.download_bytes):.2f} MiB  up {mib(record.upload_bytes):.2f} MiB"
-        )
+        status = f"{acc}  down {mib(record.download_bytes):.2f} MiB  up {mib(record.upload_bytes):.2f} MiB"
         self._progress.update(self._task, advance=1, status=status)
 
     def on_fit_end(self, history: Any) -> None:

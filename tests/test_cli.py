@@ -16,11 +16,16 @@ REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 SMALL = [
-    "--set", "data.train_subset=1200",
-    "--set", "data.test_subset=500",
-    "--set", "federation.rounds=2",
-    "--set", "federation.last_rounds=2",
-    "--set", "runtime.workers=0",
+    "--set",
+    "data.train_subset=1200",
+    "--set",
+    "data.test_subset=500",
+    "--set",
+    "federation.rounds=2",
+    "--set",
+    "federation.last_rounds=2",
+    "--set",
+    "runtime.workers=0",
 ]
 
 
@@ -35,8 +40,17 @@ def test_run_writes_summary_with_bytes(tmp_path):
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "reports/fmnist-dir05-fedavg/summary.json").read_text())
     (run,) = summary["runs"]
-    for key in ("algorithm", "adapter", "partition", "rounds", "final_accuracy",
-                "mean_accuracy_last_L", "upload_bytes", "download_bytes", "wall_seconds"):
+    for key in (
+        "algorithm",
+        "adapter",
+        "partition",
+        "rounds",
+        "final_accuracy",
+        "mean_accuracy_last_L",
+        "upload_bytes",
+        "download_bytes",
+        "wall_seconds",
+    ):
         assert key in run
     assert run["algorithm"] == "fedavg" and run["partition"] == "dirichlet_classwise"
     assert run["rounds"] == 2 and run["final_accuracy"] > 0.3  # well above 10% chance
@@ -49,8 +63,16 @@ def test_run_writes_summary_with_bytes(tmp_path):
 
 
 def test_partition_command(tmp_path):
-    res = invoke(tmp_path, "partition", "--set", "partition.scheme=labels_per_client",
-                 "--set", "partition.labels_per_client.m=2", "--set", "data.train_subset=2000")
+    res = invoke(
+        tmp_path,
+        "partition",
+        "--set",
+        "partition.scheme=labels_per_client",
+        "--set",
+        "partition.labels_per_client.m=2",
+        "--set",
+        "data.train_subset=2000",
+    )
     assert res.exit_code == 0, res.output
     manifest = tmp_path / "reports/fmnist-dir05-fedavg/partition/manifest.csv"
     assert manifest.read_text().startswith("client_id,sample_index,label")
@@ -75,7 +97,15 @@ def test_models_command():
         (["--set", "federation.rounds=0"], "federation.rounds"),
         (["--set", "client.lr=-0.1"], "client.lr"),
         (["--set", "federation.roundz=2"], "unknown key 'federation.roundz'"),
-        (["--set", "partition.scheme=labels_per_client", "--set", "partition.labels_per_client.m=11"], "m"),
+        (
+            [
+                "--set",
+                "partition.scheme=labels_per_client",
+                "--set",
+                "partition.labels_per_client.m=11",
+            ],
+            "m",
+        ),
     ],
 )
 def test_bad_input_one_line_no_outputs(tmp_path, args, needle):
@@ -93,7 +123,10 @@ def test_console_script_error_exit(tmp_path):
     bad.write_text("federation:\n  rounds: [1,\n")
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "--params", str(bad)],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "malformed YAML" in proc.stderr and "Traceback" not in proc.stderr

@@ -15,7 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 def test_repo_params_parse():
     p = load_params(REPO / "params.yaml")
     assert p.data.dataset == "fashion_mnist"
-    assert p.partition.scheme == "dirichlet_classwise" and p.partition.options == {"beta": 0.5, "min_size": 10}
+    assert p.partition.scheme == "dirichlet_classwise" and p.partition.options == {
+        "beta": 0.5,
+        "min_size": 10,
+    }
     assert p.grid.algorithms == ("fedavg",)
 
 
@@ -40,7 +43,10 @@ def write(tmp_path, text):
     ("text", "needle"),
     [
         ("federation:\n  rounds: 0\n", "params.yaml:2: federation.rounds"),
-        ("client:\n  lr: 0.1\n  momentum: 0.9\n  lr_decay: 3\n", "params.yaml:4: unknown key 'client.lr_decay'"),
+        (
+            "client:\n  lr: 0.1\n  momentum: 0.9\n  lr_decay: 3\n",
+            "params.yaml:4: unknown key 'client.lr_decay'",
+        ),
         ("federation:\n  participation: 1.5\n", "federation.participation"),
         ("client:\n  lr: -0.1\n", "client.lr"),
         ("federation:\n  rounds: [\n", "malformed YAML"),

@@ -54,14 +54,18 @@ def test_fashion_mnist_missing_says_how(tmp_path, monkeypatch):
     assert "apt-get install -y dataset-fashion-mnist" in msg and "\n" not in msg
 
 
-@pytest.mark.parametrize(("name", "folder", "prefix"), [
-    ("mnist", "MNIST", ""), ("emnist", "EMNIST", "emnist-balanced-"),
-])
+@pytest.mark.parametrize(
+    ("name", "folder", "prefix"),
+    [
+        ("mnist", "MNIST", ""),
+        ("emnist", "EMNIST", "emnist-balanced-"),
+    ],
+)
 def test_idx_datasets_on_fixtures(tmp_path, name, folder, prefix):
     images = RNG.integers(0, 256, size=(5, 28, 28), dtype=np.uint8)
     labels = np.array([3, 1, 4, 1, 5], dtype=np.uint8)
     raw = tmp_path / folder / "raw"
-    for split, tag in (("train", "train"), ("test", "t10k" if not prefix else "test")):
+    for tag in ("train", "t10k" if not prefix else "test"):
         write_idx(raw / f"{prefix}{tag}-images-idx3-ubyte", images)
         write_idx(raw / f"{prefix}{tag}-labels-idx1-ubyte", labels)
     got = ds.load_dataset(name, tmp_path, "train", download=False)
@@ -72,11 +76,18 @@ def test_idx_datasets_on_fixtures(tmp_path, name, folder, prefix):
         assert torch.equal(got.images[0, 0], torch.from_numpy(images[0]))
 
 
-@pytest.mark.parametrize(("name", "base", "files", "key"), [
-    ("cifar10", "cifar-10-batches-py", ["data_batch_1", "data_batch_2", "data_batch_3",
-                                        "data_batch_4", "data_batch_5"], "labels"),
-    ("cifar100", "cifar-100-python", ["train"], "fine_labels"),
-])
+@pytest.mark.parametrize(
+    ("name", "base", "files", "key"),
+    [
+        (
+            "cifar10",
+            "cifar-10-batches-py",
+            ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"],
+            "labels",
+        ),
+        ("cifar100", "cifar-100-python", ["train"], "fine_labels"),
+    ],
+)
 def test_cifar_on_fixtures(tmp_path, monkeypatch, name, base, files, key):
     import torchvision.datasets.cifar as tvc
 
@@ -87,7 +98,9 @@ def test_cifar_on_fixtures(tmp_path, monkeypatch, name, base, files, key):
     for f in files:
         with open(folder / f, "wb") as fh:
             pickle.dump({"data": flat, key: [7, 2]}, fh)
-    meta_name, meta_key = ("batches.meta", "label_names") if name == "cifar10" else ("meta", "fine_label_names")
+    meta_name, meta_key = (
+        ("batches.meta", "label_names") if name == "cifar10" else ("meta", "fine_label_names")
+    )
     with open(folder / meta_name, "wb") as fh:
         pickle.dump({meta_key: [str(i) for i in range(100)]}, fh)
     got = ds.load_dataset(name, tmp_path, "train", download=False)

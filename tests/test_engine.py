@@ -51,7 +51,9 @@ def test_single_client_fedavg_equals_plain_sgd():
     model.load_state_dict(init)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    gen = torch.Generator().manual_seed(derive_seed(3, 2, 1, 0, 0))  # (seed, client stream, round, client, slot)
+    gen = torch.Generator().manual_seed(
+        derive_seed(3, 2, 1, 0, 0)
+    )  # (seed, client stream, round, client, slot)
     torch.set_num_threads(1)
     for pos in batch_order(400, local, gen):
         x, y = data.batch(pos, generator=gen)
@@ -131,14 +133,18 @@ def test_sampling():
     with_repl = FederationConfig(rounds=1, clients_per_round=50, sampling="with_replacement")
     draws = sample_clients(with_repl, 10, 1)
     assert len(draws) == 50 and len(set(draws)) < 50
-    assert sample_clients(FederationConfig(rounds=1, clients_per_round=10), 10, 4) == tuple(range(10))
+    assert sample_clients(FederationConfig(rounds=1, clients_per_round=10), 10, 4) == tuple(
+        range(10)
+    )
 
 
 def test_lr_schedules():
     assert LRSchedule(kind="step", lr=0.1, milestones=(30,)).at(29) == pytest.approx(0.1)
     assert LRSchedule(kind="step", lr=0.1, milestones=(30,)).at(30) == pytest.approx(0.01)
     assert LRSchedule(kind="exponential", lr=0.01, decay=0.998).at(1) == 0.01
-    assert LRSchedule(kind="exponential", lr=0.01, decay=0.998).at(101) == pytest.approx(0.01 * 0.998**100)
+    assert LRSchedule(kind="exponential", lr=0.01, decay=0.998).at(101) == pytest.approx(
+        0.01 * 0.998**100
+    )
 
 
 def test_nan_update_rejected_and_model_kept():

@@ -58,7 +58,9 @@ def test_classwise_dirichlet_follows_beta():
     big = make_partition("dirichlet_classwise", LABELS, num_clients=5, seed=0, beta=1e4)
     share = big.label_counts(LABELS, 10) / 600  # each class spread ~evenly: 1/5 each
     assert np.allclose(share, 0.2, atol=0.03)
-    small = make_partition("dirichlet_classwise", LABELS, num_clients=10, seed=0, beta=0.05, min_size=1)
+    small = make_partition(
+        "dirichlet_classwise", LABELS, num_clients=10, seed=0, beta=0.05, min_size=1
+    )
     top = np.sort(small.label_counts(LABELS, 10), axis=0)[-2:].sum(axis=0) / 600
     assert np.median(top) > 0.9  # most of each class sits on two clients
     assert small.sizes().min() >= 1
@@ -67,7 +69,9 @@ def test_classwise_dirichlet_follows_beta():
 def test_classwise_mean_share_is_uniform():
     acc = np.zeros((5, 10))
     for seed in range(40):
-        acc += make_partition("dirichlet_classwise", LABELS, num_clients=5, seed=seed, beta=0.5, min_size=0).label_counts(LABELS, 10)
+        acc += make_partition(
+            "dirichlet_classwise", LABELS, num_clients=5, seed=seed, beta=0.5, min_size=0
+        ).label_counts(LABELS, 10)
     # E[p_kj] = 1/N for a symmetric Dirichlet: average over classes and 40 draws.
     assert np.allclose((acc / 40 / 600).mean(axis=1), 0.2, atol=0.03)
 

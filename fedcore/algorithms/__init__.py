@@ -28,4 +28,11 @@ def build_algorithm(name: str, **options: Any) -> FederatedAlgorithm:
     return cls(**options)
 
 
-__all__ = ["ALGORITHMS", "ClientUpdate", "FedAvg", "FederatedAlgorithm", "build_algorithm", "list_algorithms"]
+__all__ = [
+    "ALGORITHMS",
+    "ClientUpdate",
+    "FedAvg",
+    "FederatedAlgorithm",
+    "build_algorithm",
+    "list_algorithms",
+]

@@ -47,7 +47,9 @@ class FederatedAlgorithm:
     def aggregate(self, global_state: StateDict, updates: list[ClientUpdate]) -> StateDict:
         return weighted_average([u.state for u in updates], self.aggregation_weights(updates))
 
-    def server_update(self, global_state: StateDict, aggregated: StateDict, round_: int) -> StateDict:
+    def server_update(
+        self, global_state: StateDict, aggregated: StateDict, round_: int
+    ) -> StateDict:
         """FedAvg adopts the average (server learning rate 1, no server optimiser)."""
         return aggregated
 
