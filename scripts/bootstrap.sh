@@ -12,9 +12,12 @@ want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
     echo "fedapt: installing into $VENV (first time: a few minutes)" >&2
     [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade "pip>=24" >/dev/null
+    log="$VENV/install.log"
+    "$VENV/bin/python" -m pip install --upgrade "pip>=24" >"$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; exit 1; }
     # constraints.txt pins every package to the versions verified together; no backtracking.
-    "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[dev]"
+    "$VENV/bin/python" -m pip install -c constraints.txt -e ".[dev]" >>"$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; echo "fedapt: install failed; full log: $log" >&2; exit 1; }
     echo "$want" > "$STAMP"
 fi
 

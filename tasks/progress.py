@@ -17,8 +17,12 @@ class RichProgress(Callback):
         self.console = console or Console(stderr=True)
         self._progress: Progress | None = None
         self._task: Any = None
+        self._rounds = 0
 
     def on_fit_start(self, info: dict[str, Any]) -> None:
+        self._rounds = info["rounds"]
+        if not self.console.is_terminal:
+            return  # logs and CI: one plain line per round instead of a live bar
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
