@@ -36,9 +36,15 @@ class RichProgress(Callback):
         self._task = self._progress.add_task(self.label, total=info["rounds"], status="")
 
     def on_round_end(self, record: RoundRecord) -> None:
-        assert self._progress is not None
         acc = f"acc {record.accuracy:.4f}" if record.accuracy is not None else "acc -"
-        status = f"{acc}  down {mib(record.download_bytes):.2f} MiB  up {mib(record.upload_bytes):.2f} MiB"
+        down, up = mib(record.download_bytes), mib(record.upload_bytes)
+        status = f"{acc}  down {down:.2f} MiB  up {up:.2f} MiB"
+        if self._progress is None:  # not a terminal: one plain line per round for logs and CI
+            self.console.print(
+                f"{self.label} round {record.round}/{self._rounds}  {status}  ({record.seconds:.1f} s)",
+                highlight=False,
+            )
+            return
         self._progress.update(self._task, advance=1, status=status)
 
     def on_fit_end(self, history: Any) -> None:
