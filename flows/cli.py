@@ -54,6 +54,10 @@ def run(
     set_: SetOpt = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
     workers: Annotated[str | None, typer.Option(help="CPU worker processes: auto or N")] = None,
+    partition_dir: Annotated[
+        Path | None,
+        typer.Option("--partition", help="use the manifest in this folder (from fedapt partition)"),
+    ] = None,
 ) -> None:
     """Run the experiment grid in params.yaml and print the results table."""
 
@@ -66,7 +70,7 @@ def run(
         if workers is not None:
             extra.append(f"runtime.workers={workers}")
         p = _load(params, set_, extra)
-        records = run_experiment(p, err)
+        records = run_experiment(p, err, partition_dir=partition_dir)
         out.print(results_table(records))
         out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
 

@@ -18,7 +18,7 @@ from fedcore.errors import ConfigError
 from fedcore.partition import list_partitioners, scheme_options
 from flows.config import Params
 from models.adapters import check_adapter
-from tasks.data import build_partition, load_experiment_data, write_partition
+from tasks.data import build_partition, load_experiment_data, load_partition, write_partition
 from tasks.io import atomic_write_json
 from tasks.progress import RichProgress
 from tasks.train import cell_name, model_factory, train_cell
@@ -44,14 +44,26 @@ def validate(params: Params) -> None:
             )
 
 
-def run_experiment(params: Params, console: Console | None = None) -> list[dict[str, Any]]:
+def run_experiment(
+    params: Params, console: Console | None = None, partition_dir: str | Path | None = None
+) -> list[dict[str, Any]]:
+    """Partition (or read the manifest in ``partition_dir``), train every cell, summarise."""
     console = console or Console(stderr=True)
     validate(params)
     data = load_experiment_data(params)
     model_factory(params, data)()  # unknown model or option -> error before any output
-    part = build_partition(params, data)
     out = experiment_dir(params)
-    write_partition(params, data, part, out / "partition")
+    if partition_dir is not None:
+        part = load_partition(partition_dir)
+        want = (params.partition.scheme, params.partition.num_clients)
+        if (part.scheme, part.num_clients) != want:
+            raise ConfigError(
+                f"partition in {partition_dir} is {part.scheme} over {part.num_clients} clients, "
+                f"params.yaml asks for {want[0]} over {want[1]}; re-run fedapt partition"
+            )
+    else:
+        part = build_partition(params, data)
+        write_partition(params, data, part, out / "partition")
     records = []
     for algorithm in params.grid.algorithms:
         for adapter in params.grid.adapters:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from fedcore.partition import (
     Partition,
     make_partition,
     partition_stats,
+    read_manifest,
     write_manifest,
     write_stats,
 )
@@ -90,3 +92,24 @@ def write_partition(
 
 def shards_of(part: Partition) -> list[np.ndarray]:
     return [np.asarray(ix, dtype=np.int64) for ix in part.client_indices]
+
+
+def load_partition(partition_dir: str | Path) -> Partition:
+    """Rebuild a Partition from ``manifest.csv`` + ``stats.json`` and check its hash."""
+    d = Path(partition_dir)
+    manifest, stats_path = d / "manifest.csv", d / "stats.json"
+    if not (manifest.is_file() and stats_path.is_file()):
+        raise ConfigError(
+            f"no partition in {d}: expected manifest.csv and stats.json (run: fedapt partition --out {d})"
+        )
+    stats = json.loads(stats_path.read_text())
+    cid, idx, _ = read_manifest(manifest)
+    n = int(stats["num_clients"])
+    parts = tuple(np.sort(idx[cid == c]) for c in range(n))
+    noise = tuple(float(c["noise_var"]) for c in stats["clients"])
+    part = Partition(stats["scheme"], stats["params"], parts, noise)
+    if part.content_hash() != stats["content_hash"]:
+        raise ConfigError(
+            f"{manifest}: content hash differs from {stats_path}; re-run fedapt partition"
+        )
+    return part
