@@ -43,7 +43,7 @@ def _guard(fn: Callable[[], Any]) -> Any:
 
 
 def _load(params: Path | None, overrides: list[str] | None, extra: list[str] | None = None) -> Any:
-    from flows.config import load_params
+    from tasks.config import load_params
 
     return load_params(params, [*(overrides or []), *(extra or [])])
 

@@ -16,8 +16,8 @@ from fedcore.algorithms import build_algorithm
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import list_partitioners, scheme_options
-from flows.config import Params
 from models.adapters import check_adapter
+from tasks.config import Params
 from tasks.data import build_partition, load_experiment_data, load_partition, write_partition
 from tasks.io import atomic_write_json
 from tasks.progress import RichProgress

@@ -19,7 +19,7 @@ from fedcore.partition import (
     write_manifest,
     write_stats,
 )
-from flows.config import Params
+from tasks.config import Params
 
 _SUBSET_STREAM = 7
 

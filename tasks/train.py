@@ -17,9 +17,9 @@ from fedcore.engine import FederationConfig, History, Simulation
 from fedcore.events import Callback
 from fedcore.partition import Partition
 from fedcore.schedules import LRSchedule
-from flows.config import Params
 from models import get_model
 from models.adapters import check_adapter
+from tasks.config import Params
 from tasks.data import ExperimentData, shards_of
 from tasks.io import atomic_write_json
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.errors import ConfigError
-from flows.config import load_params
+from tasks.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
