@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,18 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+
+# Offline and quiet by default; the project keeps its own Prefect home (DESIGN.md).
+_ROOT = Path(__file__).resolve().parents[1]
+for _key, _value in {
+    "PREFECT_HOME": str(_ROOT / ".prefect"),
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+}.items():
+    os.environ.setdefault(_key, _value)
 
 app = typer.Typer(
     add_completion=False,
@@ -62,7 +75,7 @@ def run(
     """Run the experiment grid in params.yaml and print the results table."""
 
     def body() -> None:
-        from flows.experiment import experiment_dir, run_experiment
+        from flows.experiment import experiment_dir, experiment_flow, preflight
 
         extra = []
         if device is not None:
@@ -70,7 +83,11 @@ def run(
         if workers is not None:
             extra.append(f"runtime.workers={workers}")
         p = _load(params, set_, extra)
-        records = run_experiment(p, err, partition_dir=partition_dir)
+        preflight(p, partition_dir)
+        records = experiment_flow(
+            params=p.model_dump(mode="json"),
+            partition_dir=str(partition_dir) if partition_dir else None,
+        )
         out.print(results_table(records))
         out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
 

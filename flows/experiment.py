@@ -1,27 +1,27 @@
-"""The experiment pipeline: partition -> one training run per grid cell -> summary.
+"""The experiment flow (Prefect 3): partition -> one training task per grid cell -> summary.
 
-Every input is checked before anything is written, so bad parameters leave no partial
-outputs; each output file is written atomically.
+``preflight`` checks every input in the calling process before the flow starts, so bad
+parameters stop with one line and leave no partial outputs; every output file is written
+atomically by the tasks. Tasks pass paths and small JSON records, never tensors.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcore.algorithms import build_algorithm
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import list_partitioners, scheme_options
 from models.adapters import check_adapter
-from tasks.config import Params
-from tasks.data import build_partition, load_experiment_data, load_partition, write_partition
-from tasks.io import atomic_write_json
-from tasks.progress import RichProgress
-from tasks.train import cell_name, model_factory, train_cell
+from tasks.config import Params, load_params
+from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
+from tasks.report import summary_task
+from tasks.train import model_factory, train_task
 
 
 def experiment_dir(params: Params) -> Path:
@@ -29,7 +29,7 @@ def experiment_dir(params: Params) -> Path:
 
 
 def validate(params: Params) -> None:
-    """Fail on bad names/options before any data is loaded or any file written."""
+    """Names and options that need no data: algorithms, adapters, device, partition scheme."""
     for algorithm in params.grid.algorithms:
         build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
     for adapter in params.grid.adapters:
@@ -44,44 +44,40 @@ def validate(params: Params) -> None:
             )
 
 
-def run_experiment(
-    params: Params, console: Console | None = None, partition_dir: str | Path | None = None
-) -> list[dict[str, Any]]:
-    """Partition (or read the manifest in ``partition_dir``), train every cell, summarise."""
-    console = console or Console(stderr=True)
+def preflight(params: Params, partition_dir: str | Path | None = None) -> None:
+    """Everything a run would reject, checked before the flow starts (cheap: no training)."""
     validate(params)
-    data = load_experiment_data(params)
-    model_factory(params, data)()  # unknown model or option -> error before any output
-    out = experiment_dir(params)
-    if partition_dir is not None:
-        part = load_partition(partition_dir)
-        want = (params.partition.scheme, params.partition.num_clients)
-        if (part.scheme, part.num_clients) != want:
-            raise ConfigError(
-                f"partition in {partition_dir} is {part.scheme} over {part.num_clients} clients, "
-                f"params.yaml asks for {want[0]} over {want[1]}; re-run fedapt partition"
-            )
-    else:
-        part = build_partition(params, data)
-        write_partition(params, data, part, out / "partition")
-    records = []
-    for algorithm in params.grid.algorithms:
-        for adapter in params.grid.adapters:
-            name = cell_name(algorithm, adapter)
-            started = time.perf_counter()
-            rec = train_cell(
-                params,
-                data,
-                part,
-                algorithm,
-                adapter,
-                out / "runs" / name,
-                callbacks=[RichProgress(name, console)],
-            )
-            rec["process_seconds"] = round(time.perf_counter() - started, 3)
-            records.append(rec)
-    atomic_write_json(
-        out / "summary.json",
-        {"experiment": params.experiment.name, "params": params.flat(), "runs": records},
-    )
+    data = load_experiment_data(params)  # missing data -> how to get it
+    model_factory(params, data)()  # unknown model or model option
+    if partition_dir is None:
+        build_partition(params, data)  # bad partition options and values
+        return
+    part = load_partition(partition_dir)
+    want = (params.partition.scheme, params.partition.num_clients)
+    if (part.scheme, part.num_clients) != want:
+        raise ConfigError(
+            f"partition in {partition_dir} is {part.scheme} over {part.num_clients} clients, "
+            f"params.yaml asks for {want[0]} over {want[1]}; re-run fedapt partition"
+        )
+
+
+@flow(name="fedapt-experiment", task_runner=ThreadPoolTaskRunner(max_workers=1))
+def experiment_flow(
+    params: dict[str, Any] | None = None,
+    params_file: str = "params.yaml",
+    overrides: list[str] | None = None,
+    partition_dir: str | None = None,
+) -> list[dict[str, Any]]:
+    """Run the experiment grid of params.yaml (or of ``params``) and write its summary."""
+    p = Params.model_validate(params) if params is not None else load_params(params_file, overrides)
+    spec = p.model_dump(mode="json")
+    out = experiment_dir(p)
+    part_dir = partition_dir or partition_task(spec, str(out / "partition"))
+    futures = [
+        train_task.submit(spec, part_dir, algorithm, adapter, str(out / "runs"))
+        for algorithm in p.grid.algorithms
+        for adapter in p.grid.adapters
+    ]
+    records = [f.result() for f in futures]
+    summary_task(spec, records, str(out / "summary.json"))
     return records

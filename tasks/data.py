@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from fedcore.client import ImageData
 from fedcore.datasets import ArrayDataset, load_dataset
@@ -113,3 +115,12 @@ def load_partition(partition_dir: str | Path) -> Partition:
             f"{manifest}: content hash differs from {stats_path}; re-run fedapt partition"
         )
     return part
+
+
+@task(name="partition", cache_policy=NO_CACHE)
+def partition_task(spec: dict, out_dir: str) -> str:
+    """Partition the training data into client shards; write manifest.csv + stats.json."""
+    params = Params.model_validate(spec)
+    data = load_experiment_data(params)
+    write_partition(params, data, build_partition(params, data), out_dir)
+    return out_dir

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import functools
 import platform
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from rich.console import Console
 
 from fedcore.algorithms import build_algorithm
 from fedcore.client import LocalConfig
@@ -20,8 +24,9 @@ from fedcore.schedules import LRSchedule
 from models import get_model
 from models.adapters import check_adapter
 from tasks.config import Params
-from tasks.data import ExperimentData, shards_of
+from tasks.data import ExperimentData, load_experiment_data, load_partition, shards_of
 from tasks.io import atomic_write_json
+from tasks.progress import RichProgress
 
 
 def clients_per_round(params: Params) -> int:
@@ -125,3 +130,17 @@ def summary_record(
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+@task(name="train", cache_policy=NO_CACHE)
+def train_task(spec: dict, partition_dir: str, algorithm: str, adapter: str, runs_dir: str) -> dict:
+    """Simulate one (algorithm, adapter) cell on the partition; returns its summary record."""
+    params = Params.model_validate(spec)
+    data = load_experiment_data(params)
+    part = load_partition(partition_dir)
+    name = cell_name(algorithm, adapter)
+    progress = RichProgress(name, Console(stderr=True))
+    started = time.perf_counter()
+    record = train_cell(params, data, part, algorithm, adapter, Path(runs_dir) / name, [progress])
+    record["process_seconds"] = round(time.perf_counter() - started, 3)
+    return record
