@@ -1,42 +1,51 @@
-"""Seeded, pure partitioners: labels -> one sorted index array per client.
+"""Seeded, pure partitioners: labels -> one sorted int64 index array per client.
 
-Two Dirichlet schemes are named apart because they are different experiments:
+Each scheme draws only from ``numpy.random.default_rng(seed)``: the same labels, num_clients,
+seed and options give the same content hash and byte-identical manifests.
 
-* ``dirichlet_classwise`` -- each *class* is split over the clients with p_k ~ Dir_N(beta)
-  (NIID-Bench ``noniid-labeldir``, the seeds' Dir(beta) / LDA: seed 000 §IV, seed 004 §6.1.3).
-  Client sizes come out unequal.
-* ``dirichlet_clientwise`` -- each *client* draws its own class mix q_i ~ Dir(alpha p)
-  (Hsu et al. 2019, seed 002 §4), with client sizes set separately (equal by default).
+The two Dirichlet schemes are different experiments and are named apart:
 
-Every function takes ``seed`` and uses only its own ``numpy.random.Generator``; the same
-arguments give byte-identical manifests.
+* ``dirichlet_classwise`` splits each *class* over the clients: p_k ~ Dir_N(beta) is the
+  share of class k that each of the N clients gets (NIID-Bench ``noniid-labeldir``, Li et al.
+  2021; the seeds' Dir(beta), seed 000 §IV, and FedML's LDA Dir(0.3), seed 004 §6.1.3).
+  Client sizes are an outcome, not a parameter: small beta gives very unequal clients.
+* ``dirichlet_clientwise`` lets each *client* draw its class mix q_i ~ Dir(alpha p), p the
+  global class prior (Hsu et al. 2019, seed 002 §4), and sets client sizes separately (equal,
+  normal or Dirichlet). Shares within a class are not controlled: a popular class is shared
+  by whichever clients want it, while a client's size is fixed in advance.
+
+Feature skew (``gaussian_noise``, seed 000 §IV) is a per-client noise variance, applied by
+``fedcore.client``.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import inspect
-import io
 import json
 import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from numpy.random import Generator
 
 from fedcore.errors import ConfigError, UnknownNameError
 
+MANIFEST_HEADER = "client_id,sample_index,label"
+MAX_TRIES = 1000  # redraws allowed for a min_size constraint before giving up
+SIZE_KINDS = ("equal", "normal", "dirichlet")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)  # arrays make == ambiguous: compare content_hash()
 class Partition:
     scheme: str
-    params: dict[str, Any]
-    client_indices: tuple[np.ndarray, ...]  # int64, sorted, per client
-    noise_var: tuple[float, ...]  # Gaussian feature-noise variance per client (0: none)
+    params: dict[str, Any]  # the scheme's parameters incl. num_clients and seed (JSON-ready)
+    client_indices: tuple[np.ndarray, ...]  # int64 sample indices per client, sorted
+    noise_var: tuple[float, ...]  # Gaussian feature-noise variance per client (0.0: none)
 
     @property
     def num_clients(self) -> int:
@@ -46,23 +55,26 @@ class Partition:
         return np.array([len(ix) for ix in self.client_indices], dtype=np.int64)
 
     def label_counts(self, labels: np.ndarray, num_classes: int) -> np.ndarray:
-        return np.stack(
-            [np.bincount(labels[ix], minlength=num_classes) for ix in self.client_indices]
-        ).astype(np.int64)
+        """(num_clients, num_classes) int64 counts of each label on each client."""
+        labels = _as_labels(labels)
+        rows = [np.bincount(labels[ix], minlength=num_classes) for ix in self.client_indices]
+        return np.stack(rows).astype(np.int64).reshape(self.num_clients, num_classes)
 
     def content_hash(self) -> str:
+        """sha256 over: JSON {"params", "scheme"} (sorted keys), then per client its length
+        and indices as little-endian int64 and ``repr`` of its noise variance."""
         h = hashlib.sha256()
         h.update(
             json.dumps({"scheme": self.scheme, "params": self.params}, sort_keys=True).encode()
         )
         for ix, var in zip(self.client_indices, self.noise_var, strict=True):
-            h.update(np.int64(len(ix)).tobytes())
+            h.update(np.array(len(ix), dtype="<i8").tobytes())
             h.update(np.ascontiguousarray(ix, dtype="<i8").tobytes())
             h.update(repr(float(var)).encode())
         return h.hexdigest()
 
 
-# ---- helpers ---------------------------------------------------------------------------------
+# ---- validation ------------------------------------------------------------------------------
 
 
 def _check(cond: bool, message: str) -> None:
@@ -70,233 +82,279 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _finish(
-    scheme: str, params: dict[str, Any], parts: list[np.ndarray], noise: list[float] | None = None
-) -> Partition:
+def _number(key: str, value: Any, rule: str, low: float, high: float | None = None) -> Any:
+    """``value`` checked against ``rule``: ">" or ">=" ``low`` for a finite float, "int" for an
+    integer in [low, high]; the one-line error names the parameter ``key`` and the range."""
+    if rule == "int":
+        ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+        ok = ok and low <= value and (high is None or value <= high)
+        bound = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+        _check(ok, f"{key} must be an integer {bound} (got {value!r})")
+        return int(value)
+    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+    ok = ok and bool(np.isfinite(value)) and (value > low if rule == ">" else value >= low)
+    _check(ok, f"{key} must be a finite number {rule} {low:g} (got {value!r})")
+    return float(value)
+
+
+def _as_labels(labels: Any) -> np.ndarray:
+    arr = np.asarray(labels)
+    ok = arr.ndim == 1 and (arr.size == 0 or np.issubdtype(arr.dtype, np.integer))
+    _check(
+        ok and (arr.size == 0 or arr.min() >= 0),
+        f"partition labels must be a 1-D array of integers >= 0 (got {arr.dtype}, shape {arr.shape})",
+    )
+    return arr.astype(np.int64, copy=False)
+
+
+def _setup(
+    scheme: str, labels: Any, num_clients: Any, seed: Any
+) -> tuple[np.ndarray, int, int, Generator]:
+    """Checks shared by every scheme; returns labels, num_clients, seed and the scheme's RNG."""
+    labels = _as_labels(labels)
+    n = len(labels)
+    num_clients = _number("partition.num_clients", num_clients, "int", 1, max(n, 1))
+    _check(n > 0, f"partition.{scheme}: no samples to partition")
+    seed = _number("partition.seed", seed, "int", 0)
+    return labels, num_clients, seed, np.random.default_rng(seed)
+
+
+def _finish(scheme: str, params: dict[str, Any], parts: list[np.ndarray]) -> Partition:
     ix = tuple(np.sort(np.asarray(p, dtype=np.int64)) for p in parts)
-    return Partition(scheme, params, ix, tuple(noise or [0.0] * len(ix)))
+    return Partition(scheme, params, ix, (0.0,) * len(ix))
 
 
-def _split_by_sizes(order: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
-    return np.split(order, np.cumsum(sizes)[:-1])
+# ---- client sizes (shared by the client-wise and quantity-skew schemes) ----------------------
 
 
 def _largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
-    """Integer sizes proportional to ``shares`` summing exactly to ``total``."""
+    """Integer sizes proportional to ``shares`` summing exactly to ``total`` (Hamilton's method;
+    ties go to the lower client id)."""
     raw = shares / shares.sum() * total
     sizes = np.floor(raw).astype(np.int64)
-    rest = total - int(sizes.sum())
-    if rest:
-        sizes[np.argsort(-(raw - sizes), kind="stable")[:rest]] += 1
+    sizes[np.argsort(-(raw - sizes), kind="stable")[: total - int(sizes.sum())]] += 1
     return sizes
 
 
 def client_sizes(
-    n: int,
-    num_clients: int,
-    rng: np.random.Generator,
-    *,
-    kind: str = "equal",
-    rel_std: float = 0.0,
-    beta: float = 1.0,
-    min_size: int = 1,
-    max_tries: int = 1000,
+    n: int, num_clients: int, rng: Generator, kind: str, spread: float, min_size: int, key: str
 ) -> np.ndarray:
-    """Client sizes summing to n: equal, Normal(n/N, rel_std n/N) (seed 002 §4), or Dir(beta)."""
+    """``num_clients`` int64 sizes, each >= ``min_size``, summing exactly to ``n``.
+
+    ``equal``: n/N each, remainder to the first clients (as ``np.array_split``). ``normal``
+    (seed 002 §4, "drawn from a normal distribution controlled with a relative standard
+    deviation"): x_i ~ Normal(n/N, spread n/N) clipped at ``min_size``, then the excess over
+    ``min_size`` is rescaled to sum to n (rescaling the sizes themselves could push a clipped
+    client back under it). ``dirichlet`` (NIID-Bench ``iid-diff-quantity``): shares ~
+    Dir_N(spread), redrawn until every client has >= ``min_size``.
+    """
     _check(
         min_size * num_clients <= n,
-        f"partition.min_size: {num_clients} clients x {min_size} exceeds {n} samples",
+        f"{key}.min_size must be <= {n // num_clients} for {num_clients} clients and {n} samples (got {min_size})",
     )
     if kind == "equal":
         return _largest_remainder(np.ones(num_clients), n)
-    for _ in range(max_tries):
-        if kind == "normal":
-            mean = n / num_clients
-            shares = np.clip(rng.normal(mean, rel_std * mean, size=num_clients), min_size, None)
-        elif kind == "dirichlet":
-            shares = rng.dirichlet(np.full(num_clients, beta))
-        else:
-            raise ConfigError(
-                f"partition sizes must be one of equal, normal, dirichlet (got {kind!r})"
-            )
-        sizes = _largest_remainder(shares, n)
+    if kind == "normal":
+        mean = n / num_clients
+        excess = np.clip(rng.normal(mean, spread * mean, num_clients), min_size, None) - min_size
+        if not excess.sum() > 0:  # every draw clipped: nothing tells the clients apart
+            excess = np.ones(num_clients)
+        return min_size + _largest_remainder(excess, n - min_size * num_clients)
+    for _ in range(MAX_TRIES):
+        sizes = _largest_remainder(rng.dirichlet(np.full(num_clients, spread)), n)
         if sizes.min() >= min_size:
             return sizes
     raise ConfigError(
-        f"partition: could not draw {num_clients} client sizes >= min_size={min_size}; lower min_size"
+        f"{key}.min_size: no Dir({spread:g}) draw gave all {num_clients} clients >= {min_size} "
+        f"samples in {MAX_TRIES} tries; lower min_size or raise the Dirichlet concentration"
     )
 
 
-# ---- schemes ---------------------------------------------------------------------------------
+# ---- schemes -------------------------------------------------------------------------------
+
+PARTITIONERS: dict[str, Callable[..., Partition]] = {}
+_F = TypeVar("_F", bound=Callable[..., Partition])
 
 
+def _register(fn: _F) -> _F:
+    PARTITIONERS[fn.__name__] = fn
+    return fn
+
+
+@_register
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> Partition:
-    """Shuffle, then ``np.array_split`` (seed 004 §6.1.3, homogeneous)."""
-    rng = np.random.default_rng(seed)
+    """Homogeneous split (seed 004 §6.1.3 "random uniform allocation"; NIID-Bench
+    ``homo``): shuffle all indices, then ``np.array_split`` into equal parts."""
+    labels, num_clients, seed, rng = _setup("iid", labels, num_clients, seed)
     parts = np.array_split(rng.permutation(len(labels)), num_clients)
     return _finish("iid", {"num_clients": num_clients, "seed": seed}, parts)
 
 
+@_register
 def dirichlet_classwise(
-    labels: np.ndarray, num_clients: int, seed: int, beta: float = 0.5, min_size: int = 10
+    labels: np.ndarray, num_clients: int, seed: int, *, beta: float = 0.5, min_size: int = 10
 ) -> Partition:
-    """NIID-Bench ``noniid-labeldir``: p_k ~ Dir_N(beta) per class k; redraw until every
-    client has >= min_size samples. Clients already holding >= n/N samples get no more of
-    the current class (NIID-Bench's balancing step)."""
-    _check(beta > 0, f"partition.dirichlet_classwise.beta must be > 0 (got {beta})")
-    _check(min_size >= 0, f"partition.dirichlet_classwise.min_size must be >= 0 (got {min_size})")
-    _check(
-        min_size * num_clients <= len(labels),
-        f"partition.dirichlet_classwise.min_size: {num_clients} clients x {min_size} exceeds {len(labels)} samples",
-    )
-    rng = np.random.default_rng(seed)
-    n, classes = len(labels), np.unique(labels)
-    for _ in range(1000):
+    """Class-wise Dirichlet, NIID-Bench ``noniid-labeldir`` (seed 000 §IV "p_k ~ Dir_N(beta),
+    allocate p_k,j of class k to client j"; seed 004 §6.1.3 LDA): for each class k draw
+    p_k ~ Dir_N(beta), drop clients already at >= n/N samples, renormalise, and cut class k's
+    shuffled indices at the cumulative proportions. The whole draw is repeated until every
+    client holds >= ``min_size`` samples (NIID-Bench's ``min_require_size``, 10)."""
+    scheme = "dirichlet_classwise"
+    labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
+    n = len(labels)
+    beta = _number(f"partition.{scheme}.beta", beta, ">", 0)
+    min_size = _number(f"partition.{scheme}.min_size", min_size, "int", 0, n // num_clients)
+    by_class = [np.flatnonzero(labels == k) for k in np.unique(labels)]
+    for _ in range(MAX_TRIES):
         parts: list[list[int]] = [[] for _ in range(num_clients)]
-        for k in classes:
-            idx_k = np.flatnonzero(labels == k)
-            rng.shuffle(idx_k)
-            p = rng.dirichlet(np.full(num_clients, beta))
-            p = p * np.array([len(c) < n / num_clients for c in parts])
-            p = p / p.sum()
-            cuts = (np.cumsum(p) * len(idx_k)).astype(int)[:-1]
+        for idx in by_class:
+            idx_k = rng.permutation(idx)
+            is_open = np.array([len(c) < n / num_clients for c in parts])  # NIID-Bench balancing
+            p = rng.dirichlet(np.full(num_clients, beta)) * is_open
+            while not p.sum() > 0:  # tiny beta: all mass underflowed onto closed clients, where
+                p = rng.dirichlet(np.full(num_clients, beta)) * is_open  # NIID-Bench gets NaN
+            cuts = (np.cumsum(p / p.sum()) * len(idx_k)).astype(np.int64)[:-1]
             for c, chunk in enumerate(np.split(idx_k, cuts)):
                 parts[c].extend(chunk.tolist())
         if min(len(c) for c in parts) >= min_size:
             params = {"num_clients": num_clients, "seed": seed, "beta": beta, "min_size": min_size}
-            return _finish("dirichlet_classwise", params, [np.array(c) for c in parts])
+            return _finish(scheme, params, [np.array(c, dtype=np.int64) for c in parts])
     raise ConfigError(
-        f"partition.dirichlet_classwise: no draw gave every client >= {min_size} samples in 1000 tries; lower min_size or raise beta"
+        f"partition.{scheme}.min_size: no draw gave all {num_clients} clients >= {min_size} "
+        f"samples in {MAX_TRIES} tries; lower min_size or raise beta (got beta={beta:g})"
     )
 
 
+@_register
 def dirichlet_clientwise(
     labels: np.ndarray,
     num_clients: int,
     seed: int,
+    *,
     alpha: float = 1.0,
     sizes: str = "equal",
-    size_rel_std: float = 0.0,
+    size_rel_std: float = 0.3,
     size_beta: float = 1.0,
 ) -> Partition:
-    """Hsu et al. / seed 002 §4: client i draws q_i ~ Dir(alpha p), p the global class prior,
-    then takes its samples class by class without replacement; a class that runs out is
-    removed from q_i (renormalised) for the remaining draws."""
-    _check(alpha > 0, f"partition.dirichlet_clientwise.alpha must be > 0 (got {alpha})")
-    rng = np.random.default_rng(seed)
-    classes, counts = np.unique(labels, return_counts=True)
-    prior = counts / counts.sum()
-    pools = [rng.permutation(np.flatnonzero(labels == k)).tolist() for k in classes]
-    quota = client_sizes(
-        len(labels), num_clients, rng, kind=sizes, rel_std=size_rel_std, beta=size_beta
+    """Client-wise Dirichlet (Hsu et al. 2019; seed 002 §4 "for each client we draw a class
+    distribution q ~ Dir(p alpha)", p the global class prior).
+
+    Sizes come first (``sizes``: ``equal``, ``normal`` with ``size_rel_std``, ``dirichlet``
+    with ``size_beta``; :func:`client_sizes`). Then, in a random client order, client i draws
+    q_i ~ Dir(alpha p) and fills its quota from the class pools without replacement: a
+    multinomial(q_i) split, with what an exhausted pool cannot supply redrawn from q_i
+    renormalised over the classes left (all of q_i's classes gone: in proportion to what is
+    left). Unlike class-wise, sizes are exactly as drawn; the price is that the last clients'
+    mixes lean towards the classes the others left over.
+    """
+    scheme = "dirichlet_clientwise"
+    labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
+    key = f"partition.{scheme}"
+    alpha = _number(f"{key}.alpha", alpha, ">", 0)
+    size_rel_std = _number(f"{key}.size_rel_std", size_rel_std, ">=", 0)
+    size_beta = _number(f"{key}.size_beta", size_beta, ">", 0)
+    _check(
+        sizes in SIZE_KINDS, f"{key}.sizes must be one of {', '.join(SIZE_KINDS)} (got {sizes!r})"
     )
-    parts: list[list[int]] = [[] for _ in range(num_clients)]
-    for c in range(num_clients):
-        q = rng.dirichlet(alpha * prior)
+    spread = size_beta if sizes == "dirichlet" else size_rel_std
+    quota = client_sizes(len(labels), num_clients, rng, sizes, spread, 1, key)
+    classes, counts = np.unique(labels, return_counts=True)
+    pools = [rng.permutation(np.flatnonzero(labels == k)) for k in classes]
+    left = counts.astype(np.int64)  # pools[k][len - left[k]:] are still free
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in rng.permutation(num_clients):
+        q = rng.dirichlet(alpha * counts / counts.sum())
         need = int(quota[c])
         while need > 0:
-            avail = np.array([len(p) > 0 for p in pools])
-            w = q * avail
-            if w.sum() <= 0:  # every class this client wants is exhausted: use what is left
-                w = avail.astype(float)
-            draws = np.bincount(
-                rng.choice(len(classes), size=need, p=w / w.sum()), minlength=len(classes)
-            )
-            for k in np.flatnonzero(draws):
-                take = min(int(draws[k]), len(pools[k]))
-                parts[c].extend(pools[k][:take])
-                del pools[k][:take]
-                need -= take
-    params = {
-        "num_clients": num_clients,
-        "seed": seed,
-        "alpha": alpha,
-        "sizes": sizes,
-        "size_rel_std": size_rel_std,
-        "size_beta": size_beta,
-    }
-    return _finish("dirichlet_clientwise", params, [np.array(p) for p in parts])
+            w = q * (left > 0)
+            if not w.sum() > 0:  # the classes this client favours are gone
+                w = left.astype(np.float64)
+            take = np.minimum(rng.multinomial(need, w / w.sum()), left)
+            for k in np.flatnonzero(take):
+                start = len(pools[k]) - int(left[k])
+                parts[c].append(pools[k][start : start + int(take[k])])
+            left -= take
+            need -= int(take.sum())
+    opts = {"alpha": alpha, "sizes": sizes, "size_rel_std": size_rel_std, "size_beta": size_beta}
+    params = {"num_clients": num_clients, "seed": seed, **opts}
+    return _finish(scheme, params, [np.concatenate(p) for p in parts])
 
 
-def labels_per_client(labels: np.ndarray, num_clients: int, seed: int, m: int = 2) -> Partition:
-    """NIID-Bench ``noniid-#label{m}`` (seed 000 §IV, #M): client i holds class i mod C plus
-    m-1 other distinct random classes; each class is split evenly over its holders. Classes
-    nobody holds are dropped (listed in params)."""
-    classes = np.unique(labels)
+@_register
+def labels_per_client(labels: np.ndarray, num_clients: int, seed: int, *, m: int = 2) -> Partition:
+    """NIID-Bench ``noniid-#label{m}`` (seed 000 §IV, "#M" classes per client): client i holds
+    class i mod C plus m-1 distinct other classes drawn at random; each class is split evenly
+    (``np.array_split``) over the clients that hold it. A class held by nobody (possible when
+    N*m < C) is dropped and listed in ``params["dropped_classes"]``; NIID-Bench would crash."""
+    scheme = "labels_per_client"
+    labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
+    classes, counts = np.unique(labels, return_counts=True)
     C = len(classes)
-    _check(1 <= m <= C, f"partition.labels_per_client.m must be in [1, {C}] (got {m})")
-    rng = np.random.default_rng(seed)
-    held: list[list[int]] = []
+    m = _number(f"partition.{scheme}.m", m, "int", 1, C)
+    held = []  # client i: class i mod C plus m-1 distinct others
     for i in range(num_clients):
-        first = i % C
-        others = rng.permutation([k for k in range(C) if k != first])[: m - 1]
-        held.append([first, *others.tolist()])
-    parts: list[list[int]] = [[] for _ in range(num_clients)]
-    dropped = []
+        held.append({i % C, *rng.permutation(np.delete(np.arange(C), i % C))[: m - 1].tolist()})
+    holders = [[i for i in range(num_clients) if k in held[i]] for k in range(C)]
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for k in range(C):
-        holders = [i for i in range(num_clients) if k in held[i]]
-        if not holders:
-            dropped.append(int(classes[k]))
-            continue
-        idx_k = rng.permutation(np.flatnonzero(labels == classes[k]))
-        for i, chunk in zip(holders, np.array_split(idx_k, len(holders)), strict=True):
-            parts[i].extend(chunk.tolist())
+        _check(  # an empty share would leave a client with fewer than m labels
+            counts[k] >= len(holders[k]),
+            f"partition.{scheme}.m: class {classes[k]} has {counts[k]} samples for "
+            f"{len(holders[k])} clients holding it; lower m or num_clients (got m={m})",
+        )
+        if holders[k]:
+            idx_k = rng.permutation(np.flatnonzero(labels == classes[k]))
+            for i, chunk in zip(holders[k], np.array_split(idx_k, len(holders[k])), strict=True):
+                parts[i].append(chunk)
+    dropped = [int(classes[k]) for k in range(C) if not holders[k]]
     params = {"num_clients": num_clients, "seed": seed, "m": m, "dropped_classes": dropped}
-    return _finish("labels_per_client", params, [np.array(p) for p in parts])
+    return _finish(scheme, params, [np.concatenate(p) for p in parts])
 
 
+@_register
 def gaussian_noise(
-    labels: np.ndarray, num_clients: int, seed: int, sigma: float = 0.1
+    labels: np.ndarray, num_clients: int, seed: int, *, sigma: float = 0.1
 ) -> Partition:
-    """Seed 000 §IV feature skew: an iid split; client i (0-based) of N sees its inputs plus
-    noise of variance sigma * i / N, Gau(sigma * i / N)."""
-    _check(sigma >= 0, f"partition.gaussian_noise.sigma must be >= 0 (got {sigma})")
+    """Noise-based feature skew (seed 000 §IV; NIID-Bench ``noise``): the ``iid`` split for
+    the same seed, and client i (0-based) of N gets x^ ~ Gau(sigma * i / N), "mean 0 and
+    variance sigma * i / N" -- ``noise_var[i] = sigma * i / N`` is a variance, not a std."""
     base = iid(labels, num_clients, seed)
-    noise = [sigma * i / num_clients for i in range(num_clients)]
-    params = {"num_clients": num_clients, "seed": seed, "sigma": sigma}
-    return Partition("gaussian_noise", params, base.client_indices, tuple(noise))
+    sigma = _number("partition.gaussian_noise.sigma", sigma, ">=", 0)
+    noise = tuple(sigma * i / base.num_clients for i in range(base.num_clients))
+    return Partition("gaussian_noise", {**base.params, "sigma": sigma}, base.client_indices, noise)
 
 
+def _quantity(
+    scheme: str, labels: Any, num_clients: Any, seed: Any, option: str, value: Any, min_size: Any
+) -> Partition:
+    """Quantity skew: sizes from :func:`client_sizes`, labels iid within each client."""
+    labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
+    key = f"partition.{scheme}"
+    value = _number(f"{key}.{option}", value, ">" if option == "beta" else ">=", 0)
+    min_size = _number(f"{key}.min_size", min_size, "int", 1)
+    kind = "dirichlet" if option == "beta" else "normal"
+    sizes = client_sizes(len(labels), num_clients, rng, kind, value, min_size, key)
+    parts = np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])
+    params = {"num_clients": num_clients, "seed": seed, option: value, "min_size": min_size}
+    return _finish(scheme, params, parts)
+
+
+@_register
 def quantity_normal(
-    labels: np.ndarray, num_clients: int, seed: int, rel_std: float = 0.3, min_size: int = 1
+    labels: np.ndarray, num_clients: int, seed: int, *, rel_std: float = 0.3, min_size: int = 1
 ) -> Partition:
-    """Seed 002 §4: client sizes ~ Normal(n/N, rel_std * n/N), labels iid within."""
-    _check(rel_std >= 0, f"partition.quantity_normal.rel_std must be >= 0 (got {rel_std})")
-    rng = np.random.default_rng(seed)
-    sizes = client_sizes(
-        len(labels), num_clients, rng, kind="normal", rel_std=rel_std, min_size=min_size
-    )
-    parts = _split_by_sizes(rng.permutation(len(labels)), sizes)
-    params = {"num_clients": num_clients, "seed": seed, "rel_std": rel_std, "min_size": min_size}
-    return _finish("quantity_normal", params, parts)
+    """Seed 002 §4 quantity skew: sizes ~ Normal(n/N, rel_std * n/N), clipped at ``min_size``,
+    rescaled to sum to n (largest remainder); labels iid within each client."""
+    return _quantity("quantity_normal", labels, num_clients, seed, "rel_std", rel_std, min_size)
 
 
+@_register
 def quantity_dirichlet(
-    labels: np.ndarray, num_clients: int, seed: int, beta: float = 0.5, min_size: int = 1
+    labels: np.ndarray, num_clients: int, seed: int, *, beta: float = 0.5, min_size: int = 1
 ) -> Partition:
-    """NIID-Bench ``iid-diff-quantity``: client sizes proportional to Dir(beta)."""
-    _check(beta > 0, f"partition.quantity_dirichlet.beta must be > 0 (got {beta})")
-    rng = np.random.default_rng(seed)
-    sizes = client_sizes(
-        len(labels), num_clients, rng, kind="dirichlet", beta=beta, min_size=min_size
-    )
-    parts = _split_by_sizes(rng.permutation(len(labels)), sizes)
-    params = {"num_clients": num_clients, "seed": seed, "beta": beta, "min_size": min_size}
-    return _finish("quantity_dirichlet", params, parts)
-
-
-PARTITIONERS: dict[str, Callable[..., Partition]] = {
-    f.__name__: f
-    for f in (
-        iid,
-        dirichlet_classwise,
-        dirichlet_clientwise,
-        labels_per_client,
-        gaussian_noise,
-        quantity_normal,
-        quantity_dirichlet,
-    )
-}
+    """NIID-Bench ``iid-diff-quantity``: sizes proportional to Dir_N(beta), redrawn until every
+    client has >= ``min_size``; labels iid within each client."""
+    return _quantity("quantity_dirichlet", labels, num_clients, seed, "beta", beta, min_size)
 
 
 def list_partitioners() -> list[str]:
@@ -304,6 +362,7 @@ def list_partitioners() -> list[str]:
 
 
 def scheme_options(scheme: str) -> list[str]:
+    """The option names ``scheme`` accepts besides labels, num_clients and seed."""
     if scheme not in PARTITIONERS:
         raise UnknownNameError("partition scheme", scheme, PARTITIONERS)
     skip = {"labels", "num_clients", "seed"}
@@ -313,31 +372,30 @@ def scheme_options(scheme: str) -> list[str]:
 def make_partition(
     scheme: str, labels: np.ndarray, *, num_clients: int, seed: int, **options: Any
 ) -> Partition:
+    """Partition ``labels`` with the registered ``scheme``; options not given take defaults."""
     allowed = scheme_options(scheme)
     unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"partition.{scheme}.{unknown[0]} is not an option of {scheme}; allowed: {', '.join(allowed) or 'none'}"
-        )
-    labels = np.asarray(labels)
-    _check(num_clients >= 1, f"partition.num_clients must be >= 1 (got {num_clients})")
     _check(
-        num_clients <= len(labels),
-        f"partition.num_clients: {num_clients} clients but only {len(labels)} samples",
+        not unknown,
+        f"partition.{scheme}.{unknown[0] if unknown else ''} is not an option of {scheme}; "
+        f"allowed: {', '.join(allowed) or 'none'}",
     )
     return PARTITIONERS[scheme](labels, num_clients, seed, **options)
 
 
-# ---- manifest and statistics ---------------------------------------------------------------
+# ---- manifest and statistics -----------------------------------------------------------------
 
 
 def _atomic_write_text(path: str | Path, text: str) -> None:
+    """Write via a temp file in the target folder and ``os.replace``: readers never see a
+    half-written file, and a failed write leaves no temp file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", newline="") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -345,22 +403,29 @@ def _atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def write_manifest(partition: Partition, labels: np.ndarray, path: str | Path) -> None:
-    """CSV ``client_id,sample_index,label`` sorted by (client, sample); written atomically."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["client_id", "sample_index", "label"])
+    """CSV ``client_id,sample_index,label``, rows sorted by (client_id, sample_index)."""
+    labels = _as_labels(labels)
+    rows = [MANIFEST_HEADER]
     for c, ix in enumerate(partition.client_indices):
-        w.writerows(zip([c] * len(ix), ix.tolist(), np.asarray(labels)[ix].tolist(), strict=True))
-    _atomic_write_text(path, buf.getvalue())
+        rows.extend(f"{c},{i},{y}" for i, y in zip(ix.tolist(), labels[ix].tolist(), strict=True))
+    _atomic_write_text(path, "\n".join(rows) + "\n")
 
 
 def read_manifest(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    data = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
-    return data[:, 0], data[:, 1], data[:, 2]
+    """The manifest's ``client_id``, ``sample_index`` and ``label`` columns as int64 arrays."""
+    text = Path(path).read_text(encoding="utf-8")
+    header, _, body = text.partition("\n")
+    _check(
+        header.strip() == MANIFEST_HEADER,
+        f"{path}: not a partition manifest (first line {header[:60]!r}, expected {MANIFEST_HEADER!r})",
+    )
+    data = np.array([ln.split(",") for ln in body.splitlines()], dtype=np.int64).reshape(-1, 3)
+    return data[:, 0].copy(), data[:, 1].copy(), data[:, 2].copy()
 
 
 def partition_stats(partition: Partition, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
-    counts = partition.label_counts(np.asarray(labels), num_classes)
+    """JSON-ready summary: scheme, params, content hash, per-client sizes/labels/noise, totals."""
+    counts = partition.label_counts(labels, num_classes)
     sizes = counts.sum(axis=1)
     return {
         "scheme": partition.scheme,
@@ -369,6 +434,7 @@ def partition_stats(partition: Partition, labels: np.ndarray, num_classes: int) 
         "num_clients": partition.num_clients,
         "num_classes": num_classes,
         "total_samples": int(sizes.sum()),
+        "label_totals": counts.sum(axis=0).tolist(),
         "size_min": int(sizes.min()),
         "size_max": int(sizes.max()),
         "size_mean": float(sizes.mean()),
@@ -386,4 +452,5 @@ def partition_stats(partition: Partition, labels: np.ndarray, num_classes: int) 
 
 
 def write_stats(stats: dict[str, Any], path: str | Path) -> None:
+    """Stats as indented JSON with sorted keys (stable bytes for DVC)."""
     _atomic_write_text(path, json.dumps(stats, indent=2, sort_keys=True) + "\n")

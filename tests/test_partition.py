@@ -1,23 +1,32 @@
-"""Partition invariants on synthetic labels (hand-checkable)."""
+"""Partitioners on synthetic labels: invariants for every registered scheme, then each scheme's
+statistics against hand-computed values, the errors, and the manifest / stats files."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
+import stat
+import warnings
 
 import numpy as np
 import pytest
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.partition import (
+    Partition,
+    client_sizes,
     list_partitioners,
     make_partition,
     partition_stats,
     read_manifest,
+    scheme_options,
     write_manifest,
     write_stats,
 )
 
-LABELS = np.repeat(np.arange(10), 600)  # 6,000 samples, 600 per class
+LABELS = np.repeat(np.arange(10), 600)  # 6,000 samples, class k at indices 600k .. 600k+599
 OPTIONS = {
     "iid": {},
     "dirichlet_classwise": {"beta": 0.5},
@@ -29,122 +38,304 @@ OPTIONS = {
 }
 
 
+def part(scheme: str, num_clients: int = 10, seed: int = 0, labels=LABELS, **opts) -> Partition:
+    return make_partition(scheme, labels, num_clients=num_clients, seed=seed, **opts)
+
+
 def test_every_scheme_has_test_options():
     assert sorted(OPTIONS) == list_partitioners()
 
 
+# ---- invariants of every scheme --------------------------------------------------------------
+
+
 @pytest.mark.parametrize("scheme", list_partitioners())
-def test_disjoint_covering_deterministic(scheme):
-    p = make_partition(scheme, LABELS, num_clients=10, seed=1, **OPTIONS[scheme])
-    allidx = np.concatenate(p.client_indices)
-    assert len(allidx) == len(np.unique(allidx))  # disjoint
+def test_disjoint_covering_sorted_deterministic(scheme):
+    p = part(scheme, seed=1, **OPTIONS[scheme])
+    assert p.num_clients == 10 and len(p.noise_var) == 10
+    assert all(ix.dtype == np.int64 and np.all(np.diff(ix) > 0) for ix in p.client_indices)
+    everything = np.concatenate(p.client_indices)
+    assert len(everything) == len(np.unique(everything))  # disjoint
     dropped = p.params.get("dropped_classes", [])
-    assert len(allidx) == int(np.isin(LABELS, dropped, invert=True).sum())  # covering
-    assert all(np.all(np.diff(ix) > 0) for ix in p.client_indices)  # sorted
-    again = make_partition(scheme, LABELS, num_clients=10, seed=1, **OPTIONS[scheme])
-    assert again.content_hash() == p.content_hash()
-    other = make_partition(scheme, LABELS, num_clients=10, seed=2, **OPTIONS[scheme])
-    assert other.content_hash() != p.content_hash()
+    assert np.array_equal(np.sort(everything), np.flatnonzero(~np.isin(LABELS, dropped)))
+    assert p.sizes().sum() == len(everything) and p.sizes().min() >= 1
+    assert part(scheme, seed=1, **OPTIONS[scheme]).content_hash() == p.content_hash()
+    assert part(scheme, seed=2, **OPTIONS[scheme]).content_hash() != p.content_hash()
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 10])
-def test_labels_per_client_exactly_m(m):
-    p = make_partition("labels_per_client", LABELS, num_clients=10, seed=0, m=m)
+@pytest.mark.parametrize("scheme", list_partitioners())
+def test_params_record_every_option_and_survive_json(scheme):
+    p = part(scheme, seed=3, **OPTIONS[scheme])
+    assert {"num_clients": 10, "seed": 3}.items() <= p.params.items()
+    assert set(scheme_options(scheme)) <= set(p.params)  # defaults recorded too
+    # load_partition rebuilds a Partition from stats.json: the hash must not change.
+    back = Partition(p.scheme, json.loads(json.dumps(p.params)), p.client_indices, p.noise_var)
+    assert back.content_hash() == p.content_hash()
+
+
+def test_scheme_options():
+    assert scheme_options("iid") == []
+    assert scheme_options("dirichlet_classwise") == ["beta", "min_size"]
+    assert scheme_options("dirichlet_clientwise") == ["alpha", "sizes", "size_rel_std", "size_beta"]
+    assert scheme_options("labels_per_client") == ["m"]
+
+
+def test_content_hash_is_the_documented_encoding():
+    p = Partition(
+        "iid", {"seed": 0, "num_clients": 2}, (np.array([0, 2]), np.array([1])), (0.0, 0.5)
+    )
+    h = hashlib.sha256(b'{"params": {"num_clients": 2, "seed": 0}, "scheme": "iid"}')
+    for ix, var in [([0, 2], "0.0"), ([1], "0.5")]:
+        h.update(len(ix).to_bytes(8, "little"))
+        h.update(b"".join(i.to_bytes(8, "little") for i in ix))
+        h.update(var.encode())
+    assert p.content_hash() == h.hexdigest()
+
+
+# ---- iid, noise, #M --------------------------------------------------------------------------
+
+
+def test_iid_is_array_split_of_a_permutation():
+    p = part("iid", num_clients=7)
+    assert p.sizes().tolist() == [858, 857, 857, 857, 857, 857, 857]  # 6000 = 7 * 857 + 1
+    assert np.allclose(p.label_counts(LABELS, 10) / p.sizes()[:, None], 0.1, atol=0.04)
+
+
+def test_gaussian_noise_variance_is_sigma_i_over_n():
+    p = part("gaussian_noise", num_clients=4, sigma=0.2)
+    assert p.noise_var == tuple(0.2 * i / 4 for i in range(4))  # exactly seed 000's formula
+    assert np.allclose(p.noise_var, [0.0, 0.05, 0.1, 0.15])
+    same_split = part("iid", num_clients=4)
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(p.client_indices, same_split.client_indices, strict=True)
+    )
+
+
+@pytest.mark.parametrize(("num_clients", "m"), [(10, 1), (10, 2), (10, 3), (10, 10), (100, 2)])
+def test_labels_per_client_gives_exactly_m_labels(num_clients, m):
+    p = part("labels_per_client", num_clients=num_clients, m=m)
     counts = p.label_counts(LABELS, 10)
     assert ((counts > 0).sum(axis=1) == m).all()
+    held = counts > 0  # each class split evenly over its holders (np.array_split: +-1)
+    for k in range(10):
+        shares = counts[held[:, k], k]
+        assert shares.sum() == 600 and shares.max() - shares.min() <= 1
 
 
-def test_classwise_dirichlet_follows_beta():
-    big = make_partition("dirichlet_classwise", LABELS, num_clients=5, seed=0, beta=1e4)
-    share = big.label_counts(LABELS, 10) / 600  # each class spread ~evenly: 1/5 each
-    assert np.allclose(share, 0.2, atol=0.03)
-    small = make_partition(
-        "dirichlet_classwise", LABELS, num_clients=10, seed=0, beta=0.05, min_size=1
-    )
-    top = np.sort(small.label_counts(LABELS, 10), axis=0)[-2:].sum(axis=0) / 600
-    assert np.median(top) > 0.9  # most of each class sits on two clients
-    assert small.sizes().min() >= 1
+def test_labels_per_client_hand_checked_and_dropped_classes():
+    p = part("labels_per_client", num_clients=2, m=1)  # client i holds class i mod 10 only
+    assert np.array_equal(p.client_indices[0], np.arange(0, 600))
+    assert np.array_equal(p.client_indices[1], np.arange(600, 1200))
+    assert p.params["dropped_classes"] == [2, 3, 4, 5, 6, 7, 8, 9]
+    p = part("labels_per_client", num_clients=20, m=1)  # every class on clients k and k+10
+    assert p.sizes().tolist() == [300] * 20 and p.params["dropped_classes"] == []
 
 
-def test_classwise_mean_share_is_uniform():
+def test_labels_per_client_refuses_a_class_too_small_to_share():
+    labels = np.array([0] * 50 + [1] * 2)  # class 1 cannot be shared by 5 clients
+    with pytest.raises(ConfigError, match=r"labels_per_client\.m: class 1 has 2 samples"):
+        part("labels_per_client", num_clients=10, labels=labels, m=1)
+
+
+# ---- class-wise Dirichlet (NIID-Bench labeldir) ----------------------------------------------
+
+
+def test_classwise_large_beta_is_near_uniform_small_beta_concentrates():
+    share = part("dirichlet_classwise", num_clients=5, beta=1e4).label_counts(LABELS, 10) / 600
+    assert np.allclose(share, 0.2, atol=0.03)  # each class ~1/N on every client
+    small = part("dirichlet_classwise", beta=0.05, min_size=1)
+    top2 = np.sort(small.label_counts(LABELS, 10), axis=0)[-2:].sum(axis=0) / 600
+    assert np.median(top2) > 0.9  # most of each class sits on two clients
+
+
+def test_classwise_mean_share_of_class_k_on_client_j_is_one_over_n():
     acc = np.zeros((5, 10))
-    for seed in range(40):
-        acc += make_partition(
-            "dirichlet_classwise", LABELS, num_clients=5, seed=seed, beta=0.5, min_size=0
-        ).label_counts(LABELS, 10)
-    # E[p_kj] = 1/N for a symmetric Dirichlet: average over classes and 40 draws.
-    assert np.allclose((acc / 40 / 600).mean(axis=1), 0.2, atol=0.03)
+    for seed in range(100):
+        acc += part("dirichlet_classwise", 5, seed, beta=0.5, min_size=0).label_counts(LABELS, 10)
+    mean_share = acc / 100 / 600  # E[p_kj] = 1/N for a symmetric Dirichlet
+    assert np.allclose(mean_share, 0.2, atol=0.08)  # per (client, class): sd ~0.02
+    assert np.allclose(mean_share.mean(axis=1), 0.2, atol=0.02)
 
 
-def test_min_size_respected():
-    p = make_partition("dirichlet_classwise", LABELS, num_clients=20, seed=3, beta=0.3, min_size=50)
-    assert p.sizes().min() >= 50
+def test_classwise_min_size_holds_and_is_checked():
+    assert part("dirichlet_classwise", 20, 3, beta=0.3, min_size=50).sizes().min() >= 50
+    with pytest.raises(ConfigError, match=re.escape("min_size must be an integer in [0, 600]")):
+        part("dirichlet_classwise", beta=0.5, min_size=601)
+    impossible = np.repeat([0, 1], 50)  # 4 clients x exactly 25 each from Dir(0.01) draws
+    with pytest.raises(ConfigError, match="min_size: no draw .* lower min_size or raise beta"):
+        part("dirichlet_classwise", 4, labels=impossible, beta=0.01, min_size=25)
 
 
-def test_clientwise_dirichlet_alpha():
-    flat = make_partition("dirichlet_clientwise", LABELS, num_clients=10, seed=0, alpha=1e4)
-    counts = flat.label_counts(LABELS, 10)
-    assert (counts > 0).all()  # everyone holds every class
-    assert np.allclose(counts[0] / 600, 0.1, atol=0.04)  # the first client's mix ~ prior
-    sharp = make_partition("dirichlet_clientwise", LABELS, num_clients=10, seed=0, alpha=0.01)
-    counts = sharp.label_counts(LABELS, 10)
-    dominant = counts.max(axis=1) / counts.sum(axis=1)
-    assert np.median(dominant) > 0.6
-    assert (sharp.sizes() == 600).all()  # equal sizes by default
+def test_classwise_tiny_beta_never_divides_by_zero():
+    # Dir(1e-3) puts all mass on a few clients, often exactly 0.0 elsewhere; when that mass
+    # lands only on clients the balancing step closed, NIID-Bench divides 0/0 (NaN cuts).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed in range(5):  # seeds 1-3 hit 0/0 in the unguarded code
+            p = part("dirichlet_classwise", 10, seed, beta=1e-3, min_size=0)
+            assert p.sizes().sum() == 6000 and p.sizes().max() <= 1200  # at most 2 classes
 
 
-def test_gaussian_noise_variance():
-    p = make_partition("gaussian_noise", LABELS, num_clients=4, seed=0, sigma=0.2)
-    assert np.allclose(p.noise_var, [0.0, 0.05, 0.1, 0.15])  # sigma * i / N
-    assert np.all(np.diff(p.noise_var) > 0)
+# ---- client-wise Dirichlet (Hsu et al.) ------------------------------------------------------
 
 
-def test_quantity_normal_spread():
+def test_clientwise_alpha_controls_the_mix_and_sizes_stay_as_drawn():
+    def top2(p: Partition) -> np.ndarray:  # share of each client's two largest classes
+        counts = p.label_counts(LABELS, 10)
+        return np.sort(counts, axis=1)[:, -2:].sum(axis=1) / counts.sum(axis=1)
+
+    flat = part("dirichlet_clientwise", alpha=1e4)
+    gap = np.abs(flat.label_counts(LABELS, 10) / 600 - 0.1)  # every client ~ the prior 0.1;
+    assert gap.mean() < 0.02 and gap.max() < 0.08  # the last client takes the leftovers
+    assert top2(flat).max() < 0.3
+    sharp = part("dirichlet_clientwise", alpha=0.01)
+    assert np.median(top2(sharp)) > 0.8  # most clients: 1-2 dominant classes
+    assert sharp.sizes().tolist() == [600] * 10  # sizes="equal" by default
+
+
+@pytest.mark.parametrize(("sizes", "opts"), [("normal", {"size_rel_std": 0.3}), ("dirichlet", {})])
+def test_clientwise_size_schemes(sizes, opts):
+    p = part("dirichlet_clientwise", 20, alpha=1.0, sizes=sizes, **opts)
+    assert p.sizes().sum() == 6000 and p.sizes().min() >= 1 and len(set(p.sizes())) > 1
+
+
+# ---- quantity skew ---------------------------------------------------------------------------
+
+
+def test_quantity_normal_spread_matches_rel_std():
     labels = np.repeat(np.arange(10), 2000)
-    p = make_partition("quantity_normal", labels, num_clients=100, seed=0, rel_std=0.3)
-    s = p.sizes()
-    assert s.sum() == len(labels)
-    assert 0.2 < s.std() / s.mean() < 0.4
+    s = part("quantity_normal", 100, labels=labels, rel_std=0.3).sizes()
+    assert s.sum() == 20000 and 0.2 < s.std() / s.mean() < 0.4
+    assert part("quantity_normal", 7, rel_std=0.0).sizes().tolist() == [858] + [857] * 6
+    wide = part("quantity_normal", 50, rel_std=3.0, min_size=20).sizes()  # many clipped draws
+    assert wide.sum() == 6000 and wide.min() >= 20
+
+
+def test_quantity_dirichlet_min_size():
+    s = part("quantity_dirichlet", 20, beta=0.5, min_size=30).sizes()
+    assert s.sum() == 6000 and s.min() >= 30
+    with pytest.raises(ConfigError, match="quantity_dirichlet.min_size: no Dir"):
+        part("quantity_dirichlet", 10, beta=0.01, min_size=500)
+
+
+def test_client_sizes_equal_is_largest_remainder():
+    rng = np.random.default_rng(0)
+    assert client_sizes(10, 3, rng, "equal", 0.0, 1, "k").tolist() == [4, 3, 3]
+    assert client_sizes(10, 3, rng, "normal", 0.0, 1, "k").tolist() == [4, 3, 3]
+
+
+# ---- errors: one line, naming the parameter and its range ------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("scheme", "opts", "needle"),
+    ("scheme", "opts", "message"),
     [
-        ("dirichlet_classwise", {"beta": 0}, "beta"),
-        ("dirichlet_classwise", {"beta": -1}, "beta"),
-        ("dirichlet_clientwise", {"alpha": 0}, "alpha"),
-        ("labels_per_client", {"m": 0}, "m must be in [1, 10]"),
-        ("labels_per_client", {"m": 11}, "m must be in [1, 10]"),
-        ("iid", {"beta": 1}, "not an option of iid"),
-        ("gaussian_noise", {"sigma": -1}, "sigma"),
+        ("dirichlet_classwise", {"beta": 0}, "dirichlet_classwise.beta must be a finite number > 0 (got 0)"),
+        ("dirichlet_classwise", {"beta": -1.0}, "beta must be a finite number > 0 (got -1.0)"),
+        ("dirichlet_classwise", {"beta": float("nan")}, "beta must be a finite number > 0 (got nan)"),
+        ("dirichlet_classwise", {"beta": "0.5"}, "beta must be a finite number > 0 (got '0.5')"),
+        ("dirichlet_classwise", {"min_size": -1}, "min_size must be an integer in [0, 600] (got -1)"),
+        ("dirichlet_clientwise", {"alpha": 0}, "dirichlet_clientwise.alpha must be a finite number > 0"),
+        ("dirichlet_clientwise", {"sizes": "lognormal"}, "sizes must be one of equal, normal, dirichlet"),
+        ("dirichlet_clientwise", {"size_rel_std": -1}, "size_rel_std must be a finite number >= 0"),
+        ("labels_per_client", {"m": 0}, "labels_per_client.m must be an integer in [1, 10] (got 0)"),
+        ("labels_per_client", {"m": 11}, "labels_per_client.m must be an integer in [1, 10] (got 11)"),
+        ("labels_per_client", {"m": 2.5}, "m must be an integer in [1, 10] (got 2.5)"),
+        ("gaussian_noise", {"sigma": -1}, "gaussian_noise.sigma must be a finite number >= 0 (got -1)"),
+        ("quantity_normal", {"rel_std": -0.1}, "quantity_normal.rel_std must be a finite number >= 0"),
+        ("quantity_dirichlet", {"beta": 0}, "quantity_dirichlet.beta must be a finite number > 0"),
+        ("iid", {"beta": 1}, "partition.iid.beta is not an option of iid; allowed: none"),
+        ("dirichlet_classwise", {"alpha": 1}, "alpha is not an option of dirichlet_classwise; allowed: beta, min_size"),
     ],
-)
-def test_bad_options(scheme, opts, needle):
-    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
-        make_partition(scheme, LABELS, num_clients=10, seed=0, **opts)
+)  # fmt: skip
+def test_bad_options(scheme, opts, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        part(scheme, **opts)
+    assert "\n" not in str(err.value)
 
 
-def test_more_clients_than_samples_and_unknown_scheme():
-    with pytest.raises(ConfigError, match="num_clients"):
-        make_partition("iid", LABELS[:5], num_clients=10, seed=0)
-    with pytest.raises(UnknownNameError, match="dirichlet_classwise"):
-        make_partition("zipf", LABELS, num_clients=10, seed=0)
+def test_bad_clients_seed_labels_and_scheme():
+    with pytest.raises(
+        ConfigError, match=re.escape("num_clients must be an integer in [1, 5] (got 10)")
+    ):
+        part("iid", labels=LABELS[:5])
+    with pytest.raises(
+        ConfigError, match=re.escape("num_clients must be an integer in [1, 6000] (got 0)")
+    ):
+        part("dirichlet_classwise", num_clients=0)
+    with pytest.raises(
+        ConfigError, match=re.escape("partition.seed must be an integer >= 0 (got -1)")
+    ):
+        part("iid", seed=-1)
+    with pytest.raises(ConfigError, match="1-D array of integers >= 0"):
+        part("iid", labels=LABELS.astype(float))
+    with pytest.raises(
+        UnknownNameError, match="unknown partition scheme 'zipf'; valid: dirichlet_classwise"
+    ):
+        part("zipf")  # fmt: skip
 
 
-def test_manifest_roundtrip_and_byte_identical(tmp_path):
-    p = make_partition("dirichlet_classwise", LABELS, num_clients=10, seed=0, beta=0.5)
-    path = tmp_path / "out" / "manifest.csv"
+# ---- manifest and stats ----------------------------------------------------------------------
+
+
+def test_manifest_roundtrip_byte_identical_and_atomic(tmp_path):
+    p = part("dirichlet_classwise", beta=0.5)
+    path = tmp_path / "out" / "nested" / "manifest.csv"  # parents are created
     write_manifest(p, LABELS, path)
     first = path.read_bytes()
-    write_manifest(p, LABELS, path)
+    assert first.startswith(b"client_id,sample_index,label\n0,")
+    write_manifest(part("dirichlet_classwise", beta=0.5), LABELS, path)
     assert path.read_bytes() == first
-    assert sorted(x.name for x in path.parent.iterdir()) == ["manifest.csv"]  # no temp files
+    assert [x.name for x in path.parent.iterdir()] == ["manifest.csv"]  # no temp files left
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
     cid, idx, lab = read_manifest(path)
+    assert cid.dtype == idx.dtype == lab.dtype == np.int64
+    assert np.all(np.diff(cid) >= 0) and len(idx) == 6000
     for c, ix in enumerate(p.client_indices):
         assert np.array_equal(idx[cid == c], ix)
     assert np.array_equal(lab, LABELS[idx])
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "manifest.csv"
+    write_manifest(part("iid"), LABELS, path)
+    before = path.read_bytes()
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_manifest(part("iid", seed=1), LABELS, path)
+    assert path.read_bytes() == before and [x.name for x in tmp_path.iterdir()] == ["manifest.csv"]
+
+
+def test_read_manifest_rejects_other_files(tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(ConfigError, match="not a partition manifest"):
+        read_manifest(path)
+
+
+def test_stats_fields_and_values(tmp_path):
+    p = part("labels_per_client", num_clients=2, m=1)
     stats = partition_stats(p, LABELS, 10)
-    write_stats(stats, tmp_path / "stats.json")
-    back = json.loads((tmp_path / "stats.json").read_text())
-    assert back["content_hash"] == p.content_hash() and back["num_clients"] == 10
-    assert [c["size"] for c in back["clients"]] == p.sizes().tolist()
+    assert stats["scheme"] == "labels_per_client" and stats["num_clients"] == 2
+    assert stats["content_hash"] == p.content_hash() and stats["params"] == p.params
+    assert stats["total_samples"] == 1200 and stats["label_totals"] == [600, 600] + [0] * 8
+    assert (stats["size_min"], stats["size_max"], stats["size_mean"]) == (600, 600, 600.0)
+    assert stats["clients"][1] == {
+        "client_id": 1,
+        "size": 600,
+        "label_counts": [0, 600] + [0] * 8,
+        "num_labels": 1,
+        "noise_var": 0.0,
+    }
+    path = tmp_path / "stats.json"
+    write_stats(stats, path)
+    first = path.read_bytes()
+    write_stats(partition_stats(p, LABELS, 10), path)
+    assert path.read_bytes() == first and json.loads(first) == stats
+    noisy = partition_stats(part("gaussian_noise", num_clients=4, sigma=0.2), LABELS, 10)
+    assert [c["noise_var"] for c in noisy["clients"]] == [0.2 * i / 4 for i in range(4)]
