@@ -20,7 +20,8 @@ from fedcore.partition import list_partitioners, scheme_options
 from models.adapters import check_adapter
 from tasks.config import Params, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
-from tasks.report import summary_task
+from tasks.report import end_tracking_task, start_tracking_task, summary_task
+from tasks.tracking import check_tracking_server
 from tasks.train import model_factory, train_task
 
 
@@ -47,6 +48,8 @@ def validate(params: Params) -> None:
 def preflight(params: Params, partition_dir: str | Path | None = None) -> None:
     """Everything a run would reject, checked before the flow starts (cheap: no training)."""
     validate(params)
+    if params.runtime.tracking:
+        check_tracking_server()
     data = load_experiment_data(params)  # missing data -> how to get it
     model_factory(params, data)()  # unknown model or model option
     if partition_dir is None:
@@ -72,12 +75,15 @@ def experiment_flow(
     p = Params.model_validate(params) if params is not None else load_params(params_file, overrides)
     spec = p.model_dump(mode="json")
     out = experiment_dir(p)
+    parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
     part_dir = partition_dir or partition_task(spec, str(out / "partition"))
     futures = [
-        train_task.submit(spec, part_dir, algorithm, adapter, str(out / "runs"))
+        train_task.submit(spec, part_dir, algorithm, adapter, str(out / "runs"), parent)
         for algorithm in p.grid.algorithms
         for adapter in p.grid.adapters
     ]
     records = [f.result() for f in futures]
     summary_task(spec, records, str(out / "summary.json"))
+    if parent is not None:
+        end_tracking_task(parent)
     return records

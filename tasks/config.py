@@ -119,6 +119,7 @@ class GridSection(_Section):
 class RuntimeSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     workers: int | Literal["auto"] = "auto"  # CPU worker processes (0: in this process)
+    tracking: bool = True  # MLflow runs + model registry (MLFLOW_TRACKING_URI or mlruns/)
 
 
 class Params(_Section):

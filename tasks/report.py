@@ -7,6 +7,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks import tracking
 from tasks.config import Params
 from tasks.io import atomic_write_json
 
@@ -22,3 +23,15 @@ def write_summary(params: Params, records: list[dict[str, Any]], path: str) -> s
 def summary_task(spec: dict[str, Any], records: list[dict[str, Any]], path: str) -> str:
     """Write summary.json for the experiment."""
     return write_summary(Params.model_validate(spec), records, path)
+
+
+@task(name="start-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def start_tracking_task(experiment: str, flat_params: dict[str, Any]) -> str:
+    """Open the experiment's parent MLflow run; returns its id."""
+    return tracking.start_experiment_run(experiment, flat_params)
+
+
+@task(name="end-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def end_tracking_task(run_id: str) -> None:
+    """Close the parent MLflow run."""
+    tracking.end_run(run_id)

@@ -14,6 +14,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
+from fedcore import payload
 from fedcore.algorithms import build_algorithm
 from fedcore.client import LocalConfig
 from fedcore.device import resolve_device, resolve_workers
@@ -23,9 +24,10 @@ from fedcore.partition import Partition
 from fedcore.schedules import LRSchedule
 from models import get_model
 from models.adapters import check_adapter
+from tasks import tracking
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition, shards_of
-from tasks.io import atomic_write_json
+from tasks.io import atomic_write_bytes, atomic_write_json
 from tasks.progress import RichProgress
 
 
@@ -99,6 +101,8 @@ def train_cell(
     history = sim.run()
     record = summary_record(params, algorithm, adapter, part, history, device)
     out = Path(out_dir)
+    # The final global model, checkpointed (atomically) for tracking and the registry.
+    atomic_write_bytes(out / "model.pt", payload.encode(sim.global_state))
     atomic_write_json(out / "metrics.json", {**record, "rounds": history.to_dict()["rounds"]})
     return record
 
@@ -133,14 +137,46 @@ def summary_record(
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train_task(spec: dict, partition_dir: str, algorithm: str, adapter: str, runs_dir: str) -> dict:
+def train_task(
+    spec: dict,
+    partition_dir: str,
+    algorithm: str,
+    adapter: str,
+    runs_dir: str,
+    parent_run_id: str | None = None,
+) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record."""
     params = Params.model_validate(spec)
     data = load_experiment_data(params)
     part = load_partition(partition_dir)
     name = cell_name(algorithm, adapter)
-    progress = RichProgress(name, Console(stderr=True))
+    callbacks: list[Callback] = [RichProgress(name, Console(stderr=True))]
+    run_id = None
+    if parent_run_id is not None:
+        flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
+        tags = {"partition_hash": part.content_hash(), "algorithm": algorithm, "adapter": adapter}
+        run_id = tracking.start_cell_run(params.experiment.name, parent_run_id, name, flat, tags)
+        callbacks.append(tracking.MlflowRounds(run_id))
     started = time.perf_counter()
-    record = train_cell(params, data, part, algorithm, adapter, Path(runs_dir) / name, [progress])
-    record["process_seconds"] = round(time.perf_counter() - started, 3)
+    try:
+        record = train_cell(
+            params, data, part, algorithm, adapter, Path(runs_dir) / name, callbacks
+        )
+        record["process_seconds"] = round(time.perf_counter() - started, 3)
+        if run_id is not None:
+            tracking.log_final_metrics(run_id, record)
+            model = model_factory(params, data)()
+            model.load_state_dict(payload.decode((Path(runs_dir) / name / "model.pt").read_bytes()))
+            c, h, w = data.train.info.input_shape
+            reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
+            record["registered_model"] = reg
+            record["model_version"] = tracking.log_and_register_model(
+                run_id, model, torch.zeros(2, c, h, w), reg, record["final_accuracy"]
+            )
+            record["mlflow_run_id"] = run_id
+            tracking.end_run(run_id)
+    except BaseException:
+        if run_id is not None:
+            tracking.end_run(run_id, "FAILED")
+        raise
     return record

@@ -45,8 +45,10 @@ def invoke(tmp_path, *args):
     return runner.invoke(app, [*args, "--params", str(REPO / "params.yaml"), *reports, *data])
 
 
-def test_run_writes_summary_with_bytes(tmp_path, prefect_server):
-    """`fedapt run` executes the Prefect flow end to end on real FashionMNIST (small)."""
+def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch):
+    """`fedapt run` executes the Prefect flow end to end on real FashionMNIST (small),
+    tracked in MLflow (local SQLite store) with the final model registered as champion."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     res = invoke(tmp_path, "run", *SMALL)
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "reports/fmnist-dir05-fedavg/summary.json").read_text())
@@ -71,6 +73,7 @@ def test_run_writes_summary_with_bytes(tmp_path, prefect_server):
     )
     assert [r["round"] for r in metrics["rounds"]] == [1, 2, 3]
     assert "MiB" in res.output
+    check_mlflow(tmp_path, run)
 
 
 def test_partition_command(tmp_path):
@@ -142,3 +145,37 @@ def test_console_script_error_exit(tmp_path):
     assert proc.returncode == 2
     assert "malformed YAML" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def check_mlflow(tmp_path, run):
+    import mlflow.pytorch
+    import torch
+
+    from fedcore.payload import decode
+    from mlflow import MlflowClient
+    from models import get_model
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("fmnist-dir05-fedavg")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("fedapt.kind") == "experiment"]
+    child = [r for r in runs if r.data.tags.get("fedapt.kind") == "cell"]
+    assert len(parent) == 1 and len(child) == 1
+    c = child[0]
+    assert c.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
+    assert c.data.tags["partition_hash"] == run["partition_hash"]
+    assert c.data.params["federation.rounds"] == "3"
+    hist = client.get_metric_history(c.info.run_id, "test_accuracy")
+    assert [m.step for m in hist] == [1, 2, 3]
+    assert hist[-1].value == pytest.approx(run["final_accuracy"])
+    up = client.get_metric_history(c.info.run_id, "upload_bytes")
+    assert [m.value for m in up] == [run["upload_bytes_per_round"]] * 3
+    mv = client.get_model_version_by_alias(run["registered_model"], "champion")
+    assert str(mv.version) == run["model_version"]
+    # The registered model computes exactly what the final global model computes.
+    loaded = mlflow.pytorch.load_model(f"models:/{run['registered_model']}@champion")
+    ref = get_model("cifar_cnn", num_classes=10, in_channels=1, input_size=28)
+    state = (tmp_path / "reports/fmnist-dir05-fedavg/runs/fedavg-full/model.pt").read_bytes()
+    ref.load_state_dict(decode(state))
+    x = torch.randn(4, 1, 28, 28)
+    assert torch.allclose(loaded(x), ref.eval()(x), atol=1e-5)

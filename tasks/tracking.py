@@ -1,0 +1,219 @@
+"""MLflow tracking and model registry: the only module that talks to MLflow.
+
+One parent run per experiment, one child run per grid cell with ``step = round`` metrics,
+the final model logged with ``mlflow.pytorch`` and registered; the best version of each
+registered model (by final test accuracy) carries the alias ``champion``.
+
+Where runs go: ``MLFLOW_TRACKING_URI`` when set (e.g. the server of ``fedapt up``), else a
+local SQLite store at ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts``
+(open it with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from fedcore.errors import ConfigError
+from fedcore.events import Callback, RoundRecord
+from fedcore.payload import mib
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAMPION = "champion"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
+
+
+def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
+    """An http(s) tracking URI must answer /health, else one line says what to do."""
+    uri = uri or tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status == 200:
+                return
+    except OSError:
+        pass
+    raise ConfigError(
+        f"MLflow tracking server {uri} is not reachable; start it with `fedapt up` or unset "
+        "MLFLOW_TRACKING_URI to use the local store mlruns/"
+    )
+
+
+def _client() -> Any:
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return MlflowClient(tracking_uri())
+
+
+def _experiment_id(client: Any, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):  # artifacts beside the database file
+        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def provenance_tags() -> dict[str, str]:
+    """git commit and DVC lock hash of the code and pipeline that produced a run."""
+    tags = {}
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+        if out.returncode == 0:
+            tags["git_commit"] = out.stdout.strip()
+    except OSError:
+        pass
+    lock = ROOT / "dvc.lock"
+    if lock.is_file():
+        tags["dvc_lock_sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()
+    return tags
+
+
+def start_experiment_run(experiment: str, flat_params: dict[str, Any]) -> str:
+    """Create the parent run of an experiment; returns its run id."""
+    client = _client()
+    run = client.create_run(
+        _experiment_id(client, experiment),
+        run_name=experiment,
+        tags={"fedapt.kind": "experiment", **provenance_tags()},
+    )
+    _log_params(client, run.info.run_id, flat_params)
+    return run.info.run_id
+
+
+def _log_params(client: Any, run_id: str, flat: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
+    for i in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[i : i + 100])
+
+
+def start_cell_run(
+    experiment: str,
+    parent_run_id: str,
+    name: str,
+    flat_params: dict[str, Any],
+    tags: dict[str, str],
+) -> str:
+    client = _client()
+    run = client.create_run(
+        _experiment_id(client, experiment),
+        run_name=name,
+        tags={
+            "mlflow.parentRunId": parent_run_id,
+            "fedapt.kind": "cell",
+            **provenance_tags(),
+            **tags,
+        },
+    )
+    _log_params(client, run.info.run_id, flat_params)
+    return run.info.run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED") -> None:
+    _client().set_terminated(run_id, status=status)
+
+
+class MlflowRounds(Callback):
+    """Per-round metrics with step = round: accuracy, losses, bytes and cumulative MiB."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._client = _client()
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        from mlflow.entities import Metric
+
+        values = {
+            "train_loss": record.train_loss,
+            "lr": record.lr,
+            "upload_bytes": float(record.upload_bytes),
+            "download_bytes": float(record.download_bytes),
+            "cum_upload_mib": mib(record.cum_upload_bytes),
+            "cum_download_mib": mib(record.cum_download_bytes),
+            "rejected_updates": float(record.rejected),
+            "round_seconds": record.seconds,
+        }
+        if record.accuracy is not None:
+            values["test_accuracy"] = record.accuracy
+        if record.test_loss is not None:
+            values["test_loss"] = record.test_loss
+        metrics = [Metric(k, float(v), 0, record.round) for k, v in values.items() if v == v]
+        self._client.log_batch(self.run_id, metrics=metrics)
+
+
+def log_final_metrics(run_id: str, record: dict[str, Any]) -> None:
+    from mlflow.entities import Metric
+
+    # Totals get their own names: "upload_bytes" is the per-round series (step = round).
+    names = {
+        "final_accuracy": "final_accuracy",
+        "mean_accuracy_last_L": "mean_accuracy_last_L",
+        "upload_bytes": "total_upload_bytes",
+        "download_bytes": "total_download_bytes",
+        "wall_seconds": "wall_seconds",
+    }
+    metrics = [
+        Metric(name, float(record[key]), 0, 0)
+        for key, name in names.items()
+        if record.get(key) is not None
+    ]
+    _client().log_batch(run_id, metrics=metrics)
+
+
+def registered_name(dataset: str, model: str, adapter: str) -> str:
+    return f"fedapt-{dataset}-{model}-{adapter}".replace("_", "-")
+
+
+def log_and_register_model(
+    run_id: str, model: Any, example: Any, name: str, accuracy: float | None
+) -> str:
+    """Log the (merged) model to the run, register it, move ``champion`` to the best version."""
+    import mlflow.pytorch
+    import torch
+
+    import mlflow
+
+    client = _client()
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(
+            model.eval(),
+            name="model",
+            input_example=example.numpy(),
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            registered_model_name=name,
+        )
+    version = str(info.registered_model_version)  # MLflow returns an int here
+    if accuracy is not None:
+        client.set_model_version_tag(name, version, "final_accuracy", f"{accuracy:.6f}")
+    update_champion(name)
+    return version
+
+
+def update_champion(name: str) -> str | None:
+    """Alias ``champion`` -> the version with the highest final_accuracy tag."""
+    client = _client()
+    best, best_acc = None, -1.0
+    for mv in client.search_model_versions(f"name='{name}'"):
+        acc = float(mv.tags.get("final_accuracy", "-1"))
+        if acc > best_acc or (acc == best_acc and best is not None and int(mv.version) < int(best)):
+            best, best_acc = mv.version, acc
+    if best is None:
+        return None
+    client.set_registered_model_alias(name, CHAMPION, str(best))
+    return str(best)
