@@ -22,7 +22,8 @@ def _conv_out(size: int, name: str) -> int:
 class CifarCNN(nn.Module):
     """Seed 004 §6.1.2, Table 6.1: two 5x5 convs (64 filters) + three linear layers.
 
-    Returns logits; the table's LogSoftmax + NLL equals cross-entropy on logits.
+    Returns logits: the table ends in LogSoftmax + NLL loss, which equals ``cross_entropy`` on
+    logits, so the loss applies the softmax and the model stays usable for merging and eval.
     815,892 parameters for 3x32x32 inputs and 10 classes (833,262 with 100).
     """
 
@@ -45,11 +46,14 @@ class CifarCNN(nn.Module):
             self._seed004_init()
 
     def _seed004_init(self) -> None:
-        # Seed 004 §6.1.2 "Weights initialization": conv weights ~ N(0, 2/sqrt(5*5*64)),
-        # read as the standard deviation; conv biases zero. Linear weights and biases
-        # ~ U[-s, s] with s = 1/sqrt(#weights of the layer) -- the layer's total weight
-        # count (630400, ...), not its fan-in, so the head starts ~600x smaller than PyTorch's
-        # default. On FashionMNIST that stalls FedAvg at chance for the first rounds
+        # Seed 004 §6.1.2 "Weights initialization", literally. Conv weights ~ N(0, 2/sqrt(5*5*64))
+        # for both convs (the seed says 5x5 and 64 channels are "shared between both"); we read
+        # the second argument as the standard deviation, 0.05 -- close to He's sqrt(2/1600) =
+        # 0.035, whereas as a variance it would give a std of 0.22. Conv biases zero. Linear
+        # weights and biases ~ U[-s, s] with s = 1/sqrt(#weights of the layer), the seed's
+        # "630400, 75684 and 1920" (75684 is a transposition of Table 6.1's 75648 = 394*192):
+        # the layer's weight count, not its fan-in, so the head starts ~600x smaller than
+        # PyTorch's default. On FashionMNIST that stalls FedAvg at chance for the first rounds
         # (measured: 10% test accuracy after 4 rounds at lr 0.01), hence opt-in.
         for conv in (self.conv1, self.conv2):
             nn.init.normal_(conv.weight, 0.0, 2.0 / math.sqrt(5 * 5 * 64))
@@ -74,8 +78,13 @@ class CifarCNN(nn.Module):
 
 
 class LeNet5(nn.Module):
-    """Seed 002 §4: conv(64,5)-pool-conv(64,5)-pool-fc384-fc192-fc (Hsu et al.'s CIFAR net),
-    optionally with BatchNorm or GroupNorm (8 groups of the 64 channels) after each conv."""
+    """Seed 002 "Models Networks": conv(64,5)-pool-conv(64,5)-pool-fc384-fc192-fc.
+
+    The seed lists only "3 Fully Connected layers"; the 384 and 192 widths are those of the
+    network it cites ([2] Hsu et al., the TensorFlow CIFAR-10 tutorial net FedOpt also uses).
+    Seed 004's Table 6.1 is the same net with 394 hidden units (its total confirms 394).
+    Optional BatchNorm or GroupNorm (8 groups of the 64 channels, seed 002 §4) after each conv.
+    """
 
     classifier_name = "fc3"
 

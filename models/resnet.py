@@ -1,15 +1,23 @@
 """ResNet26 of Rebuffi et al. (residual adapters, Visual Decathlon), the base of seed 000.
 
-Follows Rebuffi's ``res_adapt`` code: a 3x3 stem conv to 32*w channels with BatchNorm, three
-stages of four BasicBlocks with 64*w, 128*w, 256*w channels, each stage starting with a
-stride-2 block whose shortcut is parameter-free (2x2 average pooling, then zero channels
-concatenated), BatchNorm + ReLU, global average pooling and a linear head. Every 3x3 conv is
-a plain ``nn.Conv2d`` (bias-free, padding 1), so parallel 1x1 adapters can sit beside it and
-be merged into its centre tap. At width 1 with 10 classes the float32 weights take 22.2 MiB,
-the "22.2 MB" of seed 000 §V.
+Follows Rebuffi's ``res_adapt`` code (srebuffi/residual_adapters, ``models.py``): a 3x3 stem
+conv to 32*w channels with BatchNorm and no ReLU (``pre_layers_conv`` is a bare ``conv_task``),
+three stages of four BasicBlocks with 64*w, 128*w, 256*w channels, each stage -- the first one
+included -- starting with a stride-2 block whose shortcut is parameter-free (2x2 average
+pooling, then zero channels concatenated), BatchNorm + ReLU, global average pooling and a
+linear head; conv weights ~ N(0, 2/(k*k*out)) and BatchNorm at (1, 0), as there. Every 3x3 conv
+is a plain ``nn.Conv2d`` (bias-free, padding 1), so parallel 1x1 adapters can sit beside it and
+be merged into its centre tap.
+
+Sizes at width 1 with 10 classes (seed 000 §V gives "22.2 MB", "24.7 MB" with adapters and
+"2.58 MB" for the adapter payload; all three are MiB, 2^20 bytes): 5,817,258 parameters, a
+state_dict of 22.22 MiB (23.30 MB); 1x1 adapters beside the 25 convs add 645,216 parameters
+(24.73 MiB saved); without the frozen 3x3 weights ``torch.save`` writes 2.58 MiB (2.70 MB).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -61,10 +69,12 @@ class ResNet26(nn.Module):
         self, *, num_classes: int, in_channels: int, input_size: int, width: float = 1.0
     ) -> None:
         super().__init__()
-        if width <= 0:
+        if isinstance(width, bool) or not isinstance(width, int | float) or width <= 0:
             raise ConfigError(f"model.options.width must be > 0 (got {width})")
         if input_size < 8:
             raise ConfigError(f"model 'resnet26' needs input_size >= 8 (got {input_size})")
+        # Stage widths are exact multiples of the stem's so the zero-padded shortcut always
+        # doubles channels (Rebuffi's int(64*w) etc. agree whenever 32*w is an integer).
         base = max(1, round(32 * width))
         widths = (2 * base, 4 * base, 8 * base)
         self.stem = ConvBN(in_channels, base)
@@ -77,6 +87,13 @@ class ResNet26(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.end_bn = nn.BatchNorm2d(cin)
         self.fc = nn.Linear(cin, num_classes)
+        for m in self.modules():  # Rebuffi's init; the linear head keeps PyTorch's default
+            if isinstance(m, nn.Conv2d):
+                n = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
+                nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / n))
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(self.stem(x))  # (B, 256w, H/8, W/8)
@@ -88,6 +105,9 @@ class ResNet26(nn.Module):
         return [["stem"], *[[f"blocks.{i}"] for i in range(len(self.blocks))], ["end_bn", "fc"]]
 
 
+# input_size 72: seed 000 §IV resizes every dataset to 72x72, as Rebuffi's Decathlon does;
+# get_model passes its own input_size (default 32); below 8 the three stride-2 stages would
+# leave less than one pixel per feature map.
 @register_model("resnet26")
 def resnet26(
     *, num_classes: int, in_channels: int = 3, input_size: int = 72, width: float = 1.0

@@ -1,81 +1,176 @@
-"""Backbone registry: shapes, seed-exact parameter counts, layer groups, errors."""
+"""Backbone registry: shapes, seed-exact parameter counts, layer groups, init, errors."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.payload import tensor_nbytes
-from models import count_parameters, get_model, list_models
+from models import count_parameters, get_model, list_models, register_model
+from models import registry as model_registry
 
-FAST = {"resnet26": {"width": 0.25}}
+FAST = {"resnet26": {"width": 0.25}}  # keeps every parametrized case well under a second
+MIN_SIZE = {"cifar_cnn": 16, "lenet5": 16, "resnet26": 8}
+
+
+def build(name: str, **kw):
+    return get_model(name, **{"num_classes": 10, **FAST.get(name, {}), **kw})
+
+
+def group_of(groups: list[list[str]], param: str) -> list[int]:
+    return [
+        i for i, g in enumerate(groups) if any(param == p or param.startswith(p + ".") for p in g)
+    ]
+
+
+def test_registry_lists_the_seed_backbones():
+    assert {"cifar_cnn", "lenet5", "resnet26"} <= set(list_models())
+    assert list_models() == sorted(list_models())
 
 
 @pytest.mark.parametrize("name", list_models())
 @pytest.mark.parametrize(("c", "size", "classes"), [(1, 28, 10), (3, 32, 10), (3, 32, 100)])
 def test_forward_shapes(name, c, size, classes):
-    m = get_model(name, num_classes=classes, in_channels=c, input_size=size, **FAST.get(name, {}))
+    m = build(name, num_classes=classes, in_channels=c, input_size=size)
     assert m(torch.randn(2, c, size, size)).shape == (2, classes)
+    head = getattr(m, m.classifier_name)
+    assert isinstance(head, torch.nn.Linear) and head.out_features == classes
 
 
 @pytest.mark.parametrize("name", list_models())
-def test_layer_groups_cover_every_parameter_once_in_order(name):
-    m = get_model(name, num_classes=10, **FAST.get(name, {}))
+def test_layer_groups_cover_every_parameter_once_in_forward_order(name):
+    m = build(name)
     groups = m.layer_groups()
-    names = [n for n, _ in m.named_parameters()]
-    owner = []
-    for n in names:
-        hits = [i for i, g in enumerate(groups) if any(n == p or n.startswith(p + ".") for p in g)]
-        assert len(hits) == 1, n
-        owner.append(hits[0])
-    assert owner == sorted(owner)  # parameters appear in layer order
-    assert getattr(m, m.classifier_name).out_features == 10
+    owner = {}
+    for n, _ in m.named_parameters():
+        hits = group_of(groups, n)
+        assert len(hits) == 1, f"{n} is in groups {hits}"
+        owner[n] = hits[0]
+    assert set(owner.values()) == set(range(len(groups)))  # no empty group
+
+    # Forward order: the modules holding parameters run in non-decreasing group order.
+    calls: list[int] = []
+    for mod_name, mod in m.named_modules():
+        own = [f"{mod_name}.{p}" if mod_name else p for p, _ in mod.named_parameters(recurse=False)]
+        if own:
+            mod.register_forward_pre_hook(lambda *_, g=owner[own[0]]: calls.append(g))
+    m(torch.randn(2, 3, 32, 32))
+    assert calls == sorted(calls) and set(calls) == set(range(len(groups)))
 
 
 @pytest.mark.parametrize("name", list_models())
 def test_same_seed_same_weights(name):
     torch.manual_seed(0)
-    a = get_model(name, num_classes=10, **FAST.get(name, {})).state_dict()
+    a = build(name).state_dict()
     torch.manual_seed(0)
-    b = get_model(name, num_classes=10, **FAST.get(name, {})).state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    b = build(name).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    torch.manual_seed(1)
+    c = build(name).state_dict()
+    assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_cifar_cnn_matches_seed_004_table_6_1():
     assert count_parameters(get_model("cifar_cnn", num_classes=10)) == 815_892
     assert count_parameters(get_model("cifar_cnn", num_classes=100)) == 833_262
-    assert len(get_model("cifar_cnn", num_classes=10).layer_groups()) == 5
+    m = get_model("cifar_cnn", num_classes=10)
+    assert m.layer_groups() == [["conv1"], ["conv2"], ["fc1"], ["fc2"], ["fc3"]]
+    assert m.fc1.in_features == 64 * 5 * 5
+    assert get_model("cifar_cnn", num_classes=10, in_channels=1, input_size=28).fc1.in_features == (
+        64 * 4 * 4
+    )
+
+
+def test_cifar_cnn_seed_004_init():
+    torch.manual_seed(0)
+    m = get_model("cifar_cnn", num_classes=10, init="seed004")
+    # Conv weights ~ N(0, std 2/sqrt(5*5*64) = 0.05); 102,400 draws give the std to ~0.2%.
+    assert m.conv2.weight.std().item() == pytest.approx(0.05, rel=0.02)
+    assert m.conv1.bias.abs().sum() == 0 and m.conv2.bias.abs().sum() == 0
+    for fc, n_weights in ((m.fc1, 630_400), (m.fc2, 75_648), (m.fc3, 1_920)):
+        s = 1 / math.sqrt(n_weights)
+        assert 0.99 * s < fc.weight.abs().max().item() <= s  # >= 1,920 draws reach the edge
+        assert fc.bias.abs().max().item() <= s  # same bound (fc3 has only 10 biases)
 
 
 @pytest.mark.parametrize(("norm", "extra"), [("none", 0), ("batch", 2 * 128), ("group", 2 * 128)])
 def test_lenet5_norms(norm, extra):
     base = count_parameters(get_model("lenet5", num_classes=10))
+    # Hand count, 3x32x32: 4,864 + 102,464 + 1600*384+384 + 384*192+192 + 192*10+10.
+    assert base == 4_864 + 102_464 + 614_784 + 73_920 + 1_930
     m = get_model("lenet5", num_classes=10, norm=norm)
-    assert count_parameters(m) == base + extra
+    assert count_parameters(m) == base + extra  # affine weight + bias per channel, 2 x 64 each
+    kind = {"none": torch.nn.Identity, "batch": torch.nn.BatchNorm2d, "group": torch.nn.GroupNorm}
+    assert isinstance(m.norm1, kind[norm]) and isinstance(m.norm2, kind[norm])
     if norm == "group":
-        assert m.norm1.num_groups == 8
+        assert m.norm1.num_groups == m.norm2.num_groups == 8
+    assert [g[0] for g in m.layer_groups()] == ["conv1", "conv2", "fc1", "fc2", "fc3"]
 
 
 def test_resnet26_is_seed_000_size():
-    m = get_model("resnet26", num_classes=10, input_size=72)
+    m = get_model("resnet26", num_classes=10, input_size=72)  # width 1, no forward (slow)
     assert count_parameters(m) == 5_817_258
-    # seed 000 §V: "the payload size is 22.2 MB" -- float32 parameters, in MiB
+    # seed 000 §V: "the payload size is 22.2 MB": 5,817,258 float32 = 22.19 MiB (23.27 MB);
+    # the whole state_dict with BatchNorm buffers is 22.22 MiB (23.30 MB). The seed's MB are MiB.
     assert round(count_parameters(m) * 4 / 2**20, 1) == 22.2
-    assert tensor_nbytes(m.state_dict()) > count_parameters(m) * 4  # + BatchNorm buffers
-    convs3 = [mod for mod in m.modules() if isinstance(mod, torch.nn.Conv2d)]
-    assert all(c.kernel_size == (3, 3) and c.padding == (1, 1) and c.bias is None for c in convs3)
-    assert len(convs3) == 25  # stem + 12 blocks x 2 (+ head) = ResNet26
+    assert round(tensor_nbytes(m.state_dict()) / 2**20, 2) == 22.22
+    convs = [mod for mod in m.modules() if isinstance(mod, torch.nn.Conv2d)]
+    assert len(convs) == 25  # stem + 12 blocks x 2; with the linear head: 26 layers
+    assert all(c.kernel_size == (3, 3) and c.padding == (1, 1) and c.bias is None for c in convs)
+    # Rebuffi's res_adapt: every stage, the first included, opens with a stride-2 block.
+    strided = [i for i, b in enumerate(m.blocks) if b.conv1.conv.stride == (2, 2)]
+    assert strided == [0, 4, 8]
+    assert [b.conv2.conv.out_channels for b in m.blocks[::4]] == [64, 128, 256]
+    assert len(m.layer_groups()) == 14 and m.classifier_name == "fc"
 
 
-def test_bad_model_inputs():
-    with pytest.raises(UnknownNameError, match="cifar_cnn"):
+def test_resnet26_rebuffi_init_and_width():
+    torch.manual_seed(0)
+    m = get_model("resnet26", num_classes=10, width=0.5)
+    conv = m.blocks[8].conv2.conv  # 128 -> 128: 147,456 draws
+    assert conv.weight.std().item() == pytest.approx(math.sqrt(2 / (9 * 128)), rel=0.02)
+    assert [b.conv1.conv.out_channels for b in m.blocks[::4]] == [32, 64, 128]
+    assert m.stem.conv.out_channels == 16 and m.fc.in_features == 128
+
+
+def test_register_model_adds_to_registry_and_refuses_duplicates(monkeypatch):
+    monkeypatch.setattr(model_registry, "_MODELS", dict(model_registry._MODELS))
+
+    @register_model("tiny")
+    def tiny(*, num_classes: int, in_channels: int = 3, input_size: int = 32, bias: bool = True):
+        return torch.nn.Linear(in_channels * input_size**2, num_classes, bias=bias)
+
+    assert "tiny" in list_models()
+    assert get_model("tiny", num_classes=3, input_size=2, bias=False).bias is None
+    with pytest.raises(ValueError, match="tiny"):
+        register_model("tiny")(tiny)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_bad_common_arguments(name):
+    with pytest.raises(ConfigError, match=r"num_classes.*\(got 1\)"):
+        build(name, num_classes=1)
+    with pytest.raises(ConfigError, match=r"in_channels.*\(got 0\)"):
+        build(name, in_channels=0)
+    with pytest.raises(ConfigError, match=rf"'{name}' needs input_size >= {MIN_SIZE[name]}"):
+        build(name, input_size=MIN_SIZE[name] - 1)
+    build(name, input_size=MIN_SIZE[name])  # the smallest size is accepted
+
+
+def test_bad_model_names_and_options():
+    with pytest.raises(UnknownNameError, match="unknown model 'vgg'; valid: cifar_cnn, lenet5"):
         get_model("vgg", num_classes=10)
-    with pytest.raises(ConfigError, match="takes no option 'depth'"):
+    with pytest.raises(ConfigError, match="takes no option 'depth'; allowed: init$"):
         get_model("cifar_cnn", num_classes=10, depth=3)
-    with pytest.raises(ConfigError, match="num_classes"):
-        get_model("lenet5", num_classes=1)
-    with pytest.raises(ConfigError, match="input_size"):
-        get_model("cifar_cnn", num_classes=10, input_size=8)
-    with pytest.raises(ConfigError, match="norm"):
+    with pytest.raises(ConfigError, match="takes no option 'width'; allowed: norm$"):
+        get_model("lenet5", num_classes=10, width=2)
+    with pytest.raises(ConfigError, match="norm must be one of none, batch, group"):
         get_model("lenet5", num_classes=10, norm="layer")
+    with pytest.raises(ConfigError, match="init must be one of pytorch, seed004"):
+        get_model("cifar_cnn", num_classes=10, init="xavier")
+    for width in (0, -1.0, "wide"):
+        with pytest.raises(ConfigError, match="width must be > 0"):
+            get_model("resnet26", num_classes=10, width=width)
