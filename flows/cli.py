@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -39,6 +40,28 @@ SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="override a parameter, e.g. --set federation.rounds=5"),
 ]
+
+
+class _NoTracebackForFedaptErrors(logging.Filter):
+    """Prefect logs task/flow failures with tracebacks; a FedaptError is a user-facing
+    message, so its records keep the message and lose the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from fedcore.errors import FedaptError
+
+        if record.exc_info and isinstance(record.exc_info[1], FedaptError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_prefect_tracebacks() -> None:
+    flt = _NoTracebackForFedaptErrors()
+    names = ["prefect", *(n for n in logging.Logger.manager.loggerDict if n.startswith("prefect"))]
+    for name in names:
+        for handler in logging.getLogger(name).handlers:
+            if flt not in handler.filters:
+                handler.addFilter(flt)
 
 
 def _guard(fn: Callable[[], Any]) -> Any:
@@ -84,6 +107,7 @@ def run(
             extra.append(f"runtime.workers={workers}")
         p = _load(params, set_, extra)
         preflight(p, partition_dir)
+        quiet_prefect_tracebacks()
         records = experiment_flow(
             params=p.model_dump(mode="json"),
             partition_dir=str(partition_dir) if partition_dir else None,

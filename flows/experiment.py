@@ -1,4 +1,5 @@
-"""The experiment flow (Prefect 3): partition -> one training task per grid cell -> summary.
+"""The experiment flow (Prefect 3): partition -> validate shards -> one training task per
+grid cell -> summary (MLflow tracking and model registration inside the training tasks).
 
 ``preflight`` checks every input in the calling process before the flow starts, so bad
 parameters stop with one line and leave no partial outputs; every output file is written
@@ -14,6 +15,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcore.algorithms import build_algorithm
+from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import list_partitioners, scheme_options
@@ -23,6 +25,7 @@ from tasks.data import build_partition, load_experiment_data, load_partition, pa
 from tasks.report import end_tracking_task, start_tracking_task, summary_task
 from tasks.tracking import check_tracking_server
 from tasks.train import model_factory, train_task
+from tasks.validate import validate_task
 
 
 def experiment_dir(params: Params) -> Path:
@@ -77,6 +80,8 @@ def experiment_flow(
     out = experiment_dir(p)
     parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
     part_dir = partition_dir or partition_task(spec, str(out / "partition"))
+    num_classes = get_dataset_info(p.data.dataset).num_classes
+    validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
     futures = [
         train_task.submit(spec, part_dir, algorithm, adapter, str(out / "runs"), parent)
         for algorithm in p.grid.algorithms

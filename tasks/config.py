@@ -116,6 +116,10 @@ class GridSection(_Section):
     algorithm_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
+class ValidationSection(_Section):
+    min_shard_size: int = Field(1, ge=1)  # every client shard must hold at least this many
+
+
 class RuntimeSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     workers: int | Literal["auto"] = "auto"  # CPU worker processes (0: in this process)
@@ -131,6 +135,7 @@ class Params(_Section):
     client: ClientSection = ClientSection()
     lr_schedule: ScheduleSection = ScheduleSection()
     grid: GridSection = GridSection()
+    validation: ValidationSection = ValidationSection()
     runtime: RuntimeSection = RuntimeSection()
 
     def flat(self) -> dict[str, Any]:

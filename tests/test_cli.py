@@ -179,3 +179,26 @@ def check_mlflow(tmp_path, run):
     ref.load_state_dict(decode(state))
     x = torch.randn(4, 1, 28, 28)
     assert torch.allclose(loaded(x), ref.eval()(x), atol=1e-5)
+
+
+def test_validation_failure_stops_before_training(tmp_path, prefect_server):
+    """A shard that breaks an expectation: report written, no training, one error line."""
+    res = invoke(
+        tmp_path,
+        "run",
+        *SMALL,
+        "--set",
+        "validation.min_shard_size=5000",
+        "--set",
+        "runtime.tracking=false",
+    )
+    assert res.exit_code == 2
+    assert "shard validation failed" in res.output
+    # Prefect's failure logs keep the message but not the traceback of a FedaptError.
+    # (CliRunner closes the stream Prefect's console handler captured in an earlier test,
+    # which makes logging print its own "Logging error" traceback; that one is harmless.)
+    assert "raise ShardValidationError" not in res.output
+    exp = tmp_path / "reports/fmnist-dir05-fedavg"
+    report = json.loads((exp / "partition/validation.json").read_text())
+    assert report["success"] is False and report["failures"][0]["client_id"] is not None
+    assert not (exp / "runs").exists() and not (exp / "summary.json").exists()
