@@ -229,6 +229,34 @@ def models(
     _guard(body)
 
 
+@app.command()
+def deploy(
+    cron: Annotated[str, typer.Option(help="cron schedule, e.g. '0 3 * * *'")],
+    name: Annotated[str, typer.Option(help="deployment name")] = "scheduled",
+    work_pool: Annotated[str, typer.Option(help="Prefect process work pool")] = "fedapt-process",
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Deploy the experiment flow on a cron schedule to the Prefect server (PREFECT_API_URL)."""
+
+    def body() -> None:
+        from flows.deploy import deploy as do_deploy
+
+        params_file = str((params or Path("params.yaml")).resolve())
+        _load(Path(params_file), set_)  # the scheduled runs must not fail on bad params
+        dep_id, url = do_deploy(
+            name=name,
+            cron=cron,
+            work_pool=work_pool,
+            params_file=params_file,
+            overrides=list(set_ or []),
+        )
+        out.print(f"deployed fedapt-experiment/{name} ({dep_id}) on {url}, cron '{cron}'")
+        out.print(f"start a worker to run it: .venv/bin/prefect worker start --pool {work_pool}")
+
+    _guard(body)
+
+
 def main() -> None:
     app(prog_name="fedapt")
 

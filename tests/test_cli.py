@@ -202,3 +202,32 @@ def test_validation_failure_stops_before_training(tmp_path, prefect_server):
     report = json.loads((exp / "partition/validation.json").read_text())
     assert report["success"] is False and report["failures"][0]["client_id"] is not None
     assert not (exp / "runs").exists() and not (exp / "summary.json").exists()
+
+
+def test_deploy_cron_schedule(prefect_server):
+    """A scheduled deployment created against a real (temporary) Prefect server."""
+    from prefect.client.orchestration import get_client
+
+    res = runner.invoke(
+        app,
+        [
+            "deploy",
+            "--cron",
+            "0 3 * * *",
+            "--name",
+            "nightly",
+            "--params",
+            str(REPO / "params.yaml"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("fedapt-experiment/nightly")
+        assert [s.schedule.cron for s in dep.schedules] == ["0 3 * * *"]
+        assert dep.work_pool_name == "fedapt-process"
+        assert dep.parameters["params_file"] == str(REPO / "params.yaml")
+
+
+def test_deploy_bad_cron():
+    res = runner.invoke(app, ["deploy", "--cron", "every night"])
+    assert res.exit_code == 2 and "not a cron expression" in res.output
