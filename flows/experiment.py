@@ -22,7 +22,8 @@ from fedcore.partition import list_partitioners, scheme_options
 from models.adapters import check_adapter
 from tasks.config import Params, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
-from tasks.report import end_tracking_task, start_tracking_task, summary_task
+from tasks.report import end_tracking_task, start_tracking_task, summary_task, upload_task
+from tasks.storage import ensure_bucket
 from tasks.tracking import check_tracking_server
 from tasks.train import model_factory, train_task
 from tasks.validate import validate_task
@@ -53,6 +54,8 @@ def preflight(params: Params, partition_dir: str | Path | None = None) -> None:
     validate(params)
     if params.runtime.tracking:
         check_tracking_server()
+    if params.storage.bucket:
+        ensure_bucket(params.storage.bucket)  # unreachable S3 or bad keys -> one line now
     data = load_experiment_data(params)  # missing data -> how to get it
     model_factory(params, data)()  # unknown model or model option
     if partition_dir is None:
@@ -89,6 +92,9 @@ def experiment_flow(
     ]
     records = [f.result() for f in futures]
     summary_task(spec, records, str(out / "summary.json"))
+    if p.storage.bucket:
+        prefix = f"{p.storage.prefix}/{p.experiment.name}"
+        upload_task(str(out), p.storage.bucket, prefix)
     if parent is not None:
         end_tracking_task(parent)
     return records

@@ -120,6 +120,13 @@ class ValidationSection(_Section):
     min_shard_size: int = Field(1, ge=1)  # every client shard must hold at least this many
 
 
+class StorageSection(_Section):
+    """S3-compatible copy of the experiment's outputs (endpoint/credentials from AWS_* env)."""
+
+    bucket: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    prefix: str = "fedapt"
+
+
 class RuntimeSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     workers: int | Literal["auto"] = "auto"  # CPU worker processes (0: in this process)
@@ -136,6 +143,7 @@ class Params(_Section):
     lr_schedule: ScheduleSection = ScheduleSection()
     grid: GridSection = GridSection()
     validation: ValidationSection = ValidationSection()
+    storage: StorageSection = StorageSection()
     runtime: RuntimeSection = RuntimeSection()
 
     def flat(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import tracking
+from tasks import storage, tracking
 from tasks.config import Params
 from tasks.io import atomic_write_json
 
@@ -35,3 +35,9 @@ def start_tracking_task(experiment: str, flat_params: dict[str, Any]) -> str:
 def end_tracking_task(run_id: str) -> None:
     """Close the parent MLflow run."""
     tracking.end_run(run_id)
+
+
+@task(name="upload-artifacts", retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def upload_task(local_dir: str, bucket: str, prefix: str) -> list[str]:
+    """Copy the experiment's outputs to s3://bucket/prefix/ (boto3)."""
+    return storage.upload_tree(local_dir, bucket, prefix)

@@ -45,12 +45,17 @@ def invoke(tmp_path, *args):
     return runner.invoke(app, [*args, "--params", str(REPO / "params.yaml"), *reports, *data])
 
 
-def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch):
+def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch, s3_env):
     """`fedapt run` executes the Prefect flow end to end on real FashionMNIST (small),
     tracked in MLflow (local SQLite store) with the final model registered as champion."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    res = invoke(tmp_path, "run", *SMALL)
+    res = invoke(tmp_path, "run", *SMALL, "--set", "storage.bucket=fedapt-test")
     assert res.exit_code == 0, res.output
+    from tasks.storage import list_keys
+
+    keys = list_keys("fedapt-test", "fedapt/fmnist-dir05-fedavg/")
+    assert "fedapt/fmnist-dir05-fedavg/summary.json" in keys
+    assert "fedapt/fmnist-dir05-fedavg/partition/manifest.csv" in keys
     summary = json.loads((tmp_path / "reports/fmnist-dir05-fedavg/summary.json").read_text())
     (run,) = summary["runs"]
     for key in (
@@ -181,23 +186,34 @@ def check_mlflow(tmp_path, run):
     assert torch.allclose(loaded(x), ref.eval()(x), atol=1e-5)
 
 
-def test_validation_failure_stops_before_training(tmp_path, prefect_server):
-    """A shard that breaks an expectation: report written, no training, one error line."""
-    res = invoke(
-        tmp_path,
-        "run",
-        *SMALL,
+def test_validation_failure_stops_before_training(tmp_path):
+    """A shard that breaks an expectation: report written, no training, no traceback.
+    Run as the user runs it (a real process with its own temporary Prefect server)."""
+    import os
+
+    args = [a for a in SMALL] + [
         "--set",
         "validation.min_shard_size=5000",
         "--set",
         "runtime.tracking=false",
+        "--set",
+        f"experiment.reports_dir={tmp_path / 'reports'}",
+        "--set",
+        f"data.root={REPO / 'data/raw'}",
+    ]
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", "--params", str(REPO / "params.yaml"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env=env,
     )
-    assert res.exit_code == 2
-    assert "shard validation failed" in res.output
-    # Prefect's failure logs keep the message but not the traceback of a FedaptError.
-    # (CliRunner closes the stream Prefect's console handler captured in an earlier test,
-    # which makes logging print its own "Logging error" traceback; that one is harmless.)
-    assert "raise ShardValidationError" not in res.output
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text
+    assert "fedapt: error: shard validation failed" in text and "Traceback" not in text
     exp = tmp_path / "reports/fmnist-dir05-fedavg"
     report = json.loads((exp / "partition/validation.json").read_text())
     assert report["success"] is False and report["failures"][0]["client_id"] is not None
@@ -231,3 +247,15 @@ def test_deploy_cron_schedule(prefect_server):
 def test_deploy_bad_cron():
     res = runner.invoke(app, ["deploy", "--cron", "every night"])
     assert res.exit_code == 2 and "not a cron expression" in res.output
+
+
+def test_unreachable_s3_stops_before_anything(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "secret-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-key")
+    res = invoke(tmp_path, "run", *SMALL, "--set", "storage.bucket=fedapt-artifacts")
+    assert res.exit_code == 2
+    text = res.output.strip()
+    assert "AWS_ENDPOINT_URL" in text and len(text.splitlines()) == 1
+    assert "secret" not in text
+    assert not (tmp_path / "reports").exists()

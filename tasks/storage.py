@@ -1,0 +1,107 @@
+"""S3-compatible artifact storage through boto3: the only module that talks to S3.
+
+Endpoint and credentials come from the standard variables, so the same code talks to the
+embedded server, MinIO or AWS: ``AWS_ENDPOINT_URL`` (or ``MLFLOW_S3_ENDPOINT_URL``),
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``. Credentials are never
+written to params, logs, tags or artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from fedcore.errors import FedaptError
+
+
+class StorageError(FedaptError):
+    """The S3 endpoint cannot be used; the message names it and the variable to fix."""
+
+
+def endpoint_url() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+
+
+def s3_client(attempts: int = 3) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    cfg = Config(
+        retries={"max_attempts": attempts, "mode": "standard"},
+        connect_timeout=5,
+        read_timeout=30,
+        s3={"addressing_style": "path"},  # SeaweedFS / MinIO style endpoints
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url(),
+        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        config=cfg,
+    )
+
+
+def _explain(exc: Exception, bucket: str) -> StorageError:
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    where = endpoint_url() or "AWS S3 (no AWS_ENDPOINT_URL set)"
+    if isinstance(exc, NoCredentialsError):
+        return StorageError(
+            f"no S3 credentials for {where}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        )
+    if isinstance(exc, EndpointConnectionError):
+        return StorageError(f"S3 endpoint {where} is not reachable; check AWS_ENDPOINT_URL")
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "?")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
+            return StorageError(
+                f"S3 endpoint {where} refused the credentials ({code}); check AWS_ACCESS_KEY_ID "
+                "and AWS_SECRET_ACCESS_KEY"
+            )
+        return StorageError(f"S3 error {code} on bucket {bucket!r} at {where}")
+    return StorageError(f"S3 endpoint {where} failed: {type(exc).__name__}; check AWS_ENDPOINT_URL")
+
+
+def ensure_bucket(bucket: str, client: Any | None = None) -> None:
+    client = client or s3_client()
+    try:
+        client.head_bucket(Bucket=bucket)
+        return
+    except Exception as exc:  # noqa: BLE001 - classified below
+        from botocore.exceptions import ClientError
+
+        missing = isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
+            "404",
+            "NoSuchBucket",
+        )
+        if not missing:
+            raise _explain(exc, bucket) from None
+    try:
+        client.create_bucket(Bucket=bucket)
+    except Exception as exc:  # noqa: BLE001
+        raise _explain(exc, bucket) from None
+
+
+def upload_tree(local_dir: str | Path, bucket: str, prefix: str) -> list[str]:
+    """Upload every file under ``local_dir`` to s3://bucket/prefix/...; returns the keys."""
+    client = s3_client()
+    ensure_bucket(bucket, client)
+    root = Path(local_dir)
+    keys = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        key = f"{prefix.strip('/')}/{path.relative_to(root).as_posix()}"
+        try:
+            client.upload_file(str(path), bucket, key)
+        except Exception as exc:  # noqa: BLE001
+            raise _explain(exc, bucket) from None
+        keys.append(key)
+    return keys
+
+
+def list_keys(bucket: str, prefix: str = "") -> list[str]:
+    client = s3_client()
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+    except Exception as exc:  # noqa: BLE001
+        raise _explain(exc, bucket) from None
