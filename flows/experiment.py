@@ -8,10 +8,13 @@ atomically by the tasks. Tasks pass paths and small JSON records, never tensors.
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcore.algorithms import build_algorithm
@@ -70,6 +73,63 @@ def preflight(params: Params, partition_dir: str | Path | None = None) -> None:
         )
 
 
+def grid_task_runner(params: Params) -> Any:
+    """The task runner of the grid's training tasks, chosen in params.yaml (runtime)."""
+    rt = params.runtime
+    if rt.task_runner == "thread":
+        return ThreadPoolTaskRunner(max_workers=1)  # cells one after another, in this process
+    import dask
+    from prefect_dask import DaskTaskRunner
+
+    dask.config.set({"distributed.worker.daemon": False, "logging.distributed": "warning"})
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    # Task runs on the Dask workers report to this flow's Prefect API; without this, each
+    # worker process would start a temporary server of its own (ephemeral mode).
+    ctx = FlowRunContext.get()
+    if ctx is not None and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_API_URL"] = str(ctx.client.api_url)
+    if rt.dask_address:
+        return DaskTaskRunner(address=rt.dask_address)
+    # One single-thread worker process per cell; the nanny must not be a daemon, because a
+    # cell may itself fan clients out to worker processes (runtime.workers).
+    return DaskTaskRunner(
+        cluster_class="distributed.LocalCluster",
+        cluster_kwargs={
+            "n_workers": rt.dask_workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": None,
+            "host": "127.0.0.1",
+        },
+    )
+
+
+def cell_spec(params: Params) -> dict[str, Any]:
+    """The params each training task gets. On a LocalCluster the cells share this machine's
+    cores, so ``workers: auto`` becomes an equal share per Dask worker (results do not depend
+    on it: clients always train single-threaded)."""
+    spec = params.model_dump(mode="json")
+    rt = params.runtime
+    if rt.task_runner == "dask" and not rt.dask_address and rt.workers == "auto":
+        share = (os.cpu_count() or 1) // rt.dask_workers
+        spec["runtime"]["workers"] = share if share > 1 else 0
+    return spec
+
+
+@flow(name="fedapt-train-grid")
+def train_grid_flow(
+    spec: dict[str, Any], partition_dir: str, runs_dir: str, parent_run_id: str | None = None
+) -> list[dict[str, Any]]:
+    """One training task per (algorithm, adapter) cell, on the configured task runner."""
+    p = Params.model_validate(spec)
+    futures = [
+        train_task.submit(spec, partition_dir, algorithm, adapter, runs_dir, parent_run_id)
+        for algorithm in p.grid.algorithms
+        for adapter in p.grid.adapters
+    ]
+    return [f.result() for f in futures]  # in grid order, whatever order they finish in
+
+
 @flow(name="fedapt-experiment", task_runner=ThreadPoolTaskRunner(max_workers=1))
 def experiment_flow(
     params: dict[str, Any] | None = None,
@@ -85,12 +145,8 @@ def experiment_flow(
     part_dir = partition_dir or partition_task(spec, str(out / "partition"))
     num_classes = get_dataset_info(p.data.dataset).num_classes
     validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
-    futures = [
-        train_task.submit(spec, part_dir, algorithm, adapter, str(out / "runs"), parent)
-        for algorithm in p.grid.algorithms
-        for adapter in p.grid.adapters
-    ]
-    records = [f.result() for f in futures]
+    grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
+    records = grid(cell_spec(p), part_dir, str(out / "runs"), parent)
     summary_task(spec, records, str(out / "summary.json"))
     if p.storage.bucket:
         prefix = f"{p.storage.prefix}/{p.experiment.name}"

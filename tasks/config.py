@@ -131,6 +131,11 @@ class RuntimeSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     workers: int | Literal["auto"] = "auto"  # CPU worker processes (0: in this process)
     tracking: bool = True  # MLflow runs + model registry (MLFLOW_TRACKING_URI or mlruns/)
+    # Where the grid's training tasks run: "thread" (this process, one cell at a time) or
+    # "dask" (prefect-dask: the cluster at dask_address, or a LocalCluster of dask_workers).
+    task_runner: Literal["thread", "dask"] = "thread"
+    dask_address: str | None = None  # e.g. tcp://10.0.0.5:8786; null = start a LocalCluster
+    dask_workers: int = Field(2, ge=1)  # LocalCluster size (one single-thread worker process each)
 
 
 class Params(_Section):
