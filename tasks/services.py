@@ -135,6 +135,13 @@ def _names(services: Iterable[str] | None) -> list[str]:
     return names
 
 
+def _with_dependants(names: Iterable[str]) -> list[str]:
+    """``names`` plus the services that need one of them (stopping s3 stops mlflow)."""
+    wanted = set(names)
+    wanted.update(n for n in SERVICES if wanted.intersection(DEPENDS[n]))
+    return [n for n in SERVICES if n in wanted]
+
+
 def _with_dependencies(names: Iterable[str]) -> list[str]:
     wanted = set(names)
     for n in list(wanted):
@@ -637,6 +644,10 @@ def up(
         for n in list(records):
             if not _alive_record(n, records[n]):
                 records.pop(n)
+        mlflow, s3 = records.get("mlflow"), records.get("s3")
+        if mlflow and "mlflow" in names and (not s3 or mlflow.get("s3_url") != s3["url"]):
+            _terminate(int(mlflow["pid"]))  # its artifact store moved: restart it
+            records.pop("mlflow")
         write_state(sd, records)
         to_start = [n for n in names if n not in records]
         for n in to_start:
@@ -658,6 +669,8 @@ def up(
                 log = sd / "logs" / f"{n}.log"
                 pid = _spawn(cmd, env, cwd, log, _data_lock(sd) if n == "s3" else None)
                 records[n] = _record(n, pid, port, log)
+                if n == "mlflow":
+                    records[n]["s3_url"] = records["s3"]["url"]
                 write_state(sd, records)
                 pending[n] = records[n]
             try:
@@ -665,8 +678,8 @@ def up(
                     _wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
                     if n == "s3":
                         _ensure_buckets(rec["url"], buckets, deadline)
-            except ServiceError:
-                for n, rec in pending.items():  # a failed group leaves nothing half-started
+            except BaseException:  # also Ctrl-C: a failed group leaves nothing half-started
+                for n, rec in pending.items():
                     if _pid_alive(rec["pid"]):
                         _terminate(rec["pid"], timeout=5.0)
                     records.pop(n, None)
@@ -692,12 +705,13 @@ def down(
     state: str | os.PathLike[str] | None = None,
     timeout: float = STOP_TIMEOUT,
 ) -> dict[str, ServiceStatus]:
-    """Stop the services (default all; dependants first): SIGTERM the group, wait, SIGKILL.
+    """Stop the services (default all) and those that depend on them (s3 -> mlflow too),
+    dependants first: SIGTERM to the process group, wait ``timeout``, then SIGKILL.
 
     Stale records are dropped. Returns the status after stopping.
     """
     sd = state_dir(state)
-    names = _names(services)
+    names = _with_dependants(_names(services))
     with _locked(sd):
         records = read_state(sd)
         for n in reversed(SERVICES):

@@ -132,6 +132,16 @@ def test_dead_pid_is_stale_and_cleaned(sd, busy_port, no_spawn):
     assert S.read_state(sd) == {}
 
 
+def test_stopping_s3_stops_mlflow_that_stores_artifacts_in_it(sd):
+    S.write_state(
+        sd,
+        {n: _record(n, _dead_pid()) for n in S.SERVICES},
+    )
+    st = S.down(["s3"], state=sd)
+    assert sorted(st) == ["mlflow", "s3"]
+    assert sorted(S.read_state(sd)) == ["prefect"]
+
+
 def test_recycled_pid_is_stale_and_never_killed(sd, bystander):
     S.write_state(sd, {"mlflow": _record("mlflow", bystander.pid)})
     assert S.status(state=sd)["mlflow"].state == "stale"
