@@ -680,7 +680,7 @@ def up(
                         _ensure_buckets(rec["url"], buckets, deadline)
             except BaseException:  # also Ctrl-C: a failed group leaves nothing half-started
                 for n, rec in pending.items():
-                    if _pid_alive(rec["pid"]):
+                    if _group_alive(rec["pid"]):
                         _terminate(rec["pid"], timeout=5.0)
                     records.pop(n, None)
                 write_state(sd, records)
