@@ -148,7 +148,7 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             f"{mib(r['download_bytes_per_round']):.2f}",
             f"{mib(r['upload_bytes']):.1f}",
             f"{mib(r['download_bytes']):.1f}",
-            f"{r['wall_seconds']:.0f}",
+            f"{r['wall_seconds']:.0f}" if "wall_seconds" in r else "-",
         )
     return t
 
@@ -255,6 +255,10 @@ def deploy(
         out.print(f"start a worker to run it: .venv/bin/prefect worker start --pool {work_pool}")
 
     _guard(body)
+
+
+# The DVC stage commands (prepare, validate, train, report) register themselves on ``app``.
+import flows.stages  # noqa: E402, F401
 
 
 def main() -> None:

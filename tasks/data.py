@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -124,3 +125,31 @@ def partition_task(spec: dict, out_dir: str) -> str:
     data = load_experiment_data(params)
     write_partition(params, data, build_partition(params, data), out_dir)
     return out_dir
+
+
+def dataset_card(params: Params, data: ExperimentData) -> dict:
+    """What the experiment trains and tests on: sizes, label histograms and sha256 of the exact
+    rows used. DVC hashes this file, so new raw data or another subset reruns what follows."""
+    import hashlib
+
+    card: dict = {
+        "dataset": params.data.dataset,
+        "num_classes": data.train.info.num_classes,
+        "input_shape": list(data.train.info.input_shape),
+    }
+    for split, ds, idx in (
+        ("train", data.train, data.train_idx),
+        ("test", data.test, data.test_idx),
+    ):
+        rows = torch.as_tensor(idx)
+        images = ds.images.index_select(0, rows).contiguous().numpy()
+        labels = ds.labels.index_select(0, rows).numpy()
+        digest = hashlib.sha256(images.tobytes())
+        digest.update(labels.astype(np.int64).tobytes())
+        card[split] = {
+            "rows_used": int(len(idx)),
+            "rows_available": len(ds),
+            "label_counts": np.bincount(labels, minlength=ds.info.num_classes).tolist(),
+            "sha256": digest.hexdigest(),
+        }
+    return card

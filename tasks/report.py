@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -17,6 +18,17 @@ def write_summary(params: Params, records: list[dict[str, Any]], path: str) -> s
         path, {"experiment": params.experiment.name, "params": params.flat(), "runs": records}
     )
     return path
+
+
+_NOT_EXACT = ("wall_seconds", "process_seconds", "round_seconds", "rounds")
+
+
+def write_report(params: Params, records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+    """The DVC report stage: summary.json without timings or per-round lists, so a rerun
+    with the same params and seed writes the same bytes."""
+    out = Path(out_dir)
+    exact = [{k: v for k, v in r.items() if k not in _NOT_EXACT} for r in records]
+    return [Path(write_summary(params, exact, str(out / "summary.json")))]
 
 
 @task(name="summary", cache_policy=NO_CACHE)

@@ -105,21 +105,19 @@ def _log_params(client: Any, run_id: str, flat: dict[str, Any]) -> None:
 
 def start_cell_run(
     experiment: str,
-    parent_run_id: str,
+    parent_run_id: str | None,
     name: str,
     flat_params: dict[str, Any],
     tags: dict[str, str],
 ) -> str:
+    """A grid cell's run: a child of the experiment's run under the Prefect flow, or a
+    run of its own when a DVC stage trains the cell."""
     client = _client()
+    parent = {"mlflow.parentRunId": parent_run_id} if parent_run_id else {}
     run = client.create_run(
         _experiment_id(client, experiment),
         run_name=name,
-        tags={
-            "mlflow.parentRunId": parent_run_id,
-            "fedapt.kind": "cell",
-            **provenance_tags(),
-            **tags,
-        },
+        tags={**parent, "fedapt.kind": "cell", **provenance_tags(), **tags},
     )
     _log_params(client, run.info.run_id, flat_params)
     return run.info.run_id
@@ -149,6 +147,8 @@ class MlflowRounds(Callback):
             "rejected_updates": float(record.rejected),
             "round_seconds": record.seconds,
         }
+        # Algorithm-specific series (FedNILO's freeze index, FedNova's tau, ...).
+        values.update(getattr(record, "extra", None) or {})
         if record.accuracy is not None:
             values["test_accuracy"] = record.accuracy
         if record.test_loss is not None:

@@ -27,7 +27,7 @@ from models.adapters import check_adapter
 from tasks import tracking
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition, shards_of
-from tasks.io import atomic_write_bytes, atomic_write_json
+from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.progress import RichProgress
 
 
@@ -62,8 +62,9 @@ def train_cell(
     adapter: str,
     out_dir: str | Path,
     callbacks: Sequence[Callback] = (),
+    timing_file: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Simulate one grid cell; writes ``metrics.json`` and returns the summary record."""
+    """Simulate one grid cell; writes its outputs (see write_cell_outputs), returns its record."""
     check_adapter(adapter)
     algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
     device = resolve_device(params.runtime.device)
@@ -100,11 +101,49 @@ def train_cell(
     )
     history = sim.run()
     record = summary_record(params, algorithm, adapter, part, history, device)
-    out = Path(out_dir)
-    # The final global model, checkpointed (atomically) for tracking and the registry.
-    atomic_write_bytes(out / "model.pt", payload.encode(sim.global_state))
-    atomic_write_json(out / "metrics.json", {**record, "rounds": history.to_dict()["rounds"]})
+    write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file)
     return record
+
+
+_TIMING_KEYS = ("wall_seconds", "process_seconds")
+
+
+def write_cell_outputs(
+    out: Path,
+    record: dict[str, Any],
+    history: History,
+    state: payload.StateDict,
+    timing_file: str | Path | None = None,
+) -> None:
+    """model.pt, metrics.json and rounds.csv hold only what the seed determines (DVC hashes
+    them: a rerun gives the same bytes); times go to ``timing_file`` (default: timing.json
+    beside them; the DVC stage keeps it outside the hashed folder)."""
+    atomic_write_bytes(out / "model.pt", payload.encode(state))
+    rounds = history.to_dict()["rounds"]
+    exact = {k: v for k, v in record.items() if k not in _TIMING_KEYS}
+    exact["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in rounds]
+    atomic_write_json(out / "metrics.json", exact)
+    atomic_write_text(out / "rounds.csv", rounds_csv(history))
+    timing = {k: record[k] for k in _TIMING_KEYS if k in record}
+    timing["round_seconds"] = [r["seconds"] for r in rounds]
+    atomic_write_json(timing_file or out / "timing.json", timing)
+
+
+def rounds_csv(history: History) -> str:
+    """Per-round curves for `dvc plots` (accuracy against round and against cumulative MiB)."""
+    lines = [
+        "round,accuracy,test_loss,train_loss,upload_bytes,download_bytes,"
+        "cum_upload_mib,cum_download_mib,cum_total_mib"
+    ]
+    for r in history.rounds:
+        up, down = payload.mib(r.cum_upload_bytes), payload.mib(r.cum_download_bytes)
+        acc = "" if r.accuracy is None else f"{r.accuracy:.6f}"
+        loss = "" if r.test_loss is None else f"{r.test_loss:.6f}"
+        lines.append(
+            f"{r.round},{acc},{loss},{r.train_loss:.6f},{r.upload_bytes},{r.download_bytes},"
+            f"{up:.6f},{down:.6f},{up + down:.6f}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def summary_record(
@@ -136,37 +175,43 @@ def summary_record(
     }
 
 
-@task(name="train", cache_policy=NO_CACHE)
-def train_task(
-    spec: dict,
-    partition_dir: str,
+def run_cell(
+    params: Params,
+    partition_dir: str | Path,
     algorithm: str,
     adapter: str,
-    runs_dir: str,
+    cell_dir: str | Path,
     parent_run_id: str | None = None,
-) -> dict:
-    """Simulate one (algorithm, adapter) cell on the partition; returns its summary record."""
-    params = Params.model_validate(spec)
+    tags: dict[str, str] | None = None,
+    timing_file: str | Path | None = None,
+) -> dict[str, Any]:
+    """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
+    per-round metrics and the final (merged) model registered. Returns the summary record."""
     data = load_experiment_data(params)
     part = load_partition(partition_dir)
     name = cell_name(algorithm, adapter)
     callbacks: list[Callback] = [RichProgress(name, Console(stderr=True))]
     run_id = None
-    if parent_run_id is not None:
+    if params.runtime.tracking:
         flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
-        tags = {"partition_hash": part.content_hash(), "algorithm": algorithm, "adapter": adapter}
+        tags = {
+            "partition_hash": part.content_hash(),
+            "algorithm": algorithm,
+            "adapter": adapter,
+            **(tags or {}),
+        }
         run_id = tracking.start_cell_run(params.experiment.name, parent_run_id, name, flat, tags)
         callbacks.append(tracking.MlflowRounds(run_id))
     started = time.perf_counter()
     try:
         record = train_cell(
-            params, data, part, algorithm, adapter, Path(runs_dir) / name, callbacks
+            params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file
         )
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
             model = model_factory(params, data)()
-            model.load_state_dict(payload.decode((Path(runs_dir) / name / "model.pt").read_bytes()))
+            model.load_state_dict(payload.decode((Path(cell_dir) / "model.pt").read_bytes()))
             c, h, w = data.train.info.input_shape
             reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
             record["registered_model"] = reg
@@ -180,3 +225,18 @@ def train_task(
             tracking.end_run(run_id, "FAILED")
         raise
     return record
+
+
+@task(name="train", cache_policy=NO_CACHE)
+def train_task(
+    spec: dict,
+    partition_dir: str,
+    algorithm: str,
+    adapter: str,
+    runs_dir: str,
+    parent_run_id: str | None = None,
+) -> dict:
+    """Simulate one (algorithm, adapter) cell on the partition; returns its summary record."""
+    params = Params.model_validate(spec)
+    cell_dir = Path(runs_dir) / cell_name(algorithm, adapter)
+    return run_cell(params, partition_dir, algorithm, adapter, cell_dir, parent_run_id)

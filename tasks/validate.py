@@ -112,8 +112,11 @@ def _observed(frame: pd.DataFrame, i: int, kwargs: dict[str, Any]) -> Any:
     return values if len(values) > 1 else next(iter(values.values()))
 
 
-def validate_partition(partition_dir: str | Path, num_classes: int, min_size: int = 1) -> Path:
-    """Validate manifest.csv + stats.json in ``partition_dir``; writes validation.json."""
+def validate_partition(
+    partition_dir: str | Path, num_classes: int, min_size: int = 1, out: str | Path | None = None
+) -> Path:
+    """Validate manifest.csv + stats.json in ``partition_dir``; writes the report to ``out``
+    (default: validation.json beside the manifest)."""
     import json
 
     import pandera.errors
@@ -143,7 +146,7 @@ def validate_partition(partition_dir: str | Path, num_classes: int, min_size: in
         "num_clients": stats["num_clients"],
         "failures": failures,
     }
-    path = atomic_write_json(d / "validation.json", report)
+    path = atomic_write_json(out or d / "validation.json", report)
     if failures:
         first = failures[0]
         raise ShardValidationError(

@@ -36,14 +36,14 @@ def repo_copy(tmp_path):
     params = yaml.safe_load((dst / "params.yaml").read_text())
     params["data"].update(train_subset=600, test_subset=300)
     params["federation"].update(rounds=2, last_rounds=2)
-    params["runtime"]["workers"] = 0
+    params["runtime"].update(workers=0, tracking=False)
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh("git", "init", "-q", cwd=dst)
     return dst
 
 
-def accuracy_metrics(root: Path, name: str) -> list:
-    s = json.loads((root / f"artifacts/reports/{name}/summary.json").read_text())
+def accuracy_metrics(root: Path) -> list:
+    s = json.loads((root / "artifacts/report/summary.json").read_text())
     keys = (
         "final_accuracy",
         "mean_accuracy_last_L",
@@ -54,24 +54,48 @@ def accuracy_metrics(root: Path, name: str) -> list:
     return [{k: r[k] for k in keys} for r in s["runs"]]
 
 
+def hashed_outputs(root: Path) -> dict[str, bytes]:
+    """Every output DVC hashes, as bytes (timings are kept out of them)."""
+    files = [
+        "artifacts/prepare/dataset.json",
+        "artifacts/partition/manifest.csv",
+        "artifacts/partition/stats.json",
+        "artifacts/partition/validation.json",
+        "artifacts/runs/fedavg-full/model.pt",
+        "artifacts/runs/fedavg-full/metrics.json",
+        "artifacts/runs/fedavg-full/rounds.csv",
+        "artifacts/report/summary.json",
+    ]
+    return {f: (root / f).read_bytes() for f in files}
+
+
 @pytest.mark.slow
 def test_dvc_repro_exact_and_incremental(repo_copy):
-    name = yaml.safe_load((repo_copy / "params.yaml").read_text())["experiment"]["name"]
-    sh(DVC, "repro", cwd=repo_copy)
-    manifest = (repo_copy / "artifacts/partition/manifest.csv").read_bytes()
-    first = accuracy_metrics(repo_copy, name)
-    assert first[0]["final_accuracy"] is not None
+    out = sh(DVC, "repro", cwd=repo_copy)
+    for stage in ("prepare", "partition", "validate", "train@fedavg-full", "report"):
+        assert f"Running stage '{stage}'" in out
+    first = hashed_outputs(repo_copy)
+    metrics = accuracy_metrics(repo_copy)
+    assert metrics[0]["final_accuracy"] is not None
+    lock = (repo_copy / "dvc.lock").read_text()
 
     out = sh(DVC, "repro", cwd=repo_copy)
-    assert "up to date" in out  # second run: nothing to do
+    assert "Data and pipelines are up to date" in out  # second run: nothing to do
 
-    sh(DVC, "repro", "--force", cwd=repo_copy)  # forced rerun: same partition, same numbers
-    assert (repo_copy / "artifacts/partition/manifest.csv").read_bytes() == manifest
-    assert accuracy_metrics(repo_copy, name) == first
+    sh(DVC, "repro", "--force", cwd=repo_copy)  # forced rerun: the same bytes everywhere
+    assert hashed_outputs(repo_copy) == first
+    assert (repo_copy / "dvc.lock").read_text() == lock
 
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
     params["federation"]["rounds"] = 3
     (repo_copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(DVC, "repro", cwd=repo_copy)
-    assert "Stage 'partition' didn't change, skipping" in out
-    assert "Running stage 'train'" in out
+    for stage in ("prepare", "partition", "validate"):
+        assert f"Stage '{stage}' didn't change, skipping" in out
+    assert "Running stage 'train@fedavg-full'" in out
+    assert "Running stage 'report'" in out
+    assert (
+        hashed_outputs(repo_copy)["artifacts/partition/manifest.csv"]
+        == first["artifacts/partition/manifest.csv"]
+    )
+    assert accuracy_metrics(repo_copy) != metrics  # three rounds now

@@ -1,0 +1,178 @@
+"""The DVC pipeline's stage commands: ``fedapt prepare | partition | validate | train | report``.
+
+Each stage reads params.yaml (the single configuration), writes only its declared outputs
+(atomically) and calls the same library functions as the Prefect flow, so ``dvc repro`` and
+``fedapt run`` compute the same numbers. Outputs that DVC hashes carry no timings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli import ParamsOpt, SetOpt, _guard, _load, app, out, results_table
+
+
+@app.command()
+def prepare(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path(
+        "artifacts/prepare"
+    ),
+) -> None:
+    """Load the dataset and write dataset.json: the rows used, label counts and sha256."""
+
+    def body() -> None:
+        from tasks.data import dataset_card, load_experiment_data
+        from tasks.io import atomic_write_json
+
+        p = _load(params, set_)
+        card = dataset_card(p, load_experiment_data(p))
+        path = atomic_write_json(out_dir / "dataset.json", card)
+        out.print(
+            f"{card['dataset']}: {card['train']['rows_used']} train / "
+            f"{card['test']['rows_used']} test rows, train sha256 {card['train']['sha256'][:12]}"
+        )
+        out.print(f"dataset card: {path}")
+
+    _guard(body)
+
+
+@app.command()
+def validate(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    partition_dir: Annotated[
+        Path, typer.Option("--partition", help="folder with manifest.csv + stats.json")
+    ] = Path("artifacts/partition"),
+    report: Annotated[
+        Path | None,
+        typer.Option("--out", help="report file (default: <partition>/validation.json)"),
+    ] = None,
+) -> None:
+    """Check the client shards (pandera + great-expectations); exit 2 with the report on failure."""
+
+    def body() -> None:
+        from fedcore.datasets import get_dataset_info
+        from tasks.data import load_partition
+        from tasks.validate import validate_partition
+
+        p = _load(params, set_)
+        load_partition(partition_dir)  # a missing or altered manifest -> one line
+        num_classes = get_dataset_info(p.data.dataset).num_classes
+        path = validate_partition(partition_dir, num_classes, p.validation.min_shard_size, report)
+        out.print(f"shards valid: {partition_dir} ({path})")
+
+    _guard(body)
+
+
+@app.command()
+def train(
+    algorithm: Annotated[str, typer.Option(help="a registered algorithm, e.g. fedavg")],
+    adapter: Annotated[str, typer.Option(help="a registered adapter, e.g. full")] = "full",
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    partition_dir: Annotated[
+        Path, typer.Option("--partition", help="folder with manifest.csv + stats.json")
+    ] = Path("artifacts/partition"),
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="cell folder (default: artifacts/runs/<cell>)")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
+    timing_dir: Annotated[
+        Path, typer.Option("--timing", help="folder for <cell>.json timings (not hashed)")
+    ] = Path("artifacts/timing"),
+) -> None:
+    """Train one grid cell (one DVC stage of the train matrix), tracked in MLflow."""
+
+    def body() -> None:
+        from flows.experiment import preflight
+        from tasks.train import cell_name, run_cell
+
+        extra = [f"runtime.device={device}"] if device else []
+        extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
+        p = _load(params, set_, extra)
+        preflight(p, partition_dir)
+        _require_valid(partition_dir)
+        cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
+        cell = cell_name(algorithm, adapter)
+        record = run_cell(
+            p,
+            partition_dir,
+            algorithm,
+            adapter,
+            cell_dir,
+            tags={"fedapt.entry": "dvc"},
+            timing_file=timing_dir / f"{cell}.json",
+        )
+        out.print(results_table([record]))
+        out.print(f"metrics: {cell_dir / 'metrics.json'}")
+
+    _guard(body)
+
+
+def _require_valid(partition_dir: Path) -> None:
+    from fedcore.errors import ConfigError
+
+    report = partition_dir / "validation.json"
+    if not report.is_file():
+        raise ConfigError(f"{partition_dir} has not been validated: run fedapt validate first")
+    if not json.loads(report.read_text()).get("success"):
+        raise ConfigError(f"{report} records failed shard checks: fix the partition first")
+
+
+@app.command()
+def report(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    runs_dir: Annotated[Path, typer.Option("--runs", help="folder of cell folders")] = Path(
+        "artifacts/runs"
+    ),
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path(
+        "artifacts/report"
+    ),
+    timing_dir: Annotated[
+        Path, typer.Option("--timing", help="folder of <cell>.json timings")
+    ] = Path("artifacts/timing"),
+) -> None:
+    """Collect the grid's metrics.json files into summary.json (and the comparison report)."""
+
+    def body() -> None:
+        from tasks.report import write_report
+
+        p = _load(params, set_)
+        records = collect_records(p, runs_dir, timing_dir)
+        paths = write_report(p, records, out_dir)
+        out.print(results_table(records))
+        for path in paths:
+            out.print(f"wrote {path}")
+
+    _guard(body)
+
+
+def collect_records(
+    params: Any, runs_dir: Path, timing_dir: Path | None = None
+) -> list[dict[str, Any]]:
+    """The grid's records in grid order; a missing cell is an error, not a silent gap."""
+    from fedcore.errors import ConfigError
+    from tasks.train import cell_name
+
+    records = []
+    for algorithm in params.grid.algorithms:
+        for adapter in params.grid.adapters:
+            path = runs_dir / cell_name(algorithm, adapter) / "metrics.json"
+            if not path.is_file():
+                raise ConfigError(f"no metrics for grid cell {algorithm}/{adapter}: {path}")
+            record = json.loads(path.read_text())
+            for timing in (
+                path.with_name("timing.json"),
+                (timing_dir or path.parent) / f"{cell_name(algorithm, adapter)}.json",
+            ):
+                if timing.is_file():
+                    record.update(json.loads(timing.read_text()))  # for the table only
+            records.append(record)
+    return records
