@@ -98,7 +98,7 @@ def run(
     """Run the experiment grid in params.yaml and print the results table."""
 
     def body() -> None:
-        from flows.experiment import experiment_dir, experiment_flow, preflight
+        from tasks import services
 
         extra = []
         if device is not None:
@@ -106,16 +106,45 @@ def run(
         if workers is not None:
             extra.append(f"runtime.workers={workers}")
         p = _load(params, set_, extra)
-        preflight(p, partition_dir)
-        quiet_prefect_tracebacks()
-        records = experiment_flow(
-            params=p.model_dump(mode="json"),
-            partition_dir=str(partition_dir) if partition_dir else None,
-        )
+        # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
+        # before Prefect is imported, which reads its settings once.
+        with services.patched_environ(services.env_for_clients()):
+            from flows.experiment import experiment_dir, experiment_flow, preflight, validate
+
+            validate(p)  # bad names stop here, before any server starts
+            with services.run_environment(need_s3=bool(p.storage.bucket)):
+                preflight(p, partition_dir)
+                quiet_prefect_tracebacks()
+                records = experiment_flow(
+                    params=p.model_dump(mode="json"),
+                    partition_dir=str(partition_dir) if partition_dir else None,
+                )
+            where = _where_results(p)
         out.print(results_table(records))
         out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
+        for line in where:
+            out.print(line)
 
     _guard(body)
+
+
+def _where_results(params: Any) -> list[str]:
+    import os
+
+    lines = []
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if params.runtime.tracking:
+        lines.append(
+            f"MLflow: {uri}"
+            if uri and uri.startswith("http")
+            else "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
+            "--backend-store-uri sqlite:///mlruns/mlflow.db`)"
+        )
+    if params.storage.bucket:
+        lines.append(
+            f"outputs: s3://{params.storage.bucket}/{params.storage.prefix}/{params.experiment.name}/"
+        )
+    return lines
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:
@@ -257,7 +286,9 @@ def deploy(
     _guard(body)
 
 
-# The DVC stage commands (prepare, validate, train, report) register themselves on ``app``.
+# The service commands (up, down, status) and the DVC stage commands (prepare, validate,
+# train, report) register themselves on ``app``.
+import flows.service_commands  # noqa: E402, F401
 import flows.stages  # noqa: E402, F401
 
 

@@ -23,6 +23,7 @@ from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import list_partitioners, scheme_options
 from models.adapters import check_adapter
+from tasks import services
 from tasks.config import Params, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
 from tasks.report import end_tracking_task, start_tracking_task, summary_task, upload_task
@@ -139,18 +140,21 @@ def experiment_flow(
 ) -> list[dict[str, Any]]:
     """Run the experiment grid of params.yaml (or of ``params``) and write its summary."""
     p = Params.model_validate(params) if params is not None else load_params(params_file, overrides)
-    spec = p.model_dump(mode="json")
-    out = experiment_dir(p)
-    parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
-    part_dir = partition_dir or partition_task(spec, str(out / "partition"))
-    num_classes = get_dataset_info(p.data.dataset).num_classes
-    validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
-    grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
-    records = grid(cell_spec(p), part_dir, str(out / "runs"), parent)
-    summary_task(spec, records, str(out / "summary.json"))
-    if p.storage.bucket:
-        prefix = f"{p.storage.prefix}/{p.experiment.name}"
-        upload_task(str(out), p.storage.bucket, prefix)
-    if parent is not None:
-        end_tracking_task(parent)
+    # Deployment runs get the same environment as `fedapt run`: the services that are up,
+    # else an embedded S3 for the outputs (a no-op when the CLI already set it up).
+    with services.run_environment(need_s3=bool(p.storage.bucket)):
+        spec = p.model_dump(mode="json")
+        out = experiment_dir(p)
+        parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
+        part_dir = partition_dir or partition_task(spec, str(out / "partition"))
+        num_classes = get_dataset_info(p.data.dataset).num_classes
+        validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
+        grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
+        records = grid(cell_spec(p), part_dir, str(out / "runs"), parent)
+        summary_task(spec, records, str(out / "summary.json"))
+        if p.storage.bucket:
+            prefix = f"{p.storage.prefix}/{p.experiment.name}"
+            upload_task(str(out), p.storage.bucket, prefix)
+        if parent is not None:
+            end_tracking_task(parent)
     return records

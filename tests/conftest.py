@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
+# Tests never see the services of a developer's `fedapt up` (state in the repo's .fedapt/):
+# their own state dir, inherited by the processes they start.
+os.environ["FEDAPT_STATE_DIR"] = tempfile.mkdtemp(prefix="fedapt-test-state-")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,6 +36,8 @@ SMALL = [
     "federation.last_rounds=2",
     "--set",
     "runtime.workers=0",
+    "--set",
+    "storage.bucket=null",
 ]
 
 

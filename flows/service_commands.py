@@ -1,0 +1,109 @@
+"""``fedapt up | down | status``: the local services behind the UI workflows, on 127.0.0.1.
+
+s3 (SeaweedFS), mlflow (tracking server: SQLite store, artifacts in s3://fedapt/mlflow) and
+prefect (API + UI). ``fedapt run`` uses whichever are up and falls back to the embedded
+defaults otherwise (see tasks/services.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from flows.cli import _guard, app, out
+
+ServiceArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="services (s3, mlflow, prefect); default: all", show_default=False),
+]
+
+
+def _table(statuses: dict) -> Table:
+    t = Table(title="fedapt services (127.0.0.1)")
+    for col in ("service", "state", "healthy", "url", "pid", "log"):
+        t.add_column(col)
+    for st in statuses.values():
+        t.add_row(
+            st.name,
+            st.state,
+            "yes" if st.healthy else "no",
+            st.url or "-",
+            str(st.pid or "-"),
+            st.log or "-",
+        )
+    return t
+
+
+@app.command()
+def up(services: ServiceArg = None) -> None:
+    """Start the services (ports: FEDAPT_S3_PORT, FEDAPT_MLFLOW_PORT, FEDAPT_PREFECT_PORT)."""
+
+    def body() -> None:
+        from tasks import services as svc
+
+        statuses = svc.up(services or None)
+        if statuses["s3"].healthy and statuses["s3"].url:
+            configure_dvc_remote(statuses["s3"].url)
+        out.print(_table(statuses))
+        if statuses["mlflow"].healthy:
+            out.print(
+                f"MLflow UI: {statuses['mlflow'].url}  (models: {statuses['mlflow'].url}/#/models)"
+            )
+        if statuses["prefect"].healthy:
+            out.print(f"Prefect UI: {statuses['prefect'].url}")
+        out.print("fedapt run now tracks to these services; stop them with: fedapt down")
+
+    _guard(body)
+
+
+@app.command()
+def down(services: ServiceArg = None) -> None:
+    """Stop the services (data stays in .fedapt/ for the next `fedapt up`)."""
+
+    def body() -> None:
+        from tasks import services as svc
+
+        out.print(_table(svc.down(services or None)))
+
+    _guard(body)
+
+
+@app.command()
+def status() -> None:
+    """Show which services are running and healthy."""
+
+    def body() -> None:
+        from tasks import services as svc
+
+        out.print(_table(svc.status()))
+
+    _guard(body)
+
+
+def configure_dvc_remote(endpoint: str, repo: Path | None = None) -> None:
+    """Point the DVC remote ``fedapt`` (s3://fedapt/dvc, in .dvc/config) at the local S3 server:
+    endpoint and keys go to .dvc/config.local, which DVC keeps out of git."""
+    from configobj import ConfigObj  # DVC's own config format
+
+    from tasks import services as svc
+
+    path = (repo or svc.ROOT) / ".dvc" / "config.local"
+    if not path.parent.is_dir():
+        return
+    cfg = ConfigObj(str(path)) if path.is_file() else ConfigObj()
+    cfg.filename = str(path.with_name(".config.local.tmp"))
+    env = svc.s3_client_env(endpoint)
+    cfg['remote "fedapt"'] = {
+        **cfg.get('remote "fedapt"', {}),
+        "endpointurl": endpoint,
+        "access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        "region": env["AWS_DEFAULT_REGION"],
+    }
+    cfg.write()
+    tmp = path.with_name(".config.local.tmp")
+    tmp.chmod(0o600)
+    tmp.replace(path)
