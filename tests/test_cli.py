@@ -261,3 +261,25 @@ def test_unreachable_s3_stops_before_anything(tmp_path, monkeypatch):
     assert "AWS_ENDPOINT_URL" in text and len(text.splitlines()) == 1
     assert "secret" not in text
     assert not (tmp_path / "reports").exists()
+
+
+def test_status_shows_stopped_services():
+    res = runner.invoke(app, ["status"])
+    assert res.exit_code == 0, res.output
+    for name in ("s3", "mlflow", "prefect"):
+        assert name in res.output
+    assert "stopped" in res.output
+
+
+def test_up_on_a_busy_port_says_which_and_how(monkeypatch):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("FEDAPT_S3_PORT", str(port))
+        res = runner.invoke(app, ["up", "s3"])
+    assert res.exit_code == 2
+    assert f"port {port}" in res.output and "FEDAPT_S3_PORT" in res.output
+    assert "Traceback" not in res.output
