@@ -4,13 +4,20 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test setup lint bench clean
+.PHONY: run test setup up down lint bench bench-pipeline clean
 
 setup:
 	@bash scripts/bootstrap.sh
 
-run: setup
+# The services (S3, MLflow, Prefect on 127.0.0.1) stay up for the UIs; `make down` stops them.
+run: setup up
 	$(VENV)/bin/fedapt run $(ARGS)
+
+up: setup
+	$(VENV)/bin/fedapt up
+
+down:
+	$(VENV)/bin/fedapt down
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
@@ -20,6 +27,9 @@ lint: setup
 
 bench: setup
 	$(VENV)/bin/python benchmarks/engine_throughput.py
+
+bench-pipeline: setup
+	$(VENV)/bin/python benchmarks/pipeline_overhead.py
 
 clean:
 	rm -rf reports .pytest_cache

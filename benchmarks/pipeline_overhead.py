@@ -1,0 +1,135 @@
+"""What orchestration costs: the default grid through the full pipeline (Prefect flow, shard
+validation, MLflow tracking + model registry, S3 upload) against the same training through
+the engine alone, in one process, one after the other (ratios from one run, not a timed test).
+
+Reported separately, because they are paid once and not per round:
+- process start-up: importing fedapt's pipeline stack (torch, prefect, mlflow, GX, ...);
+- server start: `fedapt up` of S3 (SeaweedFS), MLflow and Prefect servers on 127.0.0.1.
+
+Run:  .venv/bin/python benchmarks/pipeline_overhead.py [--rounds 20]
+writes benchmarks/results/pipeline_overhead.json. The target (issue 3) is an overhead of at
+most 20% for a 20-round run of the default experiment.
+"""
+
+from __future__ import annotations
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+for key, value in {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}.items():
+    os.environ.setdefault(key, value)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/pipeline_overhead.json"))
+    args = ap.parse_args()
+
+    from tasks import services
+
+    work = Path(tempfile.mkdtemp(prefix="fedapt-bench-"))
+    state = work / "state"
+    t = time.perf_counter()
+    services.up(state=state, ports={"s3": 0, "mlflow": 0, "prefect": 0})
+    server_start = time.perf_counter() - t
+    try:
+        env = services.env_for_clients(state, environ={})
+        os.environ.update(env)  # before Prefect is imported: it reads its settings once
+        t = time.perf_counter()
+        import flows.experiment as fx
+        from fedcore.algorithms import build_algorithm
+        from fedcore.client import LocalConfig
+        from fedcore.device import resolve_device, resolve_workers
+        from fedcore.engine import FederationConfig, Simulation
+        from fedcore.schedules import LRSchedule
+        from tasks.config import load_params
+        from tasks.data import build_partition, load_experiment_data, shards_of
+        from tasks.train import clients_per_round, model_factory
+
+        import_seconds = time.perf_counter() - t
+        p = load_params(
+            args.params,
+            [
+                f"federation.rounds={args.rounds}",
+                f"experiment.reports_dir={work / 'reports'}",
+                "experiment.name=overhead-bench",
+                "storage.bucket=fedapt",
+            ],
+        )
+
+        # 1. the full pipeline: Prefect flow on the Prefect server, validation, MLflow server
+        #    tracking and registry (artifacts in S3), outputs uploaded to S3.
+        t = time.perf_counter()
+        records = fx.experiment_flow(params=p.model_dump(mode="json"))
+        pipeline_seconds = time.perf_counter() - t
+
+        # 2. the same training through the engine alone: same data, partition, model, seed.
+        t = time.perf_counter()
+        data = load_experiment_data(p)
+        part = build_partition(p, data)
+        device = resolve_device(p.runtime.device)
+        c, s, m = p.client, p.lr_schedule, clients_per_round(p)
+        sim = Simulation(
+            model_fn=model_factory(p, data),
+            algorithm=build_algorithm("fedavg"),
+            train=data.image_data("train"),
+            test=data.image_data("test"),
+            shards=shards_of(part),
+            noise_var=part.noise_var,
+            local=LocalConfig(
+                c.local_epochs, c.batch_size, c.momentum, c.weight_decay, c.max_steps
+            ),
+            lr_schedule=LRSchedule(
+                kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
+            ),
+            federation=FederationConfig(
+                rounds=p.federation.rounds,
+                clients_per_round=m,
+                sampling=p.federation.sampling,
+                eval_every=p.federation.eval_every,
+                last_rounds=p.federation.last_rounds,
+                seed=p.experiment.seed,
+            ),
+            workers=resolve_workers(p.runtime.workers, device, m),
+            device=device,
+        )
+        history = sim.run()
+        engine_seconds = time.perf_counter() - t
+    finally:
+        services.down(state=state)
+
+    same = records[0]["final_accuracy"] == history.final_accuracy
+    result = {
+        "rounds": args.rounds,
+        "experiment": "default params.yaml (fedavg/full, cifar_cnn, FashionMNIST 12k, Dir(0.5))",
+        "pipeline_seconds": round(pipeline_seconds, 1),
+        "engine_seconds": round(engine_seconds, 1),
+        "overhead_percent": round(100 * (pipeline_seconds / engine_seconds - 1), 1),
+        "same_final_accuracy": same,
+        "final_accuracy": history.final_accuracy,
+        "import_seconds": round(import_seconds, 1),
+        "server_start_seconds": round(server_start, 1),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
