@@ -20,8 +20,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from fedcore.algorithms import build_algorithm
 from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.partition import list_partitioners, scheme_options
+from models import list_models
 from models.adapters import check_adapter
 from tasks import services
 from tasks.config import Params, load_params
@@ -38,7 +39,11 @@ def experiment_dir(params: Params) -> Path:
 
 
 def validate(params: Params) -> None:
-    """Names and options that need no data: algorithms, adapters, device, partition scheme."""
+    """Names and options that need no data: dataset, model, algorithms, adapters, device,
+    partition scheme."""
+    get_dataset_info(params.data.dataset)
+    if params.model.name not in list_models():
+        raise UnknownNameError("model", params.model.name, list_models())
     for algorithm in params.grid.algorithms:
         build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
     for adapter in params.grid.adapters:

@@ -33,7 +33,9 @@ def s3_client(attempts: int = 3) -> Any:
         read_timeout=30,
         s3={"addressing_style": "path"},  # SeaweedFS / MinIO style endpoints
     )
-    return boto3.client(
+    # A fresh session each time: the default session caches the first credentials it finds,
+    # so a long-lived process (a Prefect worker, the tests) would keep using stale keys.
+    return boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint_url(),
         region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),

@@ -41,10 +41,14 @@ SMALL = [
 ]
 
 
-def invoke(tmp_path, *args):
+def invoke(tmp_path, command, *args):
+    """Outputs under tmp_path; no S3 copy unless a test asks for a bucket (later --set wins)."""
     reports = ["--set", f"experiment.reports_dir={tmp_path / 'reports'}"]
     data = ["--set", f"data.root={REPO / 'data/raw'}"]
-    return runner.invoke(app, [*args, "--params", str(REPO / "params.yaml"), *reports, *data])
+    local = ["--set", "storage.bucket=null"]
+    return runner.invoke(
+        app, [command, *local, *args, "--params", str(REPO / "params.yaml"), *reports, *data]
+    )
 
 
 def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch, s3_env):
@@ -55,9 +59,9 @@ def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch, s3
     assert res.exit_code == 0, res.output
     from tasks.storage import list_keys
 
-    keys = list_keys("fedapt-test", "fedapt/fmnist-dir05-fedavg/")
-    assert "fedapt/fmnist-dir05-fedavg/summary.json" in keys
-    assert "fedapt/fmnist-dir05-fedavg/partition/manifest.csv" in keys
+    keys = list_keys("fedapt-test", "runs/fmnist-dir05-fedavg/")
+    assert "runs/fmnist-dir05-fedavg/summary.json" in keys
+    assert "runs/fmnist-dir05-fedavg/partition/manifest.csv" in keys
     summary = json.loads((tmp_path / "reports/fmnist-dir05-fedavg/summary.json").read_text())
     (run,) = summary["runs"]
     for key in (
@@ -157,9 +161,9 @@ def test_console_script_error_exit(tmp_path):
 def check_mlflow(tmp_path, run):
     import mlflow.pytorch
     import torch
+    from mlflow import MlflowClient
 
     from fedcore.payload import decode
-    from mlflow import MlflowClient
     from models import get_model
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
