@@ -163,13 +163,21 @@ def train_locally(
     noise_var: float = 0.0,
     loss_fn: LossFn = cross_entropy,
     device: torch.device | str = "cpu",
+    trainable: frozenset[str] | None = None,
 ) -> LocalResult:
-    """Run a client's local epochs from ``state``; the result depends only on the arguments."""
+    """Run a client's local epochs from ``state``; the result depends only on the arguments.
+
+    ``trainable`` names the parameters SGD updates (None: all). The others are frozen: they
+    take part in the forward pass like buffers but get no gradient (seed 004 Algorithm 4).
+    """
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
     shard = torch.as_tensor(indices, dtype=torch.int64)
     work = {k: v.detach().clone().to(device) for k, v in state.items()}
     params, buffers = split_state(model, work)
+    if trainable is not None:
+        buffers.update({k: v for k, v in params.items() if k not in trainable})
+        params = {k: v for k, v in params.items() if k in trainable}
     for p in params.values():
         p.requires_grad_(True)
     momentum_buffers: list[torch.Tensor | None] = [None] * len(params)

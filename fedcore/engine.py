@@ -24,13 +24,22 @@ import torch
 from torch import nn
 
 from fedcore import payload
-from fedcore.algorithms.base import ClientUpdate, FederatedAlgorithm
+from fedcore.algorithms.base import (
+    ClientTask,
+    ClientUpdate,
+    ClientView,
+    FederatedAlgorithm,
+    FederationSetup,
+)
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.events import Callback, ClientRecord, RoundRecord
+from fedcore.sampling import CLIENT_STREAM as _CLIENT_STREAM
+from fedcore.sampling import derive_seed, sample_clients
 from fedcore.schedules import LRSchedule
 
-_SAMPLING_STREAM = 1
-_CLIENT_STREAM = 2
+__all__ = ["FederationConfig", "History", "Simulation", "derive_seed", "sample_clients"]
+
+_MESSAGE = "__message__."  # key prefix of server -> client extras inside a download payload
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class History:
     rounds: list[RoundRecord] = field(default_factory=list)
     wall_seconds: float = 0.0
     last_rounds: int = 5
+    stop_reason: str = "rounds"  # or the algorithm's budget that ended the run early
 
     @property
     def evaluated(self) -> list[RoundRecord]:
@@ -81,25 +91,9 @@ class History:
             "upload_bytes": self.upload_bytes,
             "download_bytes": self.download_bytes,
             "wall_seconds": self.wall_seconds,
+            "stop_reason": self.stop_reason,
             "rounds": [r.to_dict() for r in self.rounds],
         }
-
-
-def derive_seed(*keys: int) -> int:
-    """A 63-bit seed from a tuple of integers (NumPy SeedSequence: independent streams)."""
-    return int(np.random.SeedSequence(list(keys)).generate_state(2, dtype=np.uint64)[0] >> 1)
-
-
-def sample_clients(cfg: FederationConfig, num_clients: int, round_: int) -> tuple[int, ...]:
-    rng = np.random.default_rng(derive_seed(cfg.seed, _SAMPLING_STREAM, round_))
-    m = cfg.clients_per_round
-    if cfg.sampling == "with_replacement":
-        picked = rng.integers(0, num_clients, size=m)
-    elif m >= num_clients:
-        picked = np.arange(num_clients)
-    else:
-        picked = np.sort(rng.choice(num_clients, size=m, replace=False))
-    return tuple(int(c) for c in picked)
 
 
 # ---- the work a client or an evaluator does; runs in this process or in a worker ----------
@@ -127,24 +121,37 @@ def _init_worker(model_fn: Callable[[], nn.Module], *args: Any) -> None:
 
 
 def _client_job(
-    ctx: _Context, client_id: int, lr: float, seed: int, download: bytes
+    ctx: _Context, task: ClientTask, lr: float, seed: int, download: bytes, held: bytes | None
 ) -> tuple[int, bytes, int, int, float, float]:
-    """Decode the download, train locally, encode the upload: the wire on both sides."""
-    state = payload.decode(download)
+    """Decode the download, train locally, encode the upload: the wire on both sides.
+
+    ``held`` is what the client already holds from earlier rounds (FedNILO's frozen layers):
+    it never crosses the wire this round, so its bytes are not counted.
+    """
+    received = payload.decode(download)
+    message = {k[len(_MESSAGE) :]: v for k, v in received.items() if k.startswith(_MESSAGE)}
+    state = {k: v for k, v in received.items() if not k.startswith(_MESSAGE)}
+    if held is not None:
+        merged = {**payload.decode(held), **state}
+        state = {k: merged[k] for k in ctx.model.state_dict()}  # the model's key order
+    own = torch.as_tensor(ctx.shards[task.client_id], dtype=torch.int64)
+    view = ClientView(labels=ctx.train.labels.index_select(0, own), message=message)
     res = train_locally(
         ctx.model,
         state,
         ctx.train,
-        ctx.shards[client_id],
+        task.indices,
         lr=lr,
         cfg=ctx.local,
         seed=seed,
-        noise_var=ctx.noise_var[client_id],
-        loss_fn=ctx.algorithm.client_objective(state),
+        noise_var=ctx.noise_var[task.client_id],
+        loss_fn=ctx.algorithm.client_objective(state, view),
         device=ctx.device,
+        trainable=task.trainable,
     )
-    upload = payload.encode(res.state)
-    return client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds
+    out = res.state if task.upload_keys is None else {k: res.state[k] for k in task.upload_keys}
+    upload = payload.encode(out)
+    return task.client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds
 
 
 def _eval_job(ctx: _Context, state_bytes: bytes, indices: np.ndarray) -> tuple[int, float, int]:
@@ -197,9 +204,19 @@ class Simulation:
         self.global_state: dict[str, torch.Tensor] = {
             k: v.detach().clone() for k, v in model.state_dict().items()
         }
+        algorithm.setup(
+            FederationSetup(model=model, local=local, label_distribution=self._label_distribution())
+        )
         self._ctx_args = (algorithm, train, test, self.shards, self.noise_var, local, device)
         self._local_ctx: _Context | None = None
         self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _label_distribution(self) -> np.ndarray:
+        """p(y) over the union of the client shards (the federation's training data)."""
+        labels = self.train.labels.numpy()
+        held = labels[np.concatenate(self.shards)] if self.shards else labels[:0]
+        counts = np.bincount(held, minlength=int(labels.max()) + 1 if len(labels) else 0)
+        return counts / max(1, counts.sum())
 
     # ---- execution back-ends -----------------------------------------------------------
     def _start(self) -> None:
@@ -258,26 +275,50 @@ class Simulation:
                 cum_down, cum_up = record.cum_download_bytes, record.cum_upload_bytes
                 history.rounds.append(record)
                 self._emit("on_round_end", record)
+                reason = self.algorithm.stop_reason(record)
+                if reason is not None:  # a budget of the algorithm ran out (seed 004 §6.1.4)
+                    history.stop_reason = reason
+                    break
         finally:
             self.close()
         history.wall_seconds = time.perf_counter() - start
         self._emit("on_fit_end", history)
         return history
 
+    def _downloads(self, tasks: list[ClientTask]) -> list[tuple[bytes, bytes | None]]:
+        """(download, held) payloads per task; identical plans share one encoding."""
+        cache: dict[tuple, tuple[bytes, bytes | None]] = {}
+        out = []
+        for t in tasks:
+            key = (t.download_keys, tuple((k, id(v)) for k, v in t.message.items()))
+            if key not in cache:
+                g = self.global_state
+                keys = list(g) if t.download_keys is None else list(t.download_keys)
+                sent = {k: g[k] for k in keys}
+                sent.update({_MESSAGE + k: v for k, v in t.message.items()})
+                held = None
+                if t.download_keys is not None:
+                    sent_keys = set(keys)
+                    held = payload.encode({k: v for k, v in g.items() if k not in sent_keys})
+                cache[key] = (payload.encode(sent), held)
+            out.append(cache[key])
+        return out
+
     def _round(self, r: int, cum_down: int, cum_up: int) -> RoundRecord:
         t0 = time.perf_counter()
         lr = self.schedule.at(r)
-        clients = sample_clients(self.cfg, len(self.shards), r)
+        clients = self.algorithm.select_clients(self.cfg, [len(s) for s in self.shards], r)
         self._emit("on_round_start", r, clients, lr)
-        download = payload.encode(self.global_state)
+        tasks = self.algorithm.plan_round(r, clients, self.shards, self.cfg.seed)
+        payloads = self._downloads(tasks)
         jobs = [
-            (c, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, c, slot), download)
-            for slot, c in enumerate(clients)
+            (t, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, t.client_id, slot), blob, held)
+            for slot, (t, (blob, held)) in enumerate(zip(tasks, payloads, strict=True))
         ]
         results = self._map(_client_job, _worker_client_job, jobs)
         updates: list[ClientUpdate] = []
         rejected = 0
-        for cid, upload, n, steps, loss, secs in results:
+        for (cid, upload, n, steps, loss, secs), (sent, _) in zip(results, payloads, strict=True):
             state = payload.decode(upload)
             ok = payload.is_finite(state)
             if ok:
@@ -286,12 +327,19 @@ class Simulation:
                 rejected += 1  # a NaN/Inf update never reaches the global model
             self._emit(
                 "on_client_end",
-                ClientRecord(r, cid, n, steps, loss, len(download), len(upload), secs, ok),
+                ClientRecord(r, cid, n, steps, loss, len(sent), len(upload), secs, ok),
             )
-        if updates:
+        extra: dict[str, float] = {}
+        if updates:  # else the model and any server optimiser state stay as they were
             aggregated = self.algorithm.aggregate(self.global_state, updates)
-            self.global_state = self.algorithm.server_update(self.global_state, aggregated, r)
-        down = len(download) * len(clients)
+            new = self.algorithm.server_update(self.global_state, aggregated, r)
+            merged = {**self.global_state, **new}  # layers nobody uploaded keep their value
+            if payload.is_finite(merged):
+                self.global_state = merged
+            else:
+                extra["nonfinite_global_rejected"] = 1.0
+        extra.update(self.algorithm.round_extra(r, updates))
+        down = sum(len(p[0]) for p in payloads)
         up = sum(len(res[1]) for res in results)
         acc = test_loss = None
         if self.cfg.eval_every and (r % self.cfg.eval_every == 0 or r == self.cfg.rounds):
@@ -315,6 +363,7 @@ class Simulation:
             test_loss=test_loss,
             rejected=rejected,
             seconds=time.perf_counter() - t0,
+            extra=extra,
         )
 
     def _emit(self, event: str, *args: Any) -> None:

@@ -140,7 +140,7 @@ def test_lr_schedules():
 
 def test_nan_update_rejected_and_model_kept():
     class Poison(FedAvg):
-        def client_objective(self, global_state):
+        def client_objective(self, global_state, client):
             return lambda logits, y, params: logits.sum() * float("nan")
 
     sim = make_sim([np.arange(200), np.arange(200, 400)], rounds=1, algorithm=Poison())

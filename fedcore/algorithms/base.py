@@ -1,19 +1,43 @@
-"""The FederatedAlgorithm contract: a client hook and a server hook (pfl-research style).
+"""The FederatedAlgorithm contract: client hooks and server hooks (pfl-research style).
 
 FedAvg (McMahan et al. 2017; seed 004 Algorithms 1-2) is the base class. A variant overrides
-only the hook that differs: FedProx the client objective, FedNova the aggregation weights,
-FedOpt the server step. Hyper-parameters are frozen dataclasses so an algorithm object can be
-pickled to worker processes.
+only the hooks that differ: FedProx the client objective, FedNova the aggregation, FedOpt the
+server step, FedVC the selection and the samples, FedIR the objective and the server message,
+FedNILO the round plan (what each client downloads, trains and uploads).
+
+Hyper-parameters are frozen dataclass fields, validated in ``__post_init__``, so an algorithm
+object can be pickled to worker processes. Server-side mutable state (FedOpt's moments,
+FedNILO's holder map) lives in ``self.server``, a dict of the main process: it is reset by
+``setup``, saved by ``state_dict`` and never pickled, so workers see hyper-parameters only.
+
+Hook call order in one round (engine.Simulation._round):
+  main:   select_clients -> plan_round (client_indices, server_message) -> encode downloads
+  worker: client_objective(global_state, ClientView) -> local SGD -> encode upload
+  main:   aggregate -> server_update -> round_extra -> stop_reason
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+import torch
+from torch import nn
+
 from fedcore.aggregate import weighted_average
-from fedcore.client import LossFn, cross_entropy
+from fedcore.client import LocalConfig, LossFn, cross_entropy
+from fedcore.errors import ConfigError
+from fedcore.events import RoundRecord
 from fedcore.payload import StateDict
+from fedcore.sampling import SamplingConfig, sample_clients
+
+
+def check_option(ok: bool, algorithm: str, key: str, allowed: str, value: object) -> None:
+    """Raise the one-line ConfigError of a bad hyper-parameter value."""
+    if not ok:
+        raise ConfigError(f"{algorithm} option {key!r} must be {allowed} (got {value!r})")
 
 
 @dataclass
@@ -21,11 +45,40 @@ class ClientUpdate:
     """What the server holds about one client's round after decoding its upload."""
 
     client_id: int
-    state: StateDict
-    num_samples: int
-    num_steps: int
+    state: StateDict  # the uploaded tensors (every key, or the plan's upload_keys)
+    num_samples: int  # samples the client trained on this round (FedAvg's n_k)
+    num_steps: int  # local SGD steps (FedNova's tau_i)
     train_loss: float
     upload_bytes: int
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """The server's instructions to one client for one round (built in the main process)."""
+
+    client_id: int
+    indices: np.ndarray  # dataset indices it trains on (its shard; FedVC: N_VC of them)
+    download_keys: tuple[str, ...] | None = None  # None: the whole model
+    trainable: frozenset[str] | None = None  # parameters it trains; None: all of them
+    upload_keys: tuple[str, ...] | None = None  # None: every tensor of the model
+    message: dict[str, torch.Tensor] = field(default_factory=dict)  # sent with the download
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """What a client knows locally when it builds its objective (runs in the worker)."""
+
+    labels: torch.Tensor  # labels of its whole shard: private, never uploaded (FedIR q_k)
+    message: dict[str, torch.Tensor]  # what the server sent besides the model (FedIR p(y))
+
+
+@dataclass(frozen=True)
+class FederationSetup:
+    """What the server knows before round 1."""
+
+    model: nn.Module  # a fresh instance of the trained architecture (layer_groups, names)
+    local: LocalConfig  # the clients' optimiser (FedNova's momentum-corrected normaliser)
+    label_distribution: np.ndarray  # p(y) of the federation's training data (FedIR target)
 
 
 @dataclass(frozen=True)
@@ -34,12 +87,71 @@ class FederatedAlgorithm:
 
     name: ClassVar[str] = "fedavg"
 
-    # ---- client side -------------------------------------------------------------------
-    def client_objective(self, global_state: StateDict) -> LossFn:
+    # ---- server state (main process only) -----------------------------------------------
+    @property
+    def server(self) -> dict[str, Any]:
+        state = self.__dict__.get("_server")
+        if state is None:
+            state = {}
+            object.__setattr__(self, "_server", state)
+        return state
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_server"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+
+    def setup(self, fed: FederationSetup) -> None:
+        """Called once by the Simulation before round 1; resets the server state."""
+        self.server.clear()
+        self.server["param_keys"] = frozenset(n for n, _ in fed.model.named_parameters())
+
+    def param_keys(self, state: StateDict) -> frozenset[str]:
+        """Trainable parameters among ``state``'s keys (the rest are buffers)."""
+        known = self.server.get("param_keys")
+        if known is None:  # not set up: every float tensor but BatchNorm statistics
+            return frozenset(
+                k for k, v in state.items() if v.is_floating_point() and "running_" not in k
+            )
+        return frozenset(k for k in state if k in known)
+
+    # ---- round plan (main process) ------------------------------------------------------
+    def select_clients(
+        self, cfg: SamplingConfig, shard_sizes: Sequence[int], round_: int
+    ) -> tuple[int, ...]:
+        """FedAvg samples clients uniformly (seed 004 §6.1.4)."""
+        return sample_clients(cfg, len(shard_sizes), round_)
+
+    def client_indices(
+        self, shard: np.ndarray, round_: int, client_id: int, slot: int, seed: int
+    ) -> np.ndarray:
+        """The samples a client trains on this round: its whole shard."""
+        return shard
+
+    def server_message(self, round_: int, client_id: int) -> dict[str, torch.Tensor]:
+        """Tensors sent with the model (counted in the download bytes)."""
+        return {}
+
+    def plan_round(
+        self, round_: int, clients: Sequence[int], shards: Sequence[np.ndarray], seed: int
+    ) -> list[ClientTask]:
+        return [
+            ClientTask(
+                client_id=c,
+                indices=self.client_indices(shards[c], round_, c, slot, seed),
+                message=self.server_message(round_, c),
+            )
+            for slot, c in enumerate(clients)
+        ]
+
+    # ---- client side (worker) -----------------------------------------------------------
+    def client_objective(self, global_state: StateDict, client: ClientView) -> LossFn:
         """The loss each client minimises, given the model it downloaded."""
         return cross_entropy
 
-    # ---- server side -------------------------------------------------------------------
+    # ---- server side (main process) -----------------------------------------------------
     def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:
         """FedAvg weights clients by their number of samples n_k."""
         return [float(u.num_samples) for u in updates]
@@ -50,10 +162,22 @@ class FederatedAlgorithm:
     def server_update(
         self, global_state: StateDict, aggregated: StateDict, round_: int
     ) -> StateDict:
-        """FedAvg adopts the average (server learning rate 1, no server optimiser)."""
+        """FedAvg adopts the average (server learning rate 1, no server optimiser).
+
+        Only called when at least one update was accepted; keys missing from the result
+        (layers nobody uploaded) keep their global value.
+        """
         return aggregated
 
-    # ---- server optimiser state (checkpointed with the model) ---------------------------
+    def round_extra(self, round_: int, updates: list[ClientUpdate]) -> dict[str, float]:
+        """Algorithm-specific metrics of the round, stored in ``RoundRecord.extra``."""
+        return {}
+
+    def stop_reason(self, record: RoundRecord) -> str | None:
+        """A reason to stop after this round (a budget), or None to go on."""
+        return None
+
+    # ---- server state (checkpointed with the model) -------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {}
 

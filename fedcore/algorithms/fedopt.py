@@ -1,0 +1,129 @@
+"""FedOpt (Reddi et al. 2021, "Adaptive Federated Optimization"; seed 002 §3.3, Algorithm 1).
+
+Clients run FedAvg's local SGD; the server treats the negated average update -Delta_t,
+Delta_t = sum_k n_k/n (x_k - x_t), as a gradient and feeds it to a server optimiser:
+
+  FedAvgM    m_t = beta m_{t-1} + Delta_t                     x_{t+1} = x_t + eta m_t
+  FedAdagrad v_t = v_{t-1} + Delta_t^2                        x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)
+  FedAdam    v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2      (same step)
+  FedYogi    v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)
+
+with m_t = beta1 m_{t-1} + (1 - beta1) Delta_t for the adaptive three, m_{-1} = 0 and
+v_{-1} = tau^2 (Reddi et al. Algorithm 2; no bias correction). FedAvg is FedAvgM with eta = 1,
+beta = 0 (seed 002: "FedAVG is equivalent to applying SGD to -Delta_t with eta = 1").
+
+The optimiser acts on trainable parameters only; BatchNorm running statistics and counters
+adopt the average, as under FedAvg. Moments live in float64 in ``self.server`` (main process)
+and round-trip through ``state_dict`` / ``load_state_dict`` with the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from fedcore.algorithms.base import FederatedAlgorithm, check_option
+from fedcore.payload import StateDict
+
+
+@dataclass(frozen=True)
+class _ServerOptimizer(FederatedAlgorithm):
+    """Shared plumbing: pseudo-gradient per parameter, moments, checkpointed state."""
+
+    def step(self, key: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """The new value of parameter ``key`` (float64) given Delta_t; updates moments."""
+        raise NotImplementedError
+
+    def server_update(
+        self, global_state: StateDict, aggregated: StateDict, round_: int
+    ) -> StateDict:
+        out = dict(aggregated)
+        for key in sorted(self.param_keys(aggregated)):
+            x = global_state[key].to(torch.float64)
+            delta = aggregated[key].to(torch.float64) - x  # Delta_t = -pseudo-gradient
+            out[key] = self.step(key, x, delta).to(global_state[key].dtype)
+        self.server["step"] = self.server.get("step", 0) + 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.server.get("step", 0),
+            **{
+                name: {k: v.clone() for k, v in self.server.get(name, {}).items()}
+                for name in ("m", "v")
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        unknown = sorted(set(state) - {"step", "m", "v"})
+        if unknown:
+            raise ValueError(f"{self.name} server state has unknown keys {unknown}")
+        self.server["step"] = int(state.get("step", 0))
+        for name in ("m", "v"):
+            self.server[name] = {k: v.clone() for k, v in state.get(name, {}).items()}
+
+
+@dataclass(frozen=True)
+class FedAvgM(_ServerOptimizer):
+    name: ClassVar[str] = "fedavgm"
+
+    server_lr: float = 1.0
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        check_option(self.server_lr > 0, self.name, "server_lr", "> 0", self.server_lr)
+        check_option(0 <= self.momentum < 1, self.name, "momentum", "in [0, 1)", self.momentum)
+
+    def step(self, key: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        m = self.server.setdefault("m", {})
+        m[key] = delta if key not in m else self.momentum * m[key] + delta
+        return x + self.server_lr * m[key]
+
+
+@dataclass(frozen=True)
+class FedAdagrad(_ServerOptimizer):
+    name: ClassVar[str] = "fedadagrad"
+
+    server_lr: float = 0.01
+    beta1: float = 0.9
+    tau: float = 1e-3
+
+    def __post_init__(self) -> None:
+        check_option(self.server_lr > 0, self.name, "server_lr", "> 0", self.server_lr)
+        check_option(0 <= self.beta1 < 1, self.name, "beta1", "in [0, 1)", self.beta1)
+        check_option(self.tau > 0, self.name, "tau", "> 0", self.tau)
+
+    def second_moment(self, v: torch.Tensor, delta2: torch.Tensor) -> torch.Tensor:
+        return v + delta2
+
+    def step(self, key: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        ms, vs = self.server.setdefault("m", {}), self.server.setdefault("v", {})
+        m = ms.get(key, torch.zeros_like(x))
+        v = vs.get(key, torch.full_like(x, self.tau**2))
+        ms[key] = self.beta1 * m + (1.0 - self.beta1) * delta
+        vs[key] = self.second_moment(v, delta * delta)
+        return x + self.server_lr * ms[key] / (vs[key].sqrt() + self.tau)
+
+
+@dataclass(frozen=True)
+class FedAdam(FedAdagrad):
+    name: ClassVar[str] = "fedadam"
+
+    beta2: float = 0.99
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_option(0 <= self.beta2 < 1, self.name, "beta2", "in [0, 1)", self.beta2)
+
+    def second_moment(self, v: torch.Tensor, delta2: torch.Tensor) -> torch.Tensor:
+        return self.beta2 * v + (1.0 - self.beta2) * delta2
+
+
+@dataclass(frozen=True)
+class FedYogi(FedAdam):
+    name: ClassVar[str] = "fedyogi"
+
+    def second_moment(self, v: torch.Tensor, delta2: torch.Tensor) -> torch.Tensor:
+        return v - (1.0 - self.beta2) * delta2 * torch.sign(v - delta2)

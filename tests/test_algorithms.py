@@ -1,0 +1,183 @@
+"""FedProx, FedNova and FedOpt: equivalences with FedAvg and hand-computed server steps."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from fedcore.aggregate import normalized_average, sgd_normalizer
+from fedcore.algorithms import FedAvg, build_algorithm
+from fedcore.algorithms.base import ClientUpdate, ClientView
+from fedcore.algorithms.fednova import FedNova
+from fedcore.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
+from fedcore.algorithms.fedprox import FedProx
+from fedcore.client import LocalConfig
+from tests.test_engine import make_sim
+
+SHARDS = np.array_split(np.arange(400), 4)
+
+
+def run(algorithm, shards=SHARDS, rounds=2, **kw):
+    sim = make_sim(shards, rounds=rounds, algorithm=algorithm, **kw)
+    return sim, sim.run()
+
+
+def assert_states_equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# ---- FedProx --------------------------------------------------------------------------------
+
+
+def test_fedprox_mu_zero_is_fedavg_bit_for_bit():
+    ref, _ = run(FedAvg())
+    prox, _ = run(FedProx(mu=0.0))
+    assert_states_equal(ref.global_state, prox.global_state)
+
+
+def test_fedprox_objective_adds_half_mu_squared_distance():
+    logits, y = torch.tensor([[2.0, 0.0]]), torch.tensor([0])
+    params = {"w": torch.tensor([1.0, 2.0])}
+    loss = FedProx(mu=0.5).client_objective(
+        {"w": torch.zeros(2)}, ClientView(torch.tensor([0]), {})
+    )
+    ce = torch.nn.functional.cross_entropy(logits, y)
+    assert float(loss(logits, y, params) - ce) == pytest.approx(0.25 * 5.0)  # mu/2 * (1 + 4)
+
+
+def test_fedprox_keeps_the_model_closer_to_the_global_one():
+    init = make_sim(SHARDS).global_state
+    drift = {}
+    for mu in (0.0, 10.0):
+        sim, _ = run(FedProx(mu=mu), rounds=1)
+        drift[mu] = sum(float((sim.global_state[k] - init[k]).norm()) for k in ("0.weight",))
+    assert drift[10.0] < drift[0.0]
+
+
+# ---- FedNova --------------------------------------------------------------------------------
+
+
+def test_sgd_normalizer_plain_and_momentum():
+    assert sgd_normalizer(7) == 7.0
+    # rho = 0.5, tau = 2: a constant gradient g moves the weights by g + 1.5 g = 2.5 g
+    assert sgd_normalizer(2, 0.5) == pytest.approx(2.5)
+
+
+def test_normalized_average_hand_computed():
+    g = {"w": torch.tensor([0.0]), "bn.running_var": torch.tensor([1.0]), "n": torch.tensor(3)}
+    a = {"w": torch.tensor([1.0]), "bn.running_var": torch.tensor([2.0]), "n": torch.tensor(4)}
+    b = {"w": torch.tensor([2.0]), "bn.running_var": torch.tensor([4.0]), "n": torch.tensor(7)}
+    out = normalized_average(g, [a, b], [1, 1], [1.0, 4.0], ["w"])
+    # d = 0.5 (0-1)/1 + 0.5 (0-2)/4 = -0.75, tau_eff = 2.5 -> w = 1.875 (FedAvg: 1.5)
+    assert out["w"].item() == pytest.approx(1.875)
+    assert out["bn.running_var"].item() == pytest.approx(3.0)  # averaged, never normalized
+    assert out["n"].item() == 7  # counters take the max
+
+
+def test_fednova_with_equal_steps_is_fedavg():
+    ref, _ = run(FedAvg())  # 4 x 100 samples, batch 16: tau_i = 7 for everyone
+    nova, hist = run(FedNova())
+    for k, v in ref.global_state.items():
+        assert torch.allclose(v.double(), nova.global_state[k].double(), atol=1e-6), k
+    assert hist.rounds[0].extra["tau_mean"] == 7.0
+    assert hist.rounds[0].extra["tau_eff"] == pytest.approx(sgd_normalizer(7, 0.9))
+
+
+def test_fednova_unequal_steps_stays_finite_with_batchnorm():
+    shards = [np.arange(0, 20), np.arange(20, 60), np.arange(60, 400)]  # tau = 2, 3, 22 per epoch
+    local = LocalConfig(local_epochs=2, batch_size=16, momentum=0.9, weight_decay=5e-4)
+    sim, hist = run(FedNova(), shards=shards, rounds=3, local=local)
+    assert all(torch.isfinite(v.float()).all() for v in sim.global_state.values())
+    assert (sim.global_state["1.running_var"] > 0).all()
+    assert hist.rounds[-1].extra["tau_mean"] == pytest.approx((4 + 6 + 44) / 3)
+    assert all(np.isfinite(r.test_loss) for r in hist.rounds)
+    ups = [ClientUpdate(i, {}, 1, t, 0.0, 0) for i, t in enumerate((4, 6, 44))]
+    assert FedNova().round_extra(1, []) == {}
+    assert FedNova().normalizers(ups) == [4.0, 6.0, 44.0]  # not set up: plain SGD
+
+
+# ---- FedOpt ---------------------------------------------------------------------------------
+
+
+def test_server_sgd_lr1_without_momentum_is_fedavg():
+    ref, _ = run(FedAvg(), rounds=3)
+    opt, _ = run(FedAvgM(server_lr=1.0, momentum=0.0), rounds=3)
+    assert_states_equal(ref.global_state, opt.global_state)
+
+
+def one_step(algo, x, target):
+    return algo.server_update({"w": torch.tensor([x])}, {"w": torch.tensor([target])}, 1)
+
+
+@pytest.mark.parametrize(
+    ("algo", "expected_v"),
+    [
+        (FedAdagrad(server_lr=0.1, beta1=0.9, tau=0.1), 0.01 + 4.0),
+        (FedAdam(server_lr=0.1, beta1=0.9, beta2=0.99, tau=0.1), 0.99 * 0.01 + 0.01 * 4.0),
+        (FedYogi(server_lr=0.1, beta1=0.9, beta2=0.99, tau=0.1), 0.01 + 0.01 * 4.0),
+    ],
+)
+def test_adaptive_step_hand_computed(algo, expected_v):
+    out = one_step(algo, 1.0, 3.0)  # Delta = 2, m_0 = 0.1 * 2, v_{-1} = tau^2 = 0.01
+    expected = 1.0 + 0.1 * 0.2 / (expected_v**0.5 + 0.1)
+    assert out["w"].item() == pytest.approx(expected, rel=1e-6)
+    assert algo.state_dict()["step"] == 1
+
+
+def test_server_momentum_hand_computed():
+    algo = FedAvgM(server_lr=0.5, momentum=0.9)
+    assert one_step(algo, 0.0, 2.0)["w"].item() == pytest.approx(1.0)  # m = 2
+    # m = 0.9 * 2 + 2 = 3.8 -> 1 + 0.5 * 3.8
+    assert one_step(algo, 1.0, 3.0)["w"].item() == pytest.approx(2.9)
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fedadagrad", "fedadam", "fedyogi"])
+def test_server_state_survives_a_checkpoint(name):
+    a = build_algorithm(name)
+    for x, t in ((0.0, 1.0), (0.4, 0.2)):
+        one_step(a, x, t)
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)  # as a checkpoint stores it
+    b, fresh = build_algorithm(name), build_algorithm(name)
+    b.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    nxt_a, nxt_b = one_step(a, 0.5, 0.9), one_step(b, 0.5, 0.9)
+    assert torch.equal(nxt_a["w"], nxt_b["w"])
+    assert not torch.equal(one_step(fresh, 0.5, 0.9)["w"], nxt_a["w"])  # state mattered
+    assert b.state_dict()["step"] == 3
+
+
+def test_buffers_skip_the_server_optimizer():
+    algo = FedAdam()
+    sim = make_sim(SHARDS, algorithm=algo)  # setup: the optimiser knows the parameter names
+    sim.run()
+    assert "1.running_mean" not in algo.state_dict()["m"]
+    assert "1.weight" in algo.state_dict()["m"]
+
+
+class PoisonedAdam(FedAdam):
+    def client_objective(self, global_state, client):
+        return lambda logits, y, params: logits.sum() * float("nan")
+
+
+def test_all_rejected_round_advances_no_server_state():
+    algo = PoisonedAdam()
+    sim = make_sim(SHARDS, rounds=2, algorithm=algo)
+    before = {k: v.clone() for k, v in sim.global_state.items()}
+    hist = sim.run()
+    assert [r.rejected for r in hist.rounds] == [4, 4]
+    assert algo.state_dict() == {"step": 0, "m": {}, "v": {}}
+    assert_states_equal(before, sim.global_state)
+
+
+def test_server_state_is_not_pickled_to_workers():
+    algo = FedAdam(server_lr=0.5)
+    one_step(algo, 0.0, 1.0)
+    clone = pickle.loads(pickle.dumps(algo))
+    assert clone == algo and clone.server == {}
+    assert algo.state_dict()["step"] == 1
