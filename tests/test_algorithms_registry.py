@@ -48,6 +48,9 @@ BAD_OPTIONS = [
     ("fedyogi", {"server_lr": -1.0}, "server_lr"),
     ("fedyogi", {"tau": 0.0}, "tau"),
     ("fednova", {"momentum": 0.9}, "momentum"),  # FedNova reads it from the clients' config
+    ("fedir", {"mu": 0.1}, "mu"),
+    ("fedvc", {"n_vc": 0}, "n_vc"),
+    ("fedvc", {"n_vc": 2.5}, "n_vc"),
 ]
 
 
@@ -58,3 +61,28 @@ def test_bad_options_are_one_line_config_errors(name, options, key):
     with pytest.raises(ConfigError, match=key) as err:
         build_algorithm(name, **options)
     assert "\n" not in str(err.value)
+
+
+DETERMINISM = {"fedir": {}, "fedvc": {"n_vc": 50}}
+
+
+@pytest.mark.parametrize("name", sorted(DETERMINISM))
+def test_same_numbers_with_0_or_2_workers(name):
+    """Plans (samples, messages, key sets) are built in the main process, so worker
+    processes see hyper-parameters only and reproduce the in-process run exactly."""
+    runs = []
+    for workers in (0, 2):
+        sim = make_sim(
+            SHARDS,
+            rounds=2,
+            m=2,
+            workers=workers,
+            algorithm=build_algorithm(name, **DETERMINISM[name]),
+        )
+        hist = sim.run()
+        runs.append((sim.global_state, [r.to_dict() for r in hist.rounds]))
+    (a, ra), (b, rb) = runs
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in ra]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in rb]

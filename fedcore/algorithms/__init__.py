@@ -13,13 +13,16 @@ from fedcore.algorithms.base import (
     FederatedAlgorithm,
     FederationSetup,
 )
+from fedcore.algorithms.fedir import FedIR
 from fedcore.algorithms.fednova import FedNova
 from fedcore.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedcore.algorithms.fedprox import FedProx
+from fedcore.algorithms.fedvc import FedVC
 from fedcore.errors import ConfigError, UnknownNameError
 
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, FedNova, FedAvgM, FedAdagrad, FedAdam, FedYogi)
+    cls.name: cls
+    for cls in (FedAvg, FedProx, FedNova, FedAvgM, FedAdagrad, FedAdam, FedYogi, FedIR, FedVC)
 }
 
 
