@@ -10,6 +10,7 @@ import torch
 
 from fedcore.algorithms import ALGORITHMS, algorithm_options, build_algorithm, list_algorithms
 from fedcore.errors import ConfigError
+from tests.helpers import tiny_layered
 from tests.test_engine import make_sim
 
 SHARDS = [np.arange(0, 60), np.arange(60, 200), np.arange(200, 400)]
@@ -18,7 +19,7 @@ SHARDS = [np.arange(0, 60), np.arange(60, 200), np.arange(200, 400)]
 @pytest.mark.parametrize("name", list_algorithms())
 def test_two_rounds_finite(name):
     algo = build_algorithm(name)
-    sim = make_sim(SHARDS, rounds=2, algorithm=algo)
+    sim = make_sim(SHARDS, rounds=2, algorithm=algo, model_fn=tiny_layered)
     hist = sim.run()
     assert [r.round for r in hist.rounds] == [1, 2]
     assert all(torch.isfinite(v.float()).all() for v in sim.global_state.values())
@@ -51,6 +52,10 @@ BAD_OPTIONS = [
     ("fedir", {"mu": 0.1}, "mu"),
     ("fedvc", {"n_vc": 0}, "n_vc"),
     ("fedvc", {"n_vc": 2.5}, "n_vc"),
+    ("fednilo", {"K": -1}, "K"),
+    ("fednilo", {"F": 0}, "F"),
+    ("fednilo", {"comm_budget_cr": 0}, "comm_budget_cr"),
+    ("fednilo", {"k": 3}, "k"),
 ]
 
 
@@ -63,7 +68,7 @@ def test_bad_options_are_one_line_config_errors(name, options, key):
     assert "\n" not in str(err.value)
 
 
-DETERMINISM = {"fedir": {}, "fedvc": {"n_vc": 50}}
+DETERMINISM = {"fedir": {}, "fedvc": {"n_vc": 50}, "fednilo": {"K": 1, "F": 1}}
 
 
 @pytest.mark.parametrize("name", sorted(DETERMINISM))
@@ -74,7 +79,8 @@ def test_same_numbers_with_0_or_2_workers(name):
     for workers in (0, 2):
         sim = make_sim(
             SHARDS,
-            rounds=2,
+            model_fn=tiny_layered,
+            rounds=3,
             m=2,
             workers=workers,
             algorithm=build_algorithm(name, **DETERMINISM[name]),

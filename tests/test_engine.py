@@ -19,13 +19,24 @@ from fedcore.schedules import LRSchedule
 from tests.helpers import tiny_cnn, toy_data
 
 
-def make_sim(shards, rounds=2, m=None, workers=0, callbacks=(), local=None, seed=0, algorithm=None):
-    data = toy_data()
+def make_sim(
+    shards,
+    rounds=2,
+    m=None,
+    workers=0,
+    callbacks=(),
+    local=None,
+    seed=0,
+    algorithm=None,
+    model_fn=tiny_cnn,
+    data=None,
+    test=None,
+):
     return Simulation(
-        model_fn=tiny_cnn,
+        model_fn=model_fn,
         algorithm=algorithm or FedAvg(),
-        train=data,
-        test=toy_data(100, seed=1),
+        train=data or toy_data(),
+        test=test or toy_data(100, seed=1),
         shards=shards,
         local=local or LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
         lr_schedule=LRSchedule(lr=0.05),

@@ -14,6 +14,7 @@ from fedcore.algorithms.base import (
     FederationSetup,
 )
 from fedcore.algorithms.fedir import FedIR
+from fedcore.algorithms.fednilo import FedNILO
 from fedcore.algorithms.fednova import FedNova
 from fedcore.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedcore.algorithms.fedprox import FedProx
@@ -22,7 +23,18 @@ from fedcore.errors import ConfigError, UnknownNameError
 
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, FedNova, FedAvgM, FedAdagrad, FedAdam, FedYogi, FedIR, FedVC)
+    for cls in (
+        FedAvg,
+        FedProx,
+        FedNova,
+        FedAvgM,
+        FedAdagrad,
+        FedAdam,
+        FedYogi,
+        FedIR,
+        FedVC,
+        FedNILO,
+    )
 }
 
 
