@@ -1,0 +1,85 @@
+"""Communication cost to reach accuracy levels, checked against seed 004's own tables."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedcore.commcost import comm_cost_markdown, comm_cost_report, first_reach
+from fedcore.payload import MIB
+
+
+def run(points):
+    """(round, accuracy, total MiB) -> records with the traffic split evenly up/down."""
+    return [(r, acc, int(m * MIB) // 2, int(m * MIB) - int(m * MIB) // 2) for r, acc, m in points]
+
+
+# Seed 004 Table 6.6 (CIFAR10 IID): FedAvg 33.26 / 41.16 / 55.14 against FedNILO 27.3 /
+# 30.58 / 39.64 at 80.5 / 81.0 / 81.5 % -> savings 17.9 / 25.7 / 28.1 %, average 23.9 %.
+FEDAVG = run([(1, 0.70, 10.0), (2, 0.805, 33.26), (3, 0.81, 41.16), (4, 0.815, 55.14)])
+FEDNILO = run([(1, 0.70, 10.0), (5, 0.805, 27.3), (9, 0.81, 30.58), (14, 0.815, 39.64)])
+LEVELS = [0.805, 0.81, 0.815]
+
+
+def test_savings_reproduce_seed_004_table_6_6():
+    rep = comm_cost_report({"fedavg": FEDAVG, "fednilo": FEDNILO}, LEVELS)
+    got = [row["saving"]["fednilo"] for row in rep["rows"]]
+    assert [round(100 * s, 1) for s in got] == [17.9, 25.7, 28.1]
+    assert round(100 * rep["average_saving"]["fednilo"], 1) == 23.9
+    assert rep["rows"][0]["cost"]["fedavg"]["mib"] == pytest.approx(33.26, abs=1e-6)
+    assert rep["rows"][0]["cost"]["fednilo"]["round"] == 5
+    json.dumps(rep)  # JSON-able as is
+
+
+def test_unreached_levels_are_marked_and_left_out_of_the_average():
+    # Seed 004 Table 6.4: FedNILO reaches 76 % and beyond, FedAvg does not ("+").
+    fedavg = run([(1, 0.745, 45.35), (2, 0.75, 51.19), (3, 0.755, 60.13)])
+    fednilo = run([(1, 0.745, 24.58), (2, 0.75, 24.59), (3, 0.755, 24.65), (4, 0.76, 24.7)])
+    rep = comm_cost_report({"fedavg": fedavg, "fednilo": fednilo}, [0.745, 0.75, 0.755, 0.76])
+    savings = [row["saving"]["fednilo"] for row in rep["rows"]]
+    assert [round(100 * s, 1) for s in savings[:3]] == [45.8, 52.0, 59.0]
+    assert savings[3] is None and rep["rows"][3]["cost"]["fedavg"] is None
+    assert rep["average_saving"]["fednilo"] == pytest.approx(np.mean(savings[:3]))
+    md = comm_cost_markdown(rep)
+    assert "| 76.0 | + | 24.70 | + |" in md
+    assert "| 74.5 | 45.35 | 24.58 | 45.8% |" in md
+
+
+def test_markdown_styles():
+    rep = comm_cost_report({"fedavg": FEDAVG, "fednilo": FEDNILO}, LEVELS)
+    md = comm_cost_markdown(rep)
+    assert md.splitlines()[0] == "| Acc. (%) | fedavg (MiB) | fednilo (MiB) | fednilo saving |"
+    assert "| 80.5 | 33.26 | 27.30 | 17.9% |" in md
+    assert "| Avg |  |  | 23.9% |" in md
+    seed001 = comm_cost_markdown(rep, style="seed001")  # rounds x MiB per round
+    assert "| 80.5 | 2 × 16.63 | 5 × 5.46 | 17.9% |" in seed001
+    with pytest.raises(ValueError, match="style"):
+        comm_cost_markdown(rep, style="latex")
+
+
+def test_first_reach_skips_unevaluated_rounds_and_reads_round_records():
+    rounds = [
+        {"round": 1, "accuracy": None, "cum_upload_bytes": 5, "cum_download_bytes": 5},
+        {"round": 2, "accuracy": 0.6, "cum_upload_bytes": 10, "cum_download_bytes": 10},
+        {"round": 3, "accuracy": 0.5, "cum_upload_bytes": 15, "cum_download_bytes": 15},
+    ]
+    assert first_reach(rounds, 0.55).round == 2
+    assert first_reach(rounds, 0.7) is None
+    rep = comm_cost_report({"fedavg": rounds}, [0.5])
+    assert rep["final"]["fedavg"] == {"rounds": 3, "best_accuracy": 0.6, "mib": 30 / MIB}
+    with pytest.raises(ValueError, match="baseline"):
+        comm_cost_report({"fedprox": rounds}, [0.5])
+
+
+def test_report_from_a_real_history():
+    from tests.test_engine import make_sim
+
+    hist = make_sim(np.array_split(np.arange(400), 2), rounds=2).run()
+    rounds = hist.to_dict()["rounds"]
+    rep = comm_cost_report({"fedavg": rounds}, [0.0])
+    assert rep["rows"][0]["cost"]["fedavg"]["round"] == 1
+    assert rep["rows"][0]["cost"]["fedavg"]["mib"] == pytest.approx(
+        (rounds[0]["cum_upload_bytes"] + rounds[0]["cum_download_bytes"]) / MIB
+    )
