@@ -13,6 +13,7 @@ run one after another in this process.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import multiprocessing as mp
 import time
 from collections.abc import Callable, Sequence
@@ -273,10 +274,15 @@ class Simulation:
             for r in range(1, self.cfg.rounds + 1):
                 record = self._round(r, cum_down, cum_up)
                 cum_down, cum_up = record.cum_download_bytes, record.cum_upload_bytes
+                # A budget of the algorithm ran out (seed 004 §6.1.4): the last round is
+                # evaluated like the final round of a full run.
+                reason = self.algorithm.stop_reason(record)
+                if reason is not None and record.accuracy is None and self.cfg.eval_every:
+                    acc, test_loss = self.evaluate()
+                    record = dataclasses.replace(record, accuracy=acc, test_loss=test_loss)
                 history.rounds.append(record)
                 self._emit("on_round_end", record)
-                reason = self.algorithm.stop_reason(record)
-                if reason is not None:  # a budget of the algorithm ran out (seed 004 §6.1.4)
+                if reason is not None:
                     history.stop_reason = reason
                     break
         finally:

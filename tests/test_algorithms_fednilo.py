@@ -183,10 +183,15 @@ def test_frozen_layers_stay_put_and_k_beyond_rounds_is_fedavg():
 def test_communication_budget_stops_the_run():
     # Without freezing every round costs exactly one CR (full model down and up, 3 clients).
     sim = make_sim(
-        SHARDS, rounds=10, algorithm=FedNILO(K=100, comm_budget_cr=2.5), model_fn=tiny_layered
+        SHARDS,
+        rounds=10,
+        algorithm=FedNILO(K=100, comm_budget_cr=2.5),
+        model_fn=tiny_layered,
+        eval_every=5,
     )
     hist = sim.run()
     assert len(hist.rounds) == 3 and hist.stop_reason == "comm_budget"
+    assert hist.rounds[-1].accuracy is not None  # the last round is evaluated
     assert hist.to_dict()["stop_reason"] == "comm_budget"
     # Freezing makes rounds cheaper: the same budget buys more of them.
     frozen = make_sim(

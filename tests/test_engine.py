@@ -31,6 +31,7 @@ def make_sim(
     model_fn=tiny_cnn,
     data=None,
     test=None,
+    eval_every=1,
 ):
     return Simulation(
         model_fn=model_fn,
@@ -40,7 +41,9 @@ def make_sim(
         shards=shards,
         local=local or LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
         lr_schedule=LRSchedule(lr=0.05),
-        federation=FederationConfig(rounds=rounds, clients_per_round=m or len(shards), seed=seed),
+        federation=FederationConfig(
+            rounds=rounds, clients_per_round=m or len(shards), seed=seed, eval_every=eval_every
+        ),
         workers=workers,
         callbacks=callbacks,
     )
