@@ -58,12 +58,18 @@ def validate(params: Params) -> None:
             )
 
 
-def preflight(params: Params, partition_dir: str | Path | None = None) -> None:
-    """Everything a run would reject, checked before the flow starts (cheap: no training)."""
+def preflight(
+    params: Params, partition_dir: str | Path | None = None, *, storage: bool = True
+) -> None:
+    """Everything a run would reject, checked before the flow starts (cheap: no training).
+
+    ``storage=False`` for the DVC stages: their outputs go to the DVC remote (``dvc push``),
+    not to ``storage.bucket``, so they need no S3 server.
+    """
     validate(params)
     if params.runtime.tracking:
         check_tracking_server()
-    if params.storage.bucket:
+    if storage and params.storage.bucket:
         ensure_bucket(params.storage.bucket)  # unreachable S3 or bad keys -> one line now
     data = load_experiment_data(params)  # missing data -> how to get it
     model_factory(params, data)()  # unknown model or model option

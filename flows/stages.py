@@ -96,7 +96,7 @@ def train(
         extra = [f"runtime.device={device}"] if device else []
         extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
         p = _load(params, set_, extra)
-        preflight(p, partition_dir)
+        preflight(p, partition_dir, storage=False)
         _require_valid(partition_dir)
         cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
         cell = cell_name(algorithm, adapter)

@@ -184,10 +184,9 @@ def log_and_register_model(
     run_id: str, model: Any, example: Any, name: str, accuracy: float | None
 ) -> str:
     """Log the (merged) model to the run, register it, move ``champion`` to the best version."""
+    import mlflow
     import mlflow.pytorch
     import torch
-
-    import mlflow
 
     client = _client()
     with mlflow.start_run(run_id=run_id):

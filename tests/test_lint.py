@@ -19,9 +19,9 @@ def run(*cmd: str) -> subprocess.CompletedProcess:
 
 def test_ruff_clean():
     ruff = shutil.which("ruff", path=str(BIN)) or "ruff"
-    lint = run(ruff, "check", ".")
+    lint = run(ruff, "check", "--no-cache", ".")
     assert lint.returncode == 0, lint.stdout
-    fmt = run(ruff, "format", "--check", ".")
+    fmt = run(ruff, "format", "--no-cache", "--check", ".")
     assert fmt.returncode == 0, fmt.stdout
 
 
