@@ -80,17 +80,17 @@ def comm_cost_report(
             )
         base = cost[baseline]
         saving: dict[str, float | None] = {}
+        by_dir: dict[str, dict[str, float | None]] = {}
         for name in savings:
             c = cost[name]
-            s = (
-                None
-                if c is None or base is None or base["mib"] == 0
-                else 1 - c["mib"] / base["mib"]
-            )
+            s = _saving(c, base, "mib")
             saving[name] = s
+            by_dir[name] = {d: _saving(c, base, f"{d}_mib") for d in ("upload", "download")}
             if s is not None:
                 savings[name].append(s)
-        rows.append({"accuracy": level, "cost": cost, "saving": saving})
+        rows.append(
+            {"accuracy": level, "cost": cost, "saving": saving, "saving_by_direction": by_dir}
+        )
     final = {}
     for name, rounds in runs.items():
         pts = [as_point(r) for r in rounds]
@@ -108,6 +108,130 @@ def comm_cost_report(
         "average_saving": {n: sum(s) / len(s) if s else None for n, s in savings.items()},
         "final": final,
     }
+
+
+def _saving(c: Mapping[str, Any] | None, base: Mapping[str, Any] | None, key: str) -> float | None:
+    if c is None or base is None or base[key] == 0:
+        return None
+    return 1 - c[key] / base[key]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def phase_report(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str, key: str = "freeze_index"
+) -> dict[str, list[dict[str, Any]]]:
+    """Per-round traffic by phase (seed 004 Table 6.2, measured): for every run whose rounds
+    carry ``extra[key]`` (FedNILO's freezing index), the spans of consecutive rounds with the
+    same value, their mean upload and download MiB per round, and the saving of each direction
+    against the baseline's mean over the same rounds. Runs without the key are left out."""
+    if baseline not in runs:
+        raise ValueError(f"baseline run {baseline!r} not among {sorted(runs)}")
+    base = {int(r["round"]): r for r in runs[baseline]}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, rounds in runs.items():
+        if name == baseline or not rounds or any(key not in r.get("extra", {}) for r in rounds):
+            continue
+        spans: list[list[Mapping[str, Any]]] = []
+        for r in rounds:
+            if spans and spans[-1][-1]["extra"][key] == r["extra"][key]:
+                spans[-1].append(r)
+            else:
+                spans.append([r])
+        phases = []
+        for span in spans:
+            first, last = int(span[0]["round"]), int(span[-1]["round"])
+            row: dict[str, Any] = {
+                "rounds": [first, last],
+                key: span[0]["extra"][key],
+                **{k: v for k, v in span[0]["extra"].items() if k != key},
+            }
+            same = [base[int(r["round"])] for r in span if int(r["round"]) in base]
+            for d in ("upload", "download"):
+                run_mib = _mean([mib(r[f"{d}_bytes"]) for r in span])
+                base_mib = _mean([mib(r[f"{d}_bytes"]) for r in same]) if same else None
+                row[f"{d}_mib_per_round"] = run_mib
+                row[f"{baseline}_{d}_mib_per_round"] = base_mib
+                row[f"{d}_saving"] = 1 - run_mib / base_mib if base_mib else None
+            phases.append(row)
+        out[name] = phases
+    return out
+
+
+def key_of(row: Mapping[str, Any]) -> str:
+    return "freeze_index" if "freeze_index" in row else ""
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return "" if v is None else str(v)
+
+
+def direction_markdown(report: Mapping[str, Any]) -> str:
+    """Upload and download apart for ``comm_cost_report``: cumulative MiB of each direction
+    to first reach each level, and each direction's saving against the baseline."""
+    names, base = report["runs"], report["baseline"]
+    others = [n for n in names if n != base]
+    head = ["Acc. (%)"]
+    for n in names:
+        head += [f"{n} up (MiB)", f"{n} down (MiB)"]
+    for n in others:
+        head += [f"{n} up saving", f"{n} down saving"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in report["rows"]:
+        cells = [f"{100 * row['accuracy']:.1f}"]
+        for n in names:
+            c = row["cost"][n]
+            cells += (
+                [NOT_REACHED] * 2
+                if c is None
+                else [f"{c['upload_mib']:.2f}", f"{c['download_mib']:.2f}"]
+            )
+        for n in others:
+            for d in ("upload", "download"):
+                v = row["saving_by_direction"][n][d]
+                cells.append(NOT_REACHED if v is None else f"{100 * v:.1f}%")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def phase_markdown(phases: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str) -> str:
+    """Markdown of ``phase_report``: one table per run."""
+    lines: list[str] = []
+
+    def pct(s: float | None) -> str:
+        return NOT_REACHED if s is None else f"{100 * s:.1f}%"
+
+    for name, rows in phases.items():
+        lines += [
+            f"Per-round traffic by phase, {name} against {baseline} (MiB per round):",
+            "",
+            "| rounds | freeze index | upload | download | "
+            f"{baseline} upload | {baseline} download | upload saving | download saving |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            a, b = r["rounds"]
+            base_up, base_down = (
+                r[f"{baseline}_upload_mib_per_round"],
+                r[f"{baseline}_download_mib_per_round"],
+            )
+            cells = [
+                f"{a}-{b}" if a != b else f"{a}",
+                _num(r.get(key_of(r))),
+                f"{r['upload_mib_per_round']:.3f}",
+                f"{r['download_mib_per_round']:.3f}",
+                "" if base_up is None else f"{base_up:.3f}",
+                "" if base_down is None else f"{base_down:.3f}",
+                pct(r["upload_saving"]),
+                pct(r["download_saving"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def comm_cost_markdown(report: Mapping[str, Any], style: str = "seed004") -> str:

@@ -27,7 +27,13 @@ from models.adapters import check_adapter
 from tasks import services
 from tasks.config import Params, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
-from tasks.report import end_tracking_task, start_tracking_task, summary_task, upload_task
+from tasks.report import (
+    end_tracking_task,
+    report_baseline,
+    start_tracking_task,
+    summary_task,
+    upload_task,
+)
 from tasks.storage import ensure_bucket
 from tasks.tracking import check_tracking_server
 from tasks.train import model_factory, train_task
@@ -49,6 +55,7 @@ def validate(params: Params) -> None:
     for adapter in params.grid.adapters:
         check_adapter(adapter)
     resolve_device(params.runtime.device)
+    report_baseline(params)  # a baseline cell outside the grid -> the cells there are
     scheme_options(params.partition.scheme)  # unknown scheme -> the valid names
     for section in params.partition.option_sections:
         if section not in list_partitioners():
@@ -162,7 +169,7 @@ def experiment_flow(
         validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
         grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
         records = grid(cell_spec(p), part_dir, str(out / "runs"), parent)
-        summary_task(spec, records, str(out / "summary.json"))
+        summary_task(spec, records, str(out / "summary.json"), str(out / "runs"))
         if p.storage.bucket:
             prefix = f"{p.storage.prefix}/{p.experiment.name}"
             upload_task(str(out), p.storage.bucket, prefix)

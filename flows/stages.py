@@ -146,7 +146,7 @@ def report(
 
         p = _load(params, set_)
         records = collect_records(p, runs_dir, timing_dir)
-        paths = write_report(p, records, out_dir)
+        paths = write_report(p, records, out_dir, runs_dir)
         out.print(results_table(records))
         for path in paths:
             out.print(f"wrote {path}")

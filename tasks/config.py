@@ -127,6 +127,21 @@ class StorageSection(_Section):
     prefix: str = "fedapt"
 
 
+class ReportSection(_Section):
+    """The grid's communication-cost report (seed 004 Tables 6.4-6.7, seed 001 Table 6)."""
+
+    accuracy_levels: tuple[float, ...] = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85)
+    baseline: str | None = None  # a grid cell "algorithm-adapter"; null: fedavg's first cell
+    style: Literal["seed004", "seed001"] = "seed004"
+
+    @field_validator("accuracy_levels")
+    @classmethod
+    def _fractions(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or any(not 0.0 < x <= 1.0 for x in v):
+            raise ValueError("accuracy levels are fractions in (0, 1], e.g. [0.7, 0.8]")
+        return tuple(sorted(set(v)))
+
+
 class RuntimeSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     workers: int | Literal["auto"] = "auto"  # CPU worker processes (0: in this process)
@@ -150,6 +165,7 @@ class Params(_Section):
     validation: ValidationSection = ValidationSection()
     storage: StorageSection = StorageSection()
     runtime: RuntimeSection = RuntimeSection()
+    report: ReportSection = ReportSection()
 
     def flat(self) -> dict[str, Any]:
         """Dotted-key view (for tracking params and the run summary)."""

@@ -161,6 +161,7 @@ def summary_record(
         "clients_per_round": clients_per_round(params),
         "seed": params.experiment.seed,
         "rounds": len(h.rounds),
+        "stop_reason": h.stop_reason,  # "rounds", or the algorithm budget that ended it early
         "final_accuracy": h.final_accuracy,
         "mean_accuracy_last_L": h.mean_accuracy_last,
         "last_rounds_L": h.last_rounds,

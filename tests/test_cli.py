@@ -62,6 +62,10 @@ def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch, s3
     keys = list_keys("fedapt-test", "runs/fmnist-dir05-fedavg/")
     assert "runs/fmnist-dir05-fedavg/summary.json" in keys
     assert "runs/fmnist-dir05-fedavg/partition/manifest.csv" in keys
+    assert "runs/fmnist-dir05-fedavg/comm_cost.md" in keys
+    cost = json.loads((tmp_path / "reports/fmnist-dir05-fedavg/comm_cost.json").read_text())
+    assert cost["baseline"] == "fedavg-full" and cost["unit"] == "MiB"
+    assert cost["final"]["fedavg-full"]["rounds"] == 3
     summary = json.loads((tmp_path / "reports/fmnist-dir05-fedavg/summary.json").read_text())
     (run,) = summary["runs"]
     for key in (

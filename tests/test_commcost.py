@@ -83,3 +83,53 @@ def test_report_from_a_real_history():
     assert rep["rows"][0]["cost"]["fedavg"]["mib"] == pytest.approx(
         (rounds[0]["cum_upload_bytes"] + rounds[0]["cum_download_bytes"]) / MIB
     )
+
+
+def _rounds(per_round, extra=None):
+    """[(upload MiB, download MiB)] per round -> RoundRecord-like dicts (accuracy rises)."""
+    out, up, down = [], 0, 0
+    for i, (u, d) in enumerate(per_round, start=1):
+        u, d = int(u * MIB), int(d * MIB)
+        up, down = up + u, down + d
+        out.append(
+            {
+                "round": i,
+                "accuracy": 0.1 * i,
+                "upload_bytes": u,
+                "download_bytes": d,
+                "cum_upload_bytes": up,
+                "cum_download_bytes": down,
+                "extra": {} if extra is None else {"freeze_index": float(extra[i - 1])},
+            }
+        )
+    return out
+
+
+def test_phase_report_splits_traffic_by_freezing_phase():
+    from fedcore.commcost import phase_markdown, phase_report
+
+    fedavg = _rounds([(1, 1)] * 4)
+    fednilo = _rounds([(1, 1), (1, 1), (0.25, 0.5), (0.25, 0.5)], extra=[0, 0, 1, 1])
+    phases = phase_report({"fedavg-full": fedavg, "fednilo-full": fednilo}, "fedavg-full")
+    assert list(phases) == ["fednilo-full"]  # the baseline has no freezing index
+    first, second = phases["fednilo-full"]
+    assert first["rounds"] == [1, 2] and first["upload_saving"] == 0.0
+    assert second["rounds"] == [3, 4] and second["freeze_index"] == 1.0
+    assert second["upload_saving"] == pytest.approx(0.75)
+    assert second["download_saving"] == pytest.approx(0.5)
+    md = phase_markdown(phases, "fedavg-full")
+    assert "| 3-4 | 1 | 0.250 | 0.500 | 1.000 | 1.000 | 75.0% | 50.0% |" in md
+    json.dumps(phases)
+
+
+def test_direction_savings_per_level():
+    from fedcore.commcost import direction_markdown
+
+    fedavg = _rounds([(1, 1)] * 4)  # accuracy 0.1 .. 0.4
+    fednilo = _rounds([(1, 1), (1, 1), (0.25, 0.5), (0.25, 0.5)], extra=[0, 0, 1, 1])
+    rep = comm_cost_report({"fedavg-full": fedavg, "fednilo-full": fednilo}, [0.4], "fedavg-full")
+    by_dir = rep["rows"][0]["saving_by_direction"]["fednilo-full"]
+    assert by_dir["upload"] == pytest.approx(1 - 2.5 / 4)  # 2.5 MiB up against 4
+    assert by_dir["download"] == pytest.approx(1 - 3 / 4)
+    md = direction_markdown(rep)
+    assert "| 40.0 | 4.00 | 4.00 | 2.50 | 3.00 | 37.5% | 25.0% |" in md

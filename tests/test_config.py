@@ -69,6 +69,7 @@ def test_bad_params_one_line(tmp_path, text, needle):
         ("nothing=1", "unknown key 'nothing'"),
         ("novalue", "key=value"),
         ("federation.sampling=sometimes", "federation.sampling"),
+        ("report.accuracy_levels=[0.5,80]", "report.accuracy_levels"),
     ],
 )
 def test_bad_overrides(override, needle):
@@ -79,3 +80,15 @@ def test_bad_overrides(override, needle):
 def test_missing_params_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_params(tmp_path / "nope.yaml")
+
+
+def test_report_baseline_is_a_grid_cell():
+    from tasks.report import report_baseline
+
+    grid = ["grid.algorithms=[fedprox,fedavg]", "grid.adapters=[full]"]
+    assert report_baseline(load_params(REPO / "params.yaml", grid)) == "fedavg-full"
+    first = load_params(REPO / "params.yaml", ["grid.algorithms=[fedprox]"])
+    assert report_baseline(first) == "fedprox-full"  # no fedavg cell: the grid's first
+    bad = load_params(REPO / "params.yaml", [*grid, "report.baseline=fedyogi-full"])
+    with pytest.raises(ConfigError, match="report.baseline 'fedyogi-full' is not a grid cell; "):
+        report_baseline(bad)

@@ -65,6 +65,8 @@ def hashed_outputs(root: Path) -> dict[str, bytes]:
         "artifacts/runs/fedavg-full/metrics.json",
         "artifacts/runs/fedavg-full/rounds.csv",
         "artifacts/report/summary.json",
+        "artifacts/report/comm_cost.json",
+        "artifacts/report/comm_cost.md",
     ]
     return {f: (root / f).read_bytes() for f in files}
 
@@ -99,3 +101,25 @@ def test_dvc_repro_exact_and_incremental(repo_copy):
         == first["artifacts/partition/manifest.csv"]
     )
     assert accuracy_metrics(repo_copy) != metrics  # three rounds now
+
+
+@pytest.mark.slow
+def test_committed_lock_reproduces_the_data_stages(tmp_path):
+    """dvc.lock in git records the default experiment's outputs: on a copy of the checkout
+    without them, `dvc repro validate` rebuilds dataset card, manifest, statistics and
+    validation report with exactly the recorded hashes."""
+    committed = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]
+    dst = tmp_path / "repo"
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout
+    for rel in files.split():
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dst / rel)
+    shutil.copytree(REPO / "data", dst / "data")
+    (dst / ".venv").symlink_to(REPO / ".venv")
+    sh("git", "init", "-q", cwd=dst)
+    sh(DVC, "repro", "validate", cwd=dst)
+    rebuilt = yaml.safe_load((dst / "dvc.lock").read_text())["stages"]
+    for stage in ("prepare", "partition", "validate"):
+        want = {o["path"]: o["md5"] for o in committed[stage]["outs"]}
+        got = {o["path"]: o["md5"] for o in rebuilt[stage]["outs"]}
+        assert got == want, stage
