@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.optim.sgd import sgd
 
+from fedcore.inputs import to_model_input
 from fedcore.payload import StateDict
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, StateDict], torch.Tensor]
@@ -47,10 +48,16 @@ class ImageData:
         labels: torch.Tensor,
         mean: tuple[float, ...],
         std: tuple[float, ...],
+        *,
+        size: int | None = None,
+        channels: int | None = None,
     ) -> None:
         self.images = images  # (N, C, H, W) uint8
         self.labels = labels  # (N,) int64
-        c = images.shape[1]
+        # The backbone's input (fedcore.inputs): batches are resized to size x size and gray
+        # images repeated to ``channels``; mean/std are per channel of that input.
+        self.size, self.channels = size, channels
+        c = channels or images.shape[1]
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
         self._std = torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1)
 
@@ -66,6 +73,7 @@ class ImageData:
         device: torch.device | str = "cpu",
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.images.index_select(0, idx).to(torch.float32).div_(255.0)
+        x = to_model_input(x, self.size, self.channels)
         x = (x - self._mean) / self._std  # (B, C, H, W)
         if noise_var > 0.0:
             # Seed 000 §IV feature skew: x^ = x + e, e ~ N(0, sigma*i/N), drawn per access

@@ -9,17 +9,27 @@ from typing import Any
 from torch import nn
 
 from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.inputs import InputSpec
 
 Builder = Callable[..., nn.Module]
+# A backbone's input needs, fixed or as a function of its options (e.g. ``pretrained``).
+SpecFn = Callable[..., InputSpec]
 _MODELS: dict[str, Builder] = {}
+_INPUTS: dict[str, InputSpec | SpecFn] = {}
 _COMMON = ("num_classes", "in_channels", "input_size")
 
 
-def register_model(name: str) -> Callable[[Builder], Builder]:
+def register_model(
+    name: str, input_spec: InputSpec | SpecFn | None = None
+) -> Callable[[Builder], Builder]:
+    """Register a builder; ``input_spec`` says what input it needs (None: the data's own)."""
+
     def wrap(fn: Builder) -> Builder:
         if name in _MODELS:
             raise ValueError(f"model {name!r} is already registered")
         _MODELS[name] = fn
+        if input_spec is not None:
+            _INPUTS[name] = input_spec
         return fn
 
     return wrap
@@ -35,6 +45,19 @@ def model_options(name: str) -> list[str]:
         raise UnknownNameError("model", name, _MODELS)
     sig = inspect.signature(_MODELS[name])
     return [p for p in sig.parameters if p not in _COMMON]
+
+
+def input_spec(name: str, **options: Any) -> InputSpec:
+    """What the backbone ``name`` with these options expects (``fedcore.inputs``)."""
+    model_options(name)  # unknown name -> one line listing the valid ones
+    spec = _INPUTS.get(name, InputSpec())
+    if isinstance(spec, InputSpec):
+        return spec
+    sig = inspect.signature(_MODELS[name])
+    defaults = {
+        p: v.default for p, v in sig.parameters.items() if v.default is not inspect.Parameter.empty
+    }
+    return spec(**{k: v for k, v in {**defaults, **options}.items() if k not in _COMMON})
 
 
 def get_model(

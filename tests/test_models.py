@@ -13,7 +13,8 @@ from models import count_parameters, get_model, list_models, register_model
 from models import registry as model_registry
 
 FAST = {"resnet26": {"width": 0.25}}  # keeps every parametrized case well under a second
-MIN_SIZE = {"cifar_cnn": 16, "lenet5": 16, "resnet26": 8}
+MIN_SIZE = {"cifar_cnn": 16, "lenet5": 16, "resnet26": 8, "efficientnet_lite0": 16}
+MIN_SIZE.update({f"tv_resnet{d}": 16 for d in (18, 34, 50)})  # pretrained: false by default
 
 
 def build(name: str, **kw):
@@ -161,7 +162,9 @@ def test_bad_common_arguments(name):
 
 
 def test_bad_model_names_and_options():
-    with pytest.raises(UnknownNameError, match="unknown model 'vgg'; valid: cifar_cnn, lenet5"):
+    with pytest.raises(
+        UnknownNameError, match="unknown model 'vgg'; valid: cifar_cnn, efficientnet_lite0, lenet5"
+    ):
         get_model("vgg", num_classes=10)
     with pytest.raises(ConfigError, match="takes no option 'depth'; allowed: init$"):
         get_model("cifar_cnn", num_classes=10, depth=3)
