@@ -5,6 +5,13 @@ local training runs single-threaded, so a run gives the same numbers whatever th
 worker processes, their completion order or the machine's thread count. Updates are
 aggregated in the order the server sampled the clients, never in completion order.
 
+What travels: by default the whole model, every round. With ``payload_keys`` (an adapter
+method's payload: ``models.adapters``) only those state-dict entries are downloaded, trained
+(``trainable``) and uploaded each round; the rest is the frozen base, which a client
+downloads once, the first time it is sampled. That one-time download is counted apart
+(``History.base_download_bytes``), never in the per-round traffic. Algorithms see only the
+payload: uploads hold nothing else, so their aggregation and server steps act on it alone.
+
 Parallelism comes from worker processes (each one model, one thread): on 2 CPU cores two
 single-thread clients outrun one two-thread client (DESIGN.md, CPU facts). On CUDA the clients
 run one after another in this process.
@@ -33,6 +40,7 @@ from fedcore.algorithms.base import (
     FederationSetup,
 )
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
+from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord, RoundRecord
 from fedcore.sampling import CLIENT_STREAM as _CLIENT_STREAM
 from fedcore.sampling import derive_seed, sample_clients
@@ -61,6 +69,8 @@ class History:
     wall_seconds: float = 0.0
     last_rounds: int = 5
     stop_reason: str = "rounds"  # or the algorithm's budget that ended the run early
+    base_bytes: int = 0  # one download of the frozen base (0: the whole model travels)
+    base_download_bytes: int = 0  # base_bytes x clients that downloaded it (once each)
 
     @property
     def evaluated(self) -> list[RoundRecord]:
@@ -91,6 +101,8 @@ class History:
             "last_rounds_L": self.last_rounds,
             "upload_bytes": self.upload_bytes,
             "download_bytes": self.download_bytes,
+            "base_bytes": self.base_bytes,
+            "base_download_bytes": self.base_download_bytes,
             "wall_seconds": self.wall_seconds,
             "stop_reason": self.stop_reason,
             "rounds": [r.to_dict() for r in self.rounds],
@@ -188,6 +200,8 @@ class Simulation:
         device: str = "cpu",
         callbacks: Sequence[Callback] = (),
         eval_chunk: int = 2500,
+        payload_keys: Sequence[str] | None = None,
+        trainable: frozenset[str] | None = None,
     ) -> None:
         self.model_fn = model_fn
         self.algorithm = algorithm
@@ -208,6 +222,24 @@ class Simulation:
         algorithm.setup(
             FederationSetup(model=model, local=local, label_distribution=self._label_distribution())
         )
+        # The adapter's payload (None: the whole model); the frozen base never changes.
+        self.payload_keys = None if payload_keys is None else tuple(payload_keys)
+        self.trainable = trainable
+        self.base_bytes = 0
+        self._base_holders: set[int] = set()
+        self._base_cache: dict[tuple[str, ...], bytes] = {}
+        if self.payload_keys is not None:
+            if getattr(algorithm, "whole_model_only", False):
+                raise ConfigError(
+                    f"{algorithm.name} freezes layers of the whole model and runs only with "
+                    "adapter method 'full'"
+                )
+            missing = sorted(set(self.payload_keys) - set(self.global_state))
+            if missing:
+                raise ConfigError(f"payload keys not in the model: {', '.join(missing[:4])}")
+            sent = set(self.payload_keys)
+            base = {k: v for k, v in self.global_state.items() if k not in sent}
+            self.base_bytes = len(payload.encode(base)) if base else 0
         self._ctx_args = (algorithm, train, test, self.shards, self.noise_var, local, device)
         self._local_ctx: _Context | None = None
         self._pool: cf.ProcessPoolExecutor | None = None
@@ -265,7 +297,8 @@ class Simulation:
         return correct / n, loss / n
 
     def run(self) -> History:
-        history = History(last_rounds=self.cfg.last_rounds)
+        history = History(last_rounds=self.cfg.last_rounds, base_bytes=self.base_bytes)
+        self._base_holders.clear()
         start = time.perf_counter()
         self._emit("on_fit_start", {"num_clients": len(self.shards), "rounds": self.cfg.rounds})
         self._start()
@@ -281,6 +314,7 @@ class Simulation:
                     acc, test_loss = self.evaluate()
                     record = dataclasses.replace(record, accuracy=acc, test_loss=test_loss)
                 history.rounds.append(record)
+                history.base_download_bytes = self.base_bytes * len(self._base_holders)
                 self._emit("on_round_end", record)
                 if reason is not None:
                     history.stop_reason = reason
@@ -290,6 +324,23 @@ class Simulation:
         history.wall_seconds = time.perf_counter() - start
         self._emit("on_fit_end", history)
         return history
+
+    def _restrict(self, task: ClientTask) -> ClientTask:
+        """Narrow a task to the adapter's payload: only it is downloaded, trained, uploaded."""
+        if self.payload_keys is None:
+            return task
+        keys = self.payload_keys
+        sent = set(keys)
+        down = (
+            keys
+            if task.download_keys is None
+            else tuple(k for k in task.download_keys if k in sent)
+        )
+        up = keys if task.upload_keys is None else tuple(k for k in task.upload_keys if k in sent)
+        train = self.trainable
+        if task.trainable is not None:
+            train = task.trainable if train is None else task.trainable & train
+        return dataclasses.replace(task, download_keys=down, trainable=train, upload_keys=up)
 
     def _downloads(self, tasks: list[ClientTask]) -> list[tuple[bytes, bytes | None]]:
         """(download, held) payloads per task; identical plans share one encoding."""
@@ -305,7 +356,13 @@ class Simulation:
                 held = None
                 if t.download_keys is not None:
                     sent_keys = set(keys)
-                    held = payload.encode({k: v for k, v in g.items() if k not in sent_keys})
+                    held_keys = tuple(k for k in g if k not in sent_keys)
+                    # Under an adapter the held part is the frozen base: encoded once per run.
+                    held = self._base_cache.get(held_keys)
+                    if held is None:
+                        held = payload.encode({k: g[k] for k in held_keys})
+                        if self.payload_keys is not None:
+                            self._base_cache[held_keys] = held
                 cache[key] = (payload.encode(sent), held)
             out.append(cache[key])
         return out
@@ -315,7 +372,12 @@ class Simulation:
         lr = self.schedule.at(r)
         clients = self.algorithm.select_clients(self.cfg, [len(s) for s in self.shards], r)
         self._emit("on_round_start", r, clients, lr)
-        tasks = self.algorithm.plan_round(r, clients, self.shards, self.cfg.seed)
+        tasks = [
+            self._restrict(t)
+            for t in self.algorithm.plan_round(r, clients, self.shards, self.cfg.seed)
+        ]
+        if self.payload_keys is not None:
+            self._base_holders.update(t.client_id for t in tasks)  # first time: base download
         payloads = self._downloads(tasks)
         jobs = [
             (t, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, t.client_id, slot), blob, held)

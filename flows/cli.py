@@ -226,13 +226,17 @@ def partition(
 def models(
     num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
     input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "3,32,32",
+    model: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="only these backbones")
+    ] = None,
 ) -> None:
-    """List registered backbones with parameter counts and payload bytes."""
+    """Backbones x adapter methods: parameters, payload bytes per round, ratio to full."""
 
     def body() -> None:
-        from fedcore.errors import ConfigError
-        from fedcore.payload import encode, mib
-        from models import count_parameters, get_model, list_models
+        from fedcore.errors import ConfigError, UnknownNameError
+        from fedcore.payload import mib
+        from models import get_model, list_models
+        from models.adapters import adapt, get_adapter, list_adapters
 
         try:
             c, h, w = (int(x) for x in input_shape.split(","))
@@ -240,20 +244,51 @@ def models(
             raise ConfigError(f"--input-shape expects C,H,W (got {input_shape!r})") from None
         if h != w:
             raise ConfigError(f"--input-shape: square inputs only (got {h}x{w})")
-        t = Table(title=f"backbones for input {c}x{h}x{w}, {num_classes} classes (adapter: full)")
-        for col in ("model", "total params", "trainable params", "payload bytes", "payload MiB"):
-            t.add_column(col, justify="left" if col == "model" else "right")
-        for name in list_models():
-            m = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
-            n = len(encode(m.state_dict()))
-            t.add_row(
-                name,
-                f"{count_parameters(m):,}",
-                f"{count_parameters(m, trainable_only=True):,}",
-                f"{n:,}",
-                f"{mib(n):.3f}",
-            )
+        names = model or list_models()
+        for name in names:
+            if name not in list_models():
+                raise UnknownNameError("model", name, list_models())
+        t = Table(
+            title=f"backbones x adapter methods, input {c}x{h}x{w}, {num_classes} classes "
+            "(payload = one client's upload per round; MiB = 2^20 bytes)"
+        )
+        cols = (
+            "model",
+            "adapter",
+            "total params",
+            "trainable params",
+            "payload bytes",
+            "payload MiB",
+            "model MiB",
+            "full / payload",
+        )
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("model", "adapter") else "right")
+        skipped = []
+        for name in names:
+            full_bytes = None
+            for adapter in ["full", *(a for a in list_adapters() if a != "full")]:
+                base = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
+                method = get_adapter(adapter)
+                reason = method.applies_to(base)
+                if reason is not None:
+                    skipped.append(f"{name}/{adapter} ({reason})")
+                    continue
+                n = method.counts(adapt(base, adapter))
+                full_bytes = full_bytes or n.payload_bytes
+                t.add_row(
+                    name,
+                    adapter,
+                    f"{n.total_params:,}",
+                    f"{n.trainable_params:,}",
+                    f"{n.payload_bytes:,}",
+                    f"{mib(n.payload_bytes):.3f}",
+                    f"{mib(n.model_bytes):.3f}",
+                    f"{full_bytes / n.payload_bytes:.2f}",
+                )
         out.print(t)
+        if skipped:
+            out.print("not applicable: " + "; ".join(skipped), highlight=False)
 
     _guard(body)
 

@@ -36,7 +36,7 @@ from tasks.report import (
 )
 from tasks.storage import ensure_bucket
 from tasks.tracking import check_tracking_server
-from tasks.train import model_factory, train_task
+from tasks.train import check_cell, model_factory, train_task
 from tasks.validate import validate_task
 
 
@@ -54,6 +54,8 @@ def validate(params: Params) -> None:
         build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
     for adapter in params.grid.adapters:
         check_adapter(adapter)
+        for algorithm in params.grid.algorithms:
+            check_cell(algorithm, adapter)  # e.g. fednilo runs with adapter full only
     resolve_device(params.runtime.device)
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
     scheme_options(params.partition.scheme)  # unknown scheme -> the valid names
@@ -79,7 +81,8 @@ def preflight(
     if storage and params.storage.bucket:
         ensure_bucket(params.storage.bucket)  # unreachable S3 or bad keys -> one line now
     data = load_experiment_data(params)  # missing data -> how to get it
-    model_factory(params, data)()  # unknown model or model option
+    for adapter in params.grid.adapters:  # unknown model or option; adapter not applicable
+        model_factory(params, data, adapter)()
     if partition_dir is None:
         build_partition(params, data)  # bad partition options and values
         return

@@ -167,6 +167,14 @@ def log_final_metrics(run_id: str, record: dict[str, Any]) -> None:
         "upload_bytes": "total_upload_bytes",
         "download_bytes": "total_download_bytes",
         "wall_seconds": "wall_seconds",
+        # The adapter method's sizes and the measured local training time (seed 003 §4.4.1).
+        "total_params": "total_params",
+        "trainable_params": "trainable_params",
+        "payload_bytes": "payload_bytes",
+        "model_bytes": "model_bytes",
+        "base_download_bytes": "base_download_bytes",
+        "local_train_seconds_mean": "local_train_seconds_mean",
+        "local_train_seconds_per_round": "local_train_seconds_per_round",
     }
     metrics = [
         Metric(name, float(record[key]), 0, 0)

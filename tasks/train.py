@@ -15,15 +15,15 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
 from fedcore import payload
-from fedcore.algorithms import build_algorithm
+from fedcore.algorithms import ALGORITHMS, build_algorithm
 from fedcore.client import LocalConfig
 from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, History, Simulation
-from fedcore.events import Callback
+from fedcore.errors import ConfigError
+from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.schedules import LRSchedule
-from models import get_model
-from models.adapters import check_adapter
+from models.adapters import adapted_model, check_adapter, get_adapter
 from tasks import tracking
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition, shards_of
@@ -36,18 +36,30 @@ def clients_per_round(params: Params) -> int:
     return max(1, round(f.participation * params.partition.num_clients))
 
 
-def model_factory(params: Params, data: ExperimentData) -> functools.partial:
-    """A picklable builder (worker processes construct their own copy)."""
+def model_factory(params: Params, data: ExperimentData, adapter: str = "full") -> functools.partial:
+    """A picklable builder of the backbone with ``adapter`` injected (worker processes
+    construct their own copy)."""
     info = data.train.info
     c, h, _ = info.input_shape
     return functools.partial(
-        get_model,
+        adapted_model,
         params.model.name,
+        adapter,
         num_classes=info.num_classes,
         in_channels=c,
         input_size=h,
         **params.model.options,
     )
+
+
+def check_cell(algorithm: str, adapter: str) -> None:
+    """A grid cell whose algorithm and adapter method cannot run together -> one line."""
+    check_adapter(adapter)
+    if adapter != "full" and ALGORITHMS[algorithm].whole_model_only:
+        raise ConfigError(
+            f"grid cell {algorithm}/{adapter}: {algorithm} freezes layers of the whole model and "
+            f"runs only with adapter 'full'; run it in a grid with grid.adapters: [full]"
+        )
 
 
 def cell_name(algorithm: str, adapter: str) -> str:
@@ -65,13 +77,18 @@ def train_cell(
     timing_file: str | Path | None = None,
 ) -> dict[str, Any]:
     """Simulate one grid cell; writes its outputs (see write_cell_outputs), returns its record."""
-    check_adapter(adapter)
+    method = get_adapter(check_adapter(adapter))
     algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
     device = resolve_device(params.runtime.device)
     m = clients_per_round(params)
     c, s = params.client, params.lr_schedule
+    model_fn = model_factory(params, data, adapter)
+    adapted = model_fn()
+    sizes = method.counts(adapted)
+    timer = LocalTrainingTime()
+    whole = adapter == "full"  # the whole model travels: the engine's default path
     sim = Simulation(
-        model_fn=model_factory(params, data),
+        model_fn=model_fn,
         algorithm=algo,
         train=data.image_data("train"),
         test=data.image_data("test"),
@@ -97,15 +114,55 @@ def train_cell(
         ),
         workers=resolve_workers(params.runtime.workers, device, m),
         device=device,
-        callbacks=callbacks,
+        callbacks=[*callbacks, timer],
+        payload_keys=None if whole else method.payload_keys(adapted),
+        trainable=None if whole else method.trainable_keys(adapted),
     )
     history = sim.run()
     record = summary_record(params, algorithm, adapter, part, history, device)
+    record.update(
+        {
+            "total_params": sizes.total_params,
+            "trainable_params": sizes.trainable_params,
+            "payload_bytes": sizes.payload_bytes,  # one client's upload (= download) per round
+            "model_bytes": sizes.model_bytes,  # the whole adapted state dict
+            "base_bytes": history.base_bytes,  # one download of the frozen base
+            "base_download_bytes": history.base_download_bytes,  # once per client reached
+            **timer.summary(),
+        }
+    )
     write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file)
     return record
 
 
-_TIMING_KEYS = ("wall_seconds", "process_seconds")
+_TIMING_KEYS = (
+    "wall_seconds",
+    "process_seconds",
+    "local_train_seconds_mean",
+    "local_train_seconds_per_round",
+)
+
+
+class LocalTrainingTime(Callback):
+    """Measured local training time (seed 003 §4.4.1): seconds of each client's local
+    epochs, from the engine's client records (decode and encode excluded)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.rounds: set[int] = set()
+
+    def on_client_end(self, record: ClientRecord) -> None:
+        self.seconds.append(record.seconds)
+        self.rounds.add(record.round)
+
+    def summary(self) -> dict[str, float]:
+        if not self.seconds:
+            return {}
+        total = sum(self.seconds)
+        return {
+            "local_train_seconds_mean": round(total / len(self.seconds), 4),  # per client job
+            "local_train_seconds_per_round": round(total / len(self.rounds), 4),  # all clients
+        }
 
 
 def write_cell_outputs(
@@ -211,8 +268,11 @@ def run_cell(
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
-            model = model_factory(params, data)()
+            model = model_factory(params, data, adapter)()
             model.load_state_dict(payload.decode((Path(cell_dir) / "model.pt").read_bytes()))
+            # The registry holds the merged plain model (adapters folded into the backbone)
+            # where the method allows it, else the adapted model.
+            model = get_adapter(adapter).merge(model) or model
             c, h, w = data.train.info.input_shape
             reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
             record["registered_model"] = reg

@@ -86,6 +86,9 @@ class FederatedAlgorithm:
     """FedAvg; subclasses override the hooks that differ."""
 
     name: ClassVar[str] = "fedavg"
+    # True for an algorithm that decides itself which layers train and travel (FedNILO):
+    # it cannot run with an adapter method other than "full".
+    whole_model_only: ClassVar[bool] = False
 
     # ---- server state (main process only) -----------------------------------------------
     @property

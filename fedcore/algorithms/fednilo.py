@@ -54,6 +54,10 @@ def layer_keys(keys: Sequence[str], groups: Sequence[Sequence[str]]) -> list[tup
 @dataclass(frozen=True)
 class FedNILO(FederatedAlgorithm):
     name: ClassVar[str] = "fednilo"
+    # Its layer freezing composes with the "full" adapter method only: under an adapter the
+    # base is frozen already and its "communication round" (a full model) is no longer the
+    # payload the clients exchange.
+    whole_model_only: ClassVar[bool] = True
 
     K: int = 350  # kick-start: rounds of full training before the first layer freezes
     F: int = 25  # period: rounds between two freezes (seed 004 grid: K 350-500, F 25-75)

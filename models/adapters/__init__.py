@@ -1,16 +1,33 @@
-"""Adaptation methods: which parameters train and travel (registry shared by all backbones).
+"""Adapter methods: which parameters train and travel (one registry for every backbone).
 
-This foundation ships ``full`` (fine-tune everything; the payload is the whole state dict).
-Parameter-efficient methods (residual, Houlsby, Pfeiffer, LoRA, ...) register here too.
+One method = one module (``full``, ``head``, ``bn_head``, ``residual``); the contract is
+``models.adapters.base.AdapterMethod``. ``adapt(model, name)`` injects a method into a
+backbone and freezes the base; a method that cannot adapt the backbone stops with one line
+saying why and which methods apply.
 """
 
 from __future__ import annotations
 
-from fedcore.errors import UnknownNameError
+from torch import nn
 
-ADAPTER_METHODS: dict[str, str] = {
-    "full": "fine-tune every parameter; the payload is the whole state dict",
+from fedcore.errors import ConfigError, UnknownNameError
+from models.adapters.base import AdapterCounts, AdapterMethod
+from models.adapters.bn_head import BNHead
+from models.adapters.full import Full
+from models.adapters.head import Head
+from models.adapters.residual import Residual, ResidualConv2d
+from models.registry import get_model
+
+ADAPTER_METHODS: dict[str, type[AdapterMethod]] = {
+    cls.name: cls for cls in (Full, Head, BNHead, Residual)
 }
+
+
+def register_adapter(cls: type[AdapterMethod]) -> type[AdapterMethod]:
+    if cls.name in ADAPTER_METHODS:
+        raise ValueError(f"adapter method {cls.name!r} is already registered")
+    ADAPTER_METHODS[cls.name] = cls
+    return cls
 
 
 def list_adapters() -> list[str]:
@@ -21,3 +38,43 @@ def check_adapter(name: str) -> str:
     if name not in ADAPTER_METHODS:
         raise UnknownNameError("adapter method", name, ADAPTER_METHODS)
     return name
+
+
+def get_adapter(name: str) -> AdapterMethod:
+    return ADAPTER_METHODS[check_adapter(name)]()
+
+
+def applicable_adapters(model: nn.Module) -> list[str]:
+    return [n for n in list_adapters() if ADAPTER_METHODS[n]().applies_to(model) is None]
+
+
+def adapt(model: nn.Module, name: str, model_name: str | None = None) -> nn.Module:
+    """Inject adapter method ``name`` into ``model`` (in place) and freeze its base."""
+    method = get_adapter(name)
+    reason = method.applies_to(model)
+    if reason is not None:
+        raise ConfigError(
+            f"adapter {name!r} does not apply to model {model_name or type(model).__name__!r}: "
+            f"{reason}; methods that apply: {', '.join(applicable_adapters(model))}"
+        )
+    return method.inject(model)
+
+
+def adapted_model(model_name: str, adapter: str, **kwargs: object) -> nn.Module:
+    """A registered backbone with ``adapter`` injected (picklable via functools.partial)."""
+    return adapt(get_model(model_name, **kwargs), adapter, model_name)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "ADAPTER_METHODS",
+    "AdapterCounts",
+    "AdapterMethod",
+    "ResidualConv2d",
+    "adapt",
+    "adapted_model",
+    "applicable_adapters",
+    "check_adapter",
+    "get_adapter",
+    "list_adapters",
+    "register_adapter",
+]
