@@ -218,9 +218,20 @@ def test_residual_on_a_model_without_3x3_convs_is_one_line():
         adapted_model("cifar_cnn", "residual", num_classes=10)
     msg = str(exc.value)
     assert "\n" not in msg
-    assert "no 3x3 convolution (its convolutions are 5x5)" in msg
+    assert "no plain 3x3 nn.Conv2d (its convolutions are 5x5)" in msg
     assert msg.endswith("methods that apply: full, head")
     assert applicable_adapters(get_model("cifar_cnn", num_classes=10)) == ["full", "head"]
+
+
+def test_residual_leaves_conv_subclasses_alone():
+    """A Conv2d subclass may pad in forward (TF "same"): no adapter beside it."""
+
+    class SamePadConv(nn.Conv2d):
+        pass
+
+    net = nn.Sequential(SamePadConv(1, 2, 3), nn.Flatten(), nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match="no plain 3x3 nn.Conv2d .its convolutions are 3x3."):
+        adapt(net, "residual")
 
 
 def test_bn_head_needs_batchnorm():

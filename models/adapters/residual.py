@@ -41,8 +41,11 @@ def centre_shift(conv: nn.Conv2d) -> tuple[int, int]:
 
 
 def adaptable(conv: nn.Module) -> bool:
-    """A 3x3 convolution whose centre tap a 1x1 adapter can be folded into."""
-    if not isinstance(conv, nn.Conv2d) or isinstance(conv, ResidualConv2d):
+    """A plain 3x3 ``nn.Conv2d`` whose centre tap a 1x1 adapter can be folded into.
+
+    Subclasses (e.g. EfficientNet's TensorFlow-style dynamic "same" padding) compute their
+    padding in ``forward``, so the alignment below would not hold: they are left alone."""
+    if type(conv) is not nn.Conv2d:
         return False
     if tuple(conv.kernel_size) != _K:
         return False
@@ -130,7 +133,7 @@ class Residual(AdapterMethod):
         if any(adaptable(m) for m in convs):
             return None
         kernels = sorted({"x".join(map(str, m.kernel_size)) for m in convs})
-        return "it has no 3x3 convolution" + (
+        return "it has no plain 3x3 nn.Conv2d" + (
             f" (its convolutions are {', '.join(kernels)})" if kernels else ""
         )
 
