@@ -123,7 +123,7 @@ class AdapterMethod(ABC):
     # ---- what travels ------------------------------------------------------------------
     def payload_keys(self, model: nn.Module) -> tuple[str, ...]:
         """State-dict keys that travel, in state-dict order (see the module docstring)."""
-        keys = set()
+        keys: set[str] = set()
         for mod_name, mod in model.named_modules():
             own = list(mod.named_parameters(recurse=False))
             trained = [n for n, p in own if p.requires_grad]

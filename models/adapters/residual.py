@@ -17,6 +17,8 @@ output, padding and stride respected.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,7 +38,7 @@ def centre_shift(conv: nn.Conv2d) -> tuple[int, int]:
     elif conv.padding == "same":  # odd kernel: symmetric padding of the centre offset
         ph, pw = dh * (kh - 1) // 2, dw * (kw - 1) // 2
     else:
-        ph, pw = conv.padding  # type: ignore[misc]
+        ph, pw = cast(tuple[int, int], conv.padding)
     return dh * (kh - 1) // 2 - ph, dw * (kw - 1) // 2 - pw
 
 
