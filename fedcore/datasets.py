@@ -41,6 +41,9 @@ class DatasetInfo:
     input_shape: tuple[int, int, int]  # (C, H, W)
     mean: tuple[float, ...]  # per-channel normalisation constants of pixel/255
     std: tuple[float, ...]
+    # "image": uint8 (N, C, H, W) arrays; "text": raw texts (fedcore.text), tokenized for the
+    # model at load, and input_shape/mean/std are placeholders (1, 1, 1), (0,), (1,).
+    kind: str = "image"
 
 
 def _as_rows(indices: Any) -> torch.Tensor:
@@ -94,6 +97,7 @@ _REGISTRY: dict[str, DatasetInfo] = {
             "cifar100", 100, (3, 32, 32), (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
         ),
         DatasetInfo("svhn", 10, (3, 32, 32), (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+        DatasetInfo("tweet_sentiment", 3, (1, 1, 1), (0.0,), (1.0,), kind="text"),
     )
 }
 # torchvision.datasets class that reads each registry entry's files (also its folder name).
@@ -203,10 +207,15 @@ def _to_dataset(info: DatasetInfo, arrays: Arrays, where: str) -> ArrayDataset:
 def load_dataset(
     name: str, root: str | Path, split: str = "train", *, download: bool = True
 ) -> ArrayDataset:
-    """One split of a registered dataset, from the first source that has it (module docstring)."""
+    """One split of a registered dataset, from the first source that has it (module docstring).
+    Text datasets (``kind="text"``) come back as ``fedcore.text.TextDataset``."""
     info = get_dataset_info(name)
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
+    if info.kind == "text":
+        from fedcore.text import load_text_dataset
+
+        return load_text_dataset(info, split)  # type: ignore[return-value]
     root = Path(root)
     sources: list[tuple[str, Callable[[], Arrays]]] = [
         (str(root), lambda: _read_torchvision(name, root, split, download=False))

@@ -268,7 +268,11 @@ def models(
         for name in names:
             full_bytes = None
             for adapter in ["full", *(a for a in list_adapters() if a != "full")]:
-                base = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
+                try:
+                    base = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
+                except ConfigError as exc:  # e.g. text_hf needs hf_name and the network
+                    skipped.append(f"{name} ({exc})")
+                    break
                 method = get_adapter(adapter)
                 reason = method.applies_to(base)
                 if reason is not None:

@@ -2,6 +2,7 @@
 
 from models import cnn as _cnn  # noqa: F401  (registers cifar_cnn, lenet5)
 from models import efficientnet as _efficientnet  # noqa: F401  (efficientnet_lite0, offline)
+from models import minilm as _minilm  # noqa: F401  (minilm offline, text_hf online)
 from models import pretrained as _pretrained  # noqa: F401  (tv_resnet18/34/50, online)
 from models import resnet as _resnet  # noqa: F401  (registers resnet26)
 from models.registry import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from fedcore.partition import (
     write_manifest,
     write_stats,
 )
+from fedcore.text import TextData, TextDataset
 from tasks.config import Params
 
 _SUBSET_STREAM = 7
@@ -42,12 +44,40 @@ class ExperimentData:
     test: ArrayDataset
     train_idx: np.ndarray  # rows of the train split used by the experiment
     test_idx: np.ndarray
+    tokenizer: Any = None  # text datasets: the model's tokenizer (models.text.TextTokenizer)
 
     def image_data(self, split: str) -> ImageData:
         ds, idx = (self.train, self.train_idx) if split == "train" else (self.test, self.test_idx)
         if split == "test" and len(idx) < len(ds):
             ds = ds.subset(idx)
+        if isinstance(ds, TextDataset):  # token ids for a text model (fedcore.text)
+            return self.text_data(ds, idx if split == "train" else None)  # type: ignore[return-value]
         return ImageData(ds.images, ds.labels, ds.info.mean, ds.info.std)
+
+    def text_data(self, ds: TextDataset, rows: np.ndarray | None) -> TextData:
+        """Token ids of ``ds`` (only ``rows`` tokenized when given), padded to max_length."""
+        tok = self.tokenizer
+        name = f"{ds.info.name} {'train' if rows is not None else 'test'}"
+        return TextData.from_texts(ds.texts, ds.labels, tok, tok.max_length, rows=rows, name=name)
+
+
+def text_tokenizer_for(params: Params, dataset: Any) -> Any:
+    """The model's tokenizer for a text dataset; a model and dataset of different kinds (text
+    vs images) -> one line, before anything is trained."""
+    from models.text import is_text_model, text_models, text_tokenizer
+
+    name, text = params.model.name, isinstance(dataset, TextDataset)
+    if text and not is_text_model(name):
+        raise ConfigError(
+            f"dataset {params.data.dataset!r} is text and model {name!r} takes images; "
+            f"text models: {', '.join(text_models())}"
+        )
+    if not text and is_text_model(name):
+        raise ConfigError(
+            f"model {name!r} takes text and dataset {params.data.dataset!r} holds images; "
+            f"choose a text dataset (tweet_sentiment) or an image model"
+        )
+    return text_tokenizer(name, **params.model.options) if text else None
 
 
 def load_experiment_data(params: Params) -> ExperimentData:
@@ -60,6 +90,7 @@ def load_experiment_data(params: Params) -> ExperimentData:
         test=test,
         train_idx=subset_indices(len(train), d.train_subset, seed, "train"),
         test_idx=subset_indices(len(test), d.test_subset, seed, "test"),
+        tokenizer=text_tokenizer_for(params, train),
     )
 
 
@@ -142,9 +173,12 @@ def dataset_card(params: Params, data: ExperimentData) -> dict:
         ("test", data.test, data.test_idx),
     ):
         rows = torch.as_tensor(idx)
-        images = ds.images.index_select(0, rows).contiguous().numpy()
         labels = ds.labels.index_select(0, rows).numpy()
-        digest = hashlib.sha256(images.tobytes())
+        if isinstance(ds, TextDataset):  # the texts, NUL-separated, in row order
+            digest = hashlib.sha256("\x00".join(ds.texts[i] for i in idx).encode("utf-8"))
+        else:
+            images = ds.images.index_select(0, rows).contiguous().numpy()
+            digest = hashlib.sha256(images.tobytes())
         digest.update(labels.astype(np.int64).tobytes())
         card[split] = {
             "rows_used": int(len(idx)),

@@ -29,6 +29,10 @@ from torchvision.datasets.utils import extract_archive
 import fedcore.datasets as ds
 from fedcore.errors import ConfigError, DataUnavailableError, UnknownNameError
 
+# Image datasets; text ones (kind "text": tweet_sentiment) are tested in tests/test_text.py.
+IMAGE_DATASETS = [n for n in ds.list_datasets() if ds.get_dataset_info(n).kind == "image"]
+
+
 REPO_RAW = Path(__file__).resolve().parents[1] / "data" / "raw"
 Split = tuple[torch.Tensor, torch.Tensor]  # images uint8 (N, C, H, W) upright, labels int64 (N,)
 
@@ -160,7 +164,7 @@ def fake_splits(info: ds.DatasetInfo, seed: int = 0) -> dict[str, Split]:
 # ---- every registered dataset ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ds.list_datasets())
+@pytest.mark.parametrize("name", IMAGE_DATASETS)
 def test_every_dataset_round_trips_its_torchvision_files(tmp_path, monkeypatch, name):
     assert name in FIXTURES, f"{name}: add a torchvision-format fixture writer to FIXTURES"
     info = ds.get_dataset_info(name)
@@ -176,7 +180,7 @@ def test_every_dataset_round_trips_its_torchvision_files(tmp_path, monkeypatch, 
         assert torch.equal(got.images, x) and torch.equal(got.labels, y)
 
 
-@pytest.mark.parametrize("name", ds.list_datasets())
+@pytest.mark.parametrize("name", IMAGE_DATASETS)
 def test_registry_info_is_consistent(name):
     info = ds.get_dataset_info(name)
     c = info.input_shape[0]
@@ -185,7 +189,7 @@ def test_registry_info_is_consistent(name):
     assert info.num_classes == {"cifar100": 100, "emnist": 47}.get(name, 10)
 
 
-@pytest.mark.parametrize("name", ds.list_datasets())
+@pytest.mark.parametrize("name", IMAGE_DATASETS)
 def test_missing_data_says_how_to_get_it(tmp_path, monkeypatch, name):
     """download=True runs torchvision's real download code; the (disabled) network refuses it."""
     monkeypatch.setattr(ds, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")

@@ -11,10 +11,15 @@ from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.payload import tensor_nbytes
 from models import count_parameters, get_model, list_models, register_model
 from models import registry as model_registry
+from models.text import is_text_model
 
 FAST = {"resnet26": {"width": 0.25}}  # keeps every parametrized case well under a second
 MIN_SIZE = {"cifar_cnn": 16, "lenet5": 16, "resnet26": 8, "efficientnet_lite0": 16}
 MIN_SIZE.update({f"tv_resnet{d}": 16 for d in (18, 34, 50)})  # pretrained: false by default
+
+
+# Image backbones; text ones (models.text: minilm, text_hf) are tested in tests/test_text.py.
+IMAGE_MODELS = [m for m in list_models() if not is_text_model(m)]
 
 
 def build(name: str, **kw):
@@ -32,7 +37,7 @@ def test_registry_lists_the_seed_backbones():
     assert list_models() == sorted(list_models())
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 @pytest.mark.parametrize(("c", "size", "classes"), [(1, 28, 10), (3, 32, 10), (3, 32, 100)])
 def test_forward_shapes(name, c, size, classes):
     m = build(name, num_classes=classes, in_channels=c, input_size=size)
@@ -41,7 +46,7 @@ def test_forward_shapes(name, c, size, classes):
     assert isinstance(head, torch.nn.Linear) and head.out_features == classes
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_layer_groups_cover_every_parameter_once_in_forward_order(name):
     m = build(name)
     groups = m.layer_groups()
@@ -62,7 +67,7 @@ def test_layer_groups_cover_every_parameter_once_in_forward_order(name):
     assert calls == sorted(calls) and set(calls) == set(range(len(groups)))
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_same_seed_same_weights(name):
     torch.manual_seed(0)
     a = build(name).state_dict()
@@ -150,7 +155,7 @@ def test_register_model_adds_to_registry_and_refuses_duplicates(monkeypatch):
         register_model("tiny")(tiny)
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_bad_common_arguments(name):
     with pytest.raises(ConfigError, match=r"num_classes.*\(got 1\)"):
         build(name, num_classes=1)
