@@ -307,3 +307,29 @@ def test_fednilo_with_an_adapter_is_a_config_error_before_training():
     check_cell("fedprox", "residual")
     with pytest.raises(ConfigError, match="grid cell fednilo/residual: fednilo freezes"):
         check_cell("fednilo", "residual")
+
+
+def test_adapter_runs_are_deterministic():
+    m = get_adapter("residual")
+    model = _adapted("residual")
+
+    def run() -> dict:
+        sim = Simulation(
+            model_fn=functools.partial(tiny_adapted, "residual"),
+            algorithm=build_algorithm("fedprox"),
+            train=toy_data(),
+            test=toy_data(100, seed=1),
+            shards=[np.arange(0, 150), np.arange(150, 400)],
+            local=LocalConfig(batch_size=16, momentum=0.9),
+            lr_schedule=LRSchedule(lr=0.05),
+            federation=FederationConfig(rounds=2, clients_per_round=2, seed=4),
+            workers=0,
+            payload_keys=m.payload_keys(model),
+            trainable=m.trainable_keys(model),
+        )
+        h = sim.run()
+        return {"acc": h.final_accuracy, "loss": h.rounds[-1].train_loss, **sim.global_state}
+
+    a, b = run(), run()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)

@@ -90,3 +90,44 @@ def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
     x = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
         assert torch.allclose(loaded(x), adapted.eval()(x), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--set", "grid.adapters=[residual]"],  # cifar_cnn: 5x5 convs only
+            "adapter 'residual' does not apply to model 'cifar_cnn': it has no plain 3x3 "
+            "nn.Conv2d (its convolutions are 5x5); methods that apply: full, head",
+        ),
+        (
+            ["--set", "grid.algorithms=[fednilo]", "--set", "grid.adapters=[full,bn_head]"],
+            "grid cell fednilo/bn_head: fednilo freezes layers of the whole model",
+        ),
+        (["--set", "grid.adapters=[lora9]"], "unknown adapter method 'lora9'"),
+    ],
+)
+def test_bad_adapter_cells_stop_the_run_in_one_line(tmp_path, args, needle):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--params",
+            str(REPO / "params.yaml"),
+            "--set",
+            "storage.bucket=null",
+            "--set",
+            f"experiment.reports_dir={tmp_path / 'reports'}",
+            "--set",
+            f"data.root={REPO / 'data/raw'}",
+            *args,
+        ],
+    )
+    text = res.output.strip()
+    assert res.exit_code == 2, text
+    assert needle in text and len(text.splitlines()) == 1, text
+    assert not (tmp_path / "reports").exists()
