@@ -27,6 +27,7 @@ from models.adapters import check_adapter
 from tasks import services
 from tasks.config import Params, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
+from tasks.pretrain import log_base_task, pretrain_task, source_split
 from tasks.report import (
     end_tracking_task,
     report_baseline,
@@ -83,6 +84,8 @@ def preflight(
     data = load_experiment_data(params)  # missing data -> how to get it
     for adapter in params.grid.adapters:  # unknown model or option; adapter not applicable
         model_factory(params, data, adapter)()
+    if params.model.base == "pretrain":
+        source_split(params)  # no source rows left, classes out of range, missing dataset
     if partition_dir is None:
         build_partition(params, data)  # bad partition options and values
         return
@@ -140,12 +143,18 @@ def cell_spec(params: Params) -> dict[str, Any]:
 
 @flow(name="fedapt-train-grid")
 def train_grid_flow(
-    spec: dict[str, Any], partition_dir: str, runs_dir: str, parent_run_id: str | None = None
+    spec: dict[str, Any],
+    partition_dir: str,
+    runs_dir: str,
+    parent_run_id: str | None = None,
+    base_path: str | None = None,
 ) -> list[dict[str, Any]]:
     """One training task per (algorithm, adapter) cell, on the configured task runner."""
     p = Params.model_validate(spec)
     futures = [
-        train_task.submit(spec, partition_dir, algorithm, adapter, runs_dir, parent_run_id)
+        train_task.submit(
+            spec, partition_dir, algorithm, adapter, runs_dir, parent_run_id, base_path
+        )
         for algorithm in p.grid.algorithms
         for adapter in p.grid.adapters
     ]
@@ -170,8 +179,13 @@ def experiment_flow(
         part_dir = partition_dir or partition_task(spec, str(out / "partition"))
         num_classes = get_dataset_info(p.data.dataset).num_classes
         validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
+        base = None
+        if p.model.base == "pretrain":  # the frozen base, trained once and reused (cached)
+            base = pretrain_task(spec, str(out / "pretrain"))
+            if parent is not None:
+                log_base_task(parent, base)
         grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
-        records = grid(cell_spec(p), part_dir, str(out / "runs"), parent)
+        records = grid(cell_spec(p), part_dir, str(out / "runs"), parent, base)
         summary_task(spec, records, str(out / "summary.json"), str(out / "runs"))
         if p.storage.bucket:
             prefix = f"{p.storage.prefix}/{p.experiment.name}"

@@ -1,4 +1,5 @@
-"""The DVC pipeline's stage commands: ``fedapt prepare | partition | validate | train | report``.
+"""The DVC pipeline's stage commands: ``fedapt prepare | partition | validate | pretrain |
+train | report``.
 
 Each stage reads params.yaml (the single configuration), writes only its declared outputs
 (atomically) and calls the same library functions as the Prefect flow, so ``dvc repro`` and
@@ -71,6 +72,42 @@ def validate(
 
 
 @app.command()
+def pretrain(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path(
+        "artifacts/pretrain"
+    ),
+    timing_dir: Annotated[
+        Path, typer.Option("--timing", help="folder for pretrain.json timings (not hashed)")
+    ] = Path("artifacts/timing"),
+) -> None:
+    """Train the frozen base centrally on the pretrain source (model.base: pretrain):
+    base.pt + base.json; with another model.base, only a card saying it is unused."""
+
+    def body() -> None:
+        from flows.experiment import validate as check_names
+        from tasks.pretrain import run_pretrain, source_split
+
+        p = _load(params, set_)
+        check_names(p)
+        if p.model.base == "pretrain":
+            source_split(p)  # bad source -> one line before any training
+        card = run_pretrain(p, out_dir, timing_file=timing_dir / "pretrain.json")
+        if not card["used"]:
+            out.print(f"pretrain not used ({card['reason']}): {out_dir / 'base.json'}")
+            return
+        src = card["source"]
+        out.print(
+            f"base {card['model']} on {src['dataset']} ({src['rows']} rows, classes "
+            f"{src['classes']}): source test accuracy {card['final_test_accuracy']:.4f}"
+        )
+        out.print(f"base: {out_dir / 'base.pt'} (sha256 {card['base_sha256'][:12]})")
+
+    _guard(body)
+
+
+@app.command()
 def train(
     algorithm: Annotated[str, typer.Option(help="a registered algorithm, e.g. fedavg")],
     adapter: Annotated[str, typer.Option(help="a registered adapter, e.g. full")] = "full",
@@ -86,6 +123,9 @@ def train(
     timing_dir: Annotated[
         Path, typer.Option("--timing", help="folder for <cell>.json timings (not hashed)")
     ] = Path("artifacts/timing"),
+    base_dir: Annotated[
+        Path, typer.Option("--base", help="pretrain output (base.pt) for model.base: pretrain")
+    ] = Path("artifacts/pretrain"),
 ) -> None:
     """Train one grid cell (one DVC stage of the train matrix), tracked in MLflow."""
 
@@ -108,6 +148,7 @@ def train(
             cell_dir,
             tags={"fedapt.entry": "dvc"},
             timing_file=timing_dir / f"{cell}.json",
+            base_path=base_dir / "base.pt",
         )
         out.print(results_table([record]))
         out.print(f"metrics: {cell_dir / 'metrics.json'}")

@@ -77,6 +77,42 @@ class PartitionSection(BaseModel):
 class ModelSection(_Section):
     name: str = "cifar_cnn"
     options: dict[str, Any] = Field(default_factory=dict)
+    # Side length fed to the backbone (images are resized per batch); null: the backbone's
+    # own (resnet26 72, ImageNet-pretrained 224) or else the data's.
+    input_size: int | None = Field(None, ge=1, le=1024)
+    # Initial weights: none (the builder's random init) | imagenet (the model's ImageNet
+    # weights: efficientnet_lite0 offline, tv_resnet* downloaded) | pretrain (the pretrain
+    # stage's backbone, trained on data the federation never sees).
+    base: Literal["none", "imagenet", "pretrain"] = "none"
+
+    @field_validator("options")
+    @classmethod
+    def _no_pretrained_option(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "pretrained" in v:
+            raise ValueError("set model.base (none | imagenet | pretrain) instead of pretrained")
+        return v
+
+
+class PretrainSection(_Section):
+    """Central training of the frozen base (model.base: pretrain) on a source the federation
+    never sees: training rows outside the FL subset, optionally only some classes, or another
+    dataset (a source domain, as Rebuffi's domain-agnostic base in seed 000)."""
+
+    dataset: str | None = None  # null: data.dataset (rows outside data.train_subset)
+    classes: tuple[int, ...] | None = None  # source classes to train on; null: all
+    max_samples: int | None = Field(12000, ge=1)  # seeded subset of the source rows
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(0.05, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(5e-4, ge=0.0)
+    batch_size: int = Field(64, ge=1)
+
+    @field_validator("classes")
+    @classmethod
+    def _some_classes(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if v is not None and (not v or min(v) < 0):
+            raise ValueError("classes are label ids >= 0, e.g. [5, 6, 7, 8, 9], or null for all")
+        return None if v is None else tuple(sorted(set(v)))
 
 
 class FederationSection(_Section):
@@ -158,6 +194,7 @@ class Params(_Section):
     data: DataSection = DataSection()
     partition: PartitionSection = PartitionSection()
     model: ModelSection = ModelSection()
+    pretrain: PretrainSection = PretrainSection()
     federation: FederationSection = FederationSection()
     client: ClientSection = ClientSection()
     lr_schedule: ScheduleSection = ScheduleSection()

@@ -15,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from fedcore.client import ImageData
 from fedcore.datasets import ArrayDataset, load_dataset
 from fedcore.errors import ConfigError
+from fedcore.inputs import ModelInput
 from fedcore.partition import (
     Partition,
     make_partition,
@@ -46,13 +47,18 @@ class ExperimentData:
     test_idx: np.ndarray
     tokenizer: Any = None  # text datasets: the model's tokenizer (models.text.TextTokenizer)
 
-    def image_data(self, split: str) -> ImageData:
+    def image_data(self, split: str, model_input: ModelInput | None = None) -> ImageData:
+        """The split as the engine reads it; ``model_input`` (``tasks.backbone.model_input``)
+        resizes batches, repeats gray to RGB and sets the normalisation the backbone needs."""
         ds, idx = (self.train, self.train_idx) if split == "train" else (self.test, self.test_idx)
         if split == "test" and len(idx) < len(ds):
             ds = ds.subset(idx)
         if isinstance(ds, TextDataset):  # token ids for a text model (fedcore.text)
             return self.text_data(ds, idx if split == "train" else None)  # type: ignore[return-value]
-        return ImageData(ds.images, ds.labels, ds.info.mean, ds.info.std)
+        if model_input is None:
+            return ImageData(ds.images, ds.labels, ds.info.mean, ds.info.std)
+        m = model_input
+        return ImageData(ds.images, ds.labels, m.mean, m.std, size=m.size, channels=m.channels)
 
     def text_data(self, ds: TextDataset, rows: np.ndarray | None) -> TextData:
         """Token ids of ``ds`` (only ``rows`` tokenized when given), padded to max_length."""

@@ -224,3 +224,10 @@ def update_champion(name: str) -> str | None:
         return None
     client.set_registered_model_alias(name, CHAMPION, str(best))
     return str(best)
+
+
+def log_artifacts(run_id: str, paths: list[str], artifact_path: str) -> None:
+    """Attach files (e.g. the pretrain base and its card) to a run's artifacts."""
+    client = _client()
+    for path in paths:
+        client.log_artifact(run_id, path, artifact_path)

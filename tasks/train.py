@@ -23,8 +23,9 @@ from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.schedules import LRSchedule
-from models.adapters import adapted_model, check_adapter, get_adapter
+from models.adapters import check_adapter, get_adapter
 from tasks import tracking
+from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition, shards_of
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -36,20 +37,37 @@ def clients_per_round(params: Params) -> int:
     return max(1, round(f.participation * params.partition.num_clients))
 
 
-def model_factory(params: Params, data: ExperimentData, adapter: str = "full") -> functools.partial:
-    """A picklable builder of the backbone with ``adapter`` injected (worker processes
+def model_factory(
+    params: Params, data: ExperimentData, adapter: str = "full", base_path: str | None = None
+) -> functools.partial:
+    """A picklable builder of the backbone (its input as ``model_input`` says, the pretrain
+    base copied in when ``base_path`` is given) with ``adapter`` injected (worker processes
     construct their own copy)."""
     info = data.train.info
-    c, h, _ = info.input_shape
+    inp = model_input(params, info)
     return functools.partial(
-        adapted_model,
+        build_backbone,
         params.model.name,
         adapter,
+        base_path,
         num_classes=info.num_classes,
-        in_channels=c,
-        input_size=h,
-        **params.model.options,
+        in_channels=inp.channels,
+        input_size=inp.size,
+        **backbone_options(params),
     )
+
+
+def require_base(params: Params, base_path: str | Path | None) -> str | None:
+    """The base file the cell starts from: needed exactly when ``model.base`` is pretrain."""
+    if params.model.base != "pretrain":
+        return None
+    path = Path(base_path) if base_path else None
+    if path is None or not path.is_file():
+        raise ConfigError(
+            f"model.base: pretrain: no pretrain base at {path or 'artifacts/pretrain/base.pt'}; "
+            f"run: fedapt pretrain (or dvc repro pretrain)"
+        )
+    return str(path)
 
 
 def check_cell(algorithm: str, adapter: str) -> None:
@@ -75,14 +93,17 @@ def train_cell(
     out_dir: str | Path,
     callbacks: Sequence[Callback] = (),
     timing_file: str | Path | None = None,
+    base_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Simulate one grid cell; writes its outputs (see write_cell_outputs), returns its record."""
     method = get_adapter(check_adapter(adapter))
+    base = require_base(params, base_path)
     algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
     device = resolve_device(params.runtime.device)
     m = clients_per_round(params)
     c, s = params.client, params.lr_schedule
-    model_fn = model_factory(params, data, adapter)
+    model_fn = model_factory(params, data, adapter, base)
+    inp = model_input(params, data.train.info)
     adapted = model_fn()
     sizes = method.counts(adapted)
     timer = LocalTrainingTime()
@@ -90,8 +111,8 @@ def train_cell(
     sim = Simulation(
         model_fn=model_fn,
         algorithm=algo,
-        train=data.image_data("train"),
-        test=data.image_data("test"),
+        train=data.image_data("train", inp),
+        test=data.image_data("test", inp),
         shards=shards_of(part),
         noise_var=part.noise_var,
         local=LocalConfig(
@@ -242,6 +263,7 @@ def run_cell(
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
     timing_file: str | Path | None = None,
+    base_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
     per-round metrics and the final (merged) model registered. Returns the summary record."""
@@ -263,7 +285,7 @@ def run_cell(
     started = time.perf_counter()
     try:
         record = train_cell(
-            params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file
+            params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file, base_path
         )
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         if run_id is not None:
@@ -273,7 +295,7 @@ def run_cell(
             # The registry holds the merged plain model (adapters folded into the backbone)
             # where the method allows it, else the adapted model.
             model = get_adapter(adapter).merge(model) or model
-            c, h, w = data.train.info.input_shape
+            c, h, w = model_input(params, data.train.info).shape
             reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
             record["registered_model"] = reg
             record["model_version"] = tracking.log_and_register_model(
@@ -296,8 +318,11 @@ def train_task(
     adapter: str,
     runs_dir: str,
     parent_run_id: str | None = None,
+    base_path: str | None = None,
 ) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record."""
     params = Params.model_validate(spec)
     cell_dir = Path(runs_dir) / cell_name(algorithm, adapter)
-    return run_cell(params, partition_dir, algorithm, adapter, cell_dir, parent_run_id)
+    return run_cell(
+        params, partition_dir, algorithm, adapter, cell_dir, parent_run_id, base_path=base_path
+    )
