@@ -116,3 +116,32 @@ def test_unused_pretrain_writes_only_a_card(tmp_path):
     card = run_pretrain(params("model.base=none"), tmp_path)
     assert card == {"used": False, "reason": "model.base is none"}
     assert not (tmp_path / "base.pt").exists()
+
+
+@pytest.mark.slow
+def test_flow_pretrains_once_and_federates_from_the_base(tmp_path, monkeypatch):
+    """fedapt run with model.base: pretrain: the pretrain task writes the base into the
+    experiment's reports (copied to S3 with them), the cells start from it; a second run
+    reuses it by fingerprint."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.experiment import experiment_dir, experiment_flow
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    p = params(
+        f"experiment.reports_dir={tmp_path / 'reports'}",
+        "federation.rounds=1",
+        "federation.last_rounds=1",
+        "partition.num_clients=3",
+        "runtime.tracking=false",
+        "runtime.workers=0",
+        "storage.bucket=null",
+    )
+    with prefect_test_harness(server_startup_timeout=180):
+        records = experiment_flow(params=p.model_dump(mode="json"))
+        base = experiment_dir(p) / "pretrain/base.pt"
+        first = base.read_bytes()
+        mtime = base.stat().st_mtime_ns
+        experiment_flow(params=p.model_dump(mode="json"))
+    assert records[0]["final_accuracy"] is not None
+    assert base.read_bytes() == first and base.stat().st_mtime_ns == mtime  # reused, not retrained
