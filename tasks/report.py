@@ -81,7 +81,15 @@ def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -
     ]
 
 
-_NOT_EXACT = ("wall_seconds", "process_seconds", "round_seconds", "rounds")
+# Timings (every key train.py keeps out of metrics.json, plus per-round lists): not hashed.
+_NOT_EXACT = (
+    "wall_seconds",
+    "process_seconds",
+    "round_seconds",
+    "rounds",
+    "local_train_seconds_mean",
+    "local_train_seconds_per_round",
+)
 
 
 def write_report(
