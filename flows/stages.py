@@ -131,13 +131,14 @@ def train(
 
     def body() -> None:
         from flows.experiment import preflight
-        from tasks.train import cell_name, run_cell
+        from tasks.train import cell_name, require_base, run_cell
 
         extra = [f"runtime.device={device}"] if device else []
         extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
         p = _load(params, set_, extra)
         preflight(p, partition_dir, storage=False)
         _require_valid(partition_dir)
+        require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
         cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
         cell = cell_name(algorithm, adapter)
         record = run_cell(

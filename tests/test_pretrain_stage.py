@@ -145,3 +145,42 @@ def test_flow_pretrains_once_and_federates_from_the_base(tmp_path, monkeypatch):
         experiment_flow(params=p.model_dump(mode="json"))
     assert records[0]["final_accuracy"] is not None
     assert base.read_bytes() == first and base.stat().st_mtime_ns == mtime  # reused, not retrained
+
+
+def test_pretrain_command_and_train_without_a_base(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    common = ["--params", str(REPO / "params.yaml"), "--set", f"data.root={REPO / 'data/raw'}"]
+    res = runner.invoke(
+        app,
+        ["pretrain", *common, "--set", "model.base=pretrain", "--set", "pretrain.classes=[11]"]
+        + ["--out", str(tmp_path / "pt")],
+    )
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == [
+        "fedapt: error: pretrain.classes: fashion_mnist has classes 0..9 (got [11])"
+    ]
+    assert not (tmp_path / "pt").exists()  # nothing written
+    res = runner.invoke(
+        app, ["pretrain", *common, "--out", str(tmp_path / "pt"), "--timing", str(tmp_path)]
+    )
+    assert res.exit_code == 0 and "pretrain not used (model.base is none)" in res.output
+    small = ["--set", "data.train_subset=600", "--set", "data.test_subset=200"]
+    part = str(tmp_path / "part")
+    assert runner.invoke(app, ["partition", *common, *small, "--out", part]).exit_code == 0
+    assert runner.invoke(app, ["validate", *common, *small, "--partition", part]).exit_code == 0
+    res = runner.invoke(
+        app,
+        ["train", "--algorithm", "fedavg", *common, *small, "--set", "model.base=pretrain"]
+        + ["--set", "runtime.tracking=false", "--partition", part, "--base", str(tmp_path / "pt")]
+        + ["--out", str(tmp_path / "cell")],
+    )
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == [
+        f"fedapt: error: model.base: pretrain: no pretrain base at {tmp_path / 'pt/base.pt'}; "
+        "run: fedapt pretrain (or dvc repro pretrain)"
+    ]
+    assert not (tmp_path / "cell").exists()
