@@ -235,6 +235,11 @@ def evaluate(
     idx = torch.arange(len(data)) if indices is None else torch.as_tensor(indices)
     params, buffers = split_state(model, {k: v.to(device) for k, v in state.items()})
     correct, loss_sum = 0, 0.0
+    size = getattr(data, "size", None)  # inputs resized for the backbone (fedcore.inputs)
+    if size is not None:
+        # Keep a batch's pixels at most those of 1000 32x32 images: at 224x224 that is 20
+        # images, not the 1000 whose EfficientNet activations would take tens of GB.
+        batch_size = max(1, min(batch_size, batch_size * 32 * 32 // (size * size)))
     for pos in idx.split(batch_size):
         x, y = data.batch(pos, device=device)
         logits = functional_call(model, (params, buffers), (x,))

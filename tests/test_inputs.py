@@ -80,3 +80,23 @@ def test_image_data_batches_in_the_backbone_input_deterministically():
     )
     assert torch.allclose(raw[:, 0], raw[:, 1], atol=1e-5)
     assert images.shape == (10, 1, 28, 28)  # storage stays uint8 at the stored size
+
+
+def test_evaluation_batches_shrink_with_the_input_size():
+    from fedcore.client import evaluate
+
+    seen: list[int] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(x.shape[0])
+            return torch.zeros(x.shape[0], 2)
+
+    images = torch.zeros(50, 1, 28, 28, dtype=torch.uint8)
+    labels = torch.zeros(50, dtype=torch.int64)
+    big = ImageData(images, labels, (0.5,) * 3, (0.5,) * 3, size=224, channels=3)
+    assert evaluate(Probe(), {}, big) == (50, pytest.approx(50 * 0.693147, rel=1e-5), 50)
+    assert seen == [20, 20, 10]  # 1000 * 32^2 / 224^2 = 20 images per batch
+    seen.clear()
+    evaluate(Probe(), {}, ImageData(images, labels, (0.5,), (0.5,)))
+    assert seen == [50]  # stored size: the usual 1000-image batches
