@@ -19,6 +19,7 @@ from fedcore.errors import ConfigError
 from fedcore.inputs import ModelInput, resolve_input
 from models import get_model, input_spec, list_models, model_options
 from models.adapters import adapt
+from models.text import is_text_model
 from tasks.config import Params
 
 BASE_FILE = "base.pt"
@@ -32,6 +33,11 @@ def backbone_options(params: Params) -> dict[str, Any]:
     """``model.options`` plus ``pretrained`` as ``model.base`` says (for models that take it)."""
     name, base = params.model.name, params.model.base
     options = dict(params.model.options)
+    if base == "pretrain" and is_text_model(name):
+        raise ConfigError(
+            f"model.base: pretrain trains image backbones; text model {name!r} starts from its "
+            f"own pretrained weights: set model.base: none"
+        )
     takes_pretrained = "pretrained" in model_options(name)
     if base == "imagenet":
         if not takes_pretrained:

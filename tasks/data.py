@@ -24,7 +24,7 @@ from fedcore.partition import (
     write_manifest,
     write_stats,
 )
-from fedcore.text import TextData, TextDataset
+from fedcore.text import TextData, TextDataset, tokenize
 from tasks.config import Params
 
 _SUBSET_STREAM = 7
@@ -66,10 +66,16 @@ class ExperimentData:
         name = f"{ds.info.name} {'train' if rows is not None else 'test'}"
         return TextData.from_texts(ds.texts, ds.labels, tok, tok.max_length, rows=rows, name=name)
 
+    def text_example(self) -> torch.Tensor:
+        """Two test texts as token ids (2, max_length): MLflow's input example for a text
+        model (its exported program takes ids padded to max_length)."""
+        tok = self.tokenizer
+        return tokenize(self.test.texts[:2], tok, tok.max_length)[0]
+
 
 def text_tokenizer_for(params: Params, dataset: Any) -> Any:
     """The model's tokenizer for a text dataset; a model and dataset of different kinds (text
-    vs images) -> one line, before anything is trained."""
+    vs images), or feature noise on text -> one line, before anything is trained."""
     from models.text import is_text_model, text_models, text_tokenizer
 
     name, text = params.model.name, isinstance(dataset, TextDataset)
@@ -77,6 +83,11 @@ def text_tokenizer_for(params: Params, dataset: Any) -> Any:
         raise ConfigError(
             f"dataset {params.data.dataset!r} is text and model {name!r} takes images; "
             f"text models: {', '.join(text_models())}"
+        )
+    if text and params.partition.scheme == "gaussian_noise":
+        raise ConfigError(
+            "partition.scheme: gaussian_noise adds Gaussian noise to image features, not to "
+            "token ids; choose another partition scheme for text datasets"
         )
     if not text and is_text_model(name):
         raise ConfigError(

@@ -298,8 +298,10 @@ def run_cell(
             c, h, w = model_input(params, data.train.info).shape
             reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
             record["registered_model"] = reg
+            text = data.tokenizer is not None  # token ids (2, max_length), else images
+            example = data.text_example() if text else torch.zeros(2, c, h, w)
             record["model_version"] = tracking.log_and_register_model(
-                run_id, model, torch.zeros(2, c, h, w), reg, record["final_accuracy"]
+                run_id, model, example, reg, record["final_accuracy"]
             )
             record["mlflow_run_id"] = run_id
             tracking.end_run(run_id)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +230,70 @@ def test_federated_tweets_two_rounds_full():
 @pytest.mark.slow
 def test_federated_tweets_deterministic():
     assert tweet_run()[0] == tweet_run()[0]  # same params and seed, same metrics
+
+
+# ---- through the pipeline (fedapt run) ------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+TWEETS = ["--set", "data.dataset=tweet_sentiment", "--set", "model.name=minilm"]
+
+
+def fedapt(tmp_path, command, *args):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    where = ["--set", f"experiment.reports_dir={tmp_path / 'reports'}"]
+    local = ["--set", "storage.bucket=null", "--set", "runtime.tracking=false"]
+    params = ["--params", str(REPO / "params.yaml")]
+    return CliRunner().invoke(app, [command, *local, *args, *params, *where])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "data.dataset=tweet_sentiment"], "is text and model 'cifar_cnn' takes images"),
+        (["--set", "model.name=minilm"], "takes text and dataset 'fashion_mnist' holds images"),
+        ([*TWEETS, "--set", "model.options.max_length=1000"], "max_length must be in [2, 512]"),
+        ([*TWEETS, "--set", "model.options.pooling=max"], "pooling must be one of cls, mean"),
+        ([*TWEETS, "--set", "model.base=pretrain"], "text model 'minilm' starts from its own"),
+        ([*TWEETS, "--set", "partition.scheme=gaussian_noise"], "not to token ids"),
+    ],
+)
+def test_bad_text_input_one_line_no_outputs(tmp_path, args, needle):
+    res = fedapt(tmp_path, "run", *args)
+    text = res.output.strip()
+    assert res.exit_code == 2 and needle in text and "Traceback" not in text, text
+    assert len(text.splitlines()) == 1, text
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.slow
+def test_fedapt_run_on_tweets_registers_the_model(tmp_path, monkeypatch):
+    """`fedapt run` on tweets with MiniLM (full): Prefect flow, MLflow run, registered model
+    that computes what the final global model computes on token ids."""
+    import mlflow.pytorch
+    from prefect.testing.utilities import prefect_test_harness
+
+    from tasks.config import load_params
+    from tasks.data import load_experiment_data
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    small = [*TWEETS, "--set", "data.train_subset=24", "--set", "data.test_subset=24"]
+    small += ["--set", "partition.scheme=iid", "--set", "partition.num_clients=2"]
+    small += ["--set", "federation.rounds=1", "--set", "runtime.workers=0"]
+    small += ["--set", "model.options.max_length=32", "--set", "validation.min_shard_size=1"]
+    small += ["--set", "experiment.name=tweets-minilm"]
+    with prefect_test_harness(server_startup_timeout=180):
+        res = fedapt(tmp_path, "run", *small, "--set", "runtime.tracking=true")
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "reports" / "tweets-minilm"
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert run["model"] == "minilm" and run["total_params"] == ENCODER_PARAMS + 384 * 3 + 3
+    assert run["upload_bytes_per_round"] == 2 * run["payload_bytes"]  # 2 clients, whole model
+    loaded = mlflow.pytorch.load_model(f"models:/{run['registered_model']}@champion")
+    ref = get_model("minilm", num_classes=3, max_length=32)
+    ref.load_state_dict(payload.decode((out / "runs/fedavg-full/model.pt").read_bytes()))
+    params = load_params(REPO / "params.yaml", [a for a in small if a != "--set"])
+    x = load_experiment_data(params).text_example()  # (2, 32) ids, as logged
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), ref.eval()(x), atol=1e-5)
