@@ -128,12 +128,12 @@ def test_flow_pretrains_once_and_federates_from_the_base(tmp_path, monkeypatch):
     from flows.experiment import experiment_dir, experiment_flow
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     p = params(
         f"experiment.reports_dir={tmp_path / 'reports'}",
         "federation.rounds=1",
         "federation.last_rounds=1",
         "partition.num_clients=3",
-        "runtime.tracking=false",
         "runtime.workers=0",
         "storage.bucket=null",
     )
@@ -145,6 +145,9 @@ def test_flow_pretrains_once_and_federates_from_the_base(tmp_path, monkeypatch):
         experiment_flow(params=p.model_dump(mode="json"))
     assert records[0]["final_accuracy"] is not None
     assert base.read_bytes() == first and base.stat().st_mtime_ns == mtime  # reused, not retrained
+    logged = sorted((tmp_path / "artifacts").glob("**/artifacts/pretrain/*"))
+    assert [f.name for f in logged] == ["base.json", "base.pt"] * 2  # on both parent runs
+    assert logged[1].read_bytes() == first
 
 
 def test_pretrain_command_and_train_without_a_base(tmp_path):
