@@ -11,9 +11,10 @@ without importing ``transformers`` (8 s here).
 **CLS plumbing (for the Accumulator of seed 001 and the layer-wise heads).** Every encoder
 classifier in fedapt exposes the same attributes, whatever its family:
 
-* ``blocks``: the ``nn.ModuleList`` of transformer blocks in forward order
-  (BERT-style: ``bert.encoder.layer``, 6 ``BertLayer`` in MiniLM; ViT-style (timm):
-  ``blocks``, 12 ``Block`` in ViT/DeiT-small); ``block_names()`` their module names;
+* ``blocks``: the transformer blocks in forward order, an ``nn.ModuleList`` or
+  ``nn.Sequential`` (BERT-style: ``bert.encoder.layer``, 6 ``BertLayer`` in MiniLM; ViT-style
+  (timm): ``blocks``, 12 ``Block`` in ViT/DeiT-small, so a timm model works as it is, with
+  ``embed_dim`` as its width); ``block_names()`` their module names;
 * ``hidden_size`` (384 for MiniLM and ViT/DeiT-small) and ``cls_index`` (0: BERT's [CLS] and
   ViT's class token both sit at position 0; DeiT's distillation token, where present, at 1);
 * each block maps (B, T, H) -> (B, T, H) (BERT blocks take the extended attention mask as
@@ -109,8 +110,8 @@ def check_tokenizer(tokenizer: TextTokenizer, vocab_size: int, pad_id: int | Non
 
 def cls_states(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(B, num_blocks, H): the CLS hidden state after each of ``model.blocks`` (module docstring)."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
+    blocks = getattr(model, "blocks", None)  # ModuleList (BERT) or Sequential (timm ViT)
+    if not isinstance(blocks, nn.ModuleList | nn.Sequential):
         raise ConfigError(f"{type(model).__name__} has no ``blocks`` list of transformer blocks")
     cls = int(getattr(model, "cls_index", 0))
     states: list[torch.Tensor] = []

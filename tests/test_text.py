@@ -144,6 +144,41 @@ def test_minilm_outputs_deterministic_and_padding_invariant():
         assert mean(x).shape == (2, 3)
 
 
+class TinyViT(torch.nn.Module):
+    """timm's ViT layout in miniature: patch tokens + a class token at 0, ``blocks`` as
+    nn.Sequential (B, T, H) -> (B, T, H), a final norm and a head on the class token."""
+
+    def __init__(self, hidden: int = 8, depth: int = 3) -> None:
+        super().__init__()
+        self.patch = torch.nn.Linear(4, hidden)
+        self.cls_token = torch.nn.Parameter(torch.randn(1, 1, hidden))
+        layer = functools.partial(
+            torch.nn.TransformerEncoderLayer, hidden, 2, 16, dropout=0.0, batch_first=True
+        )
+        self.blocks = torch.nn.Sequential(*[layer() for _ in range(depth)])
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.head = torch.nn.Linear(hidden, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, P, 4) patches
+        t = self.patch(x)  # (B, P, H)
+        t = torch.cat([self.cls_token.expand(len(t), -1, -1), t], dim=1)  # (B, 1 + P, H)
+        return self.head(self.norm(self.blocks(t))[:, 0])
+
+
+def test_cls_states_on_a_vit_style_encoder():
+    vit = TinyViT().eval()
+    x = torch.randn(2, 5, 4)
+    with torch.no_grad():
+        states = cls_states(vit, x)  # (B, blocks, H)
+        assert states.shape == (2, 3, 8)
+        t = torch.cat([vit.cls_token.expand(2, -1, -1), vit.patch(x)], dim=1)
+        for i, block in enumerate(vit.blocks):
+            t = block(t)
+            assert torch.allclose(states[:, i], t[:, 0])
+    with pytest.raises(ConfigError, match="no ``blocks``"):
+        cls_states(torch.nn.Linear(4, 3), x)
+
+
 def test_mismatches_are_one_line():
     tok = text_tokenizer("minilm")
     with pytest.raises(ConfigError, match="has 30522 tokens but the model embeds 1000"):
