@@ -107,6 +107,11 @@ def train_base(params: Params, out_dir: str | Path) -> dict[str, Any]:
     train, rows, test, test_rows = source_split(params)
     fl_info = load_experiment_data(params).train.info
     inp = model_input(params, fl_info)  # the federation's input, so the base fits it
+    if train.info.kind != "image":  # e.g. pretrain.dataset: tweet_sentiment
+        raise ConfigError(
+            f"pretrain.dataset {train.info.name!r} is text; the pretrain stage trains image "
+            f"backbones on image data"
+        )
     if train.info.input_shape[0] not in (1, inp.channels):
         raise ConfigError(
             f"pretrain.dataset {train.info.name!r} has {train.info.input_shape[0]} channels; "

@@ -332,3 +332,16 @@ def test_fedapt_run_on_tweets_registers_the_model(tmp_path, monkeypatch):
     x = load_experiment_data(params).text_example()  # (2, 32) ids, as logged
     with torch.no_grad():
         assert torch.allclose(loaded(x), ref.eval()(x), atol=1e-5)
+
+
+def test_pretrain_on_text_is_one_line(tmp_path):
+    from tasks.config import load_params
+    from tasks.pretrain import train_base
+
+    p = load_params(
+        REPO / "params.yaml",
+        ["pretrain.dataset=tweet_sentiment", "model.base=pretrain", "data.train_subset=1000"],
+    )
+    with pytest.raises(ConfigError, match="pretrain.dataset 'tweet_sentiment' is text"):
+        train_base(p, tmp_path)
+    assert not any(tmp_path.iterdir())
