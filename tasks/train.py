@@ -24,6 +24,7 @@ from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.schedules import LRSchedule
 from models.adapters import check_adapter, get_adapter
+from models.serving import ImageServing
 from tasks import tracking
 from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
@@ -295,11 +296,13 @@ def run_cell(
             # The registry holds the merged plain model (adapters folded into the backbone)
             # where the method allows it, else the adapted model.
             model = get_adapter(adapter).merge(model) or model
-            c, h, w = model_input(params, data.train.info).shape
             reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
             record["registered_model"] = reg
-            text = data.tokenizer is not None  # token ids (2, max_length), else images
-            example = data.text_example() if text else torch.zeros(2, c, h, w)
+            if data.tokenizer is not None:  # token ids (2, max_length)
+                example = data.text_example()
+            else:  # images as stored (pixel/255); the model resizes and normalises them
+                model = ImageServing(model, model_input(params, data.train.info))
+                example = torch.zeros(2, *data.train.info.input_shape)
             record["model_version"] = tracking.log_and_register_model(
                 run_id, model, example, reg, record["final_accuracy"]
             )

@@ -87,9 +87,18 @@ def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
     adapted = adapted_model("resnet26", "residual", num_classes=10, in_channels=1, width=0.125)
     adapted.load_state_dict(payload.decode((tmp_path / "cell/model.pt").read_bytes()))
     assert any(isinstance(m, ResidualConv2d) for m in adapted.modules())
-    x = torch.randn(3, 1, 28, 28)
+    # The registered model takes images as stored (pixel/255, 1x28x28) and applies the
+    # training input step itself (resize to resnet26's 72x72, normalise): its logits equal
+    # the adapted model's on the engine's own test batches.
+    from tasks.backbone import model_input
+
+    test = data.image_data("test", model_input(p, data.train.info))
+    idx = torch.arange(3)
+    x, _ = test.batch(idx)
+    assert tuple(x.shape) == (3, 1, 72, 72)
+    stored = test.images.index_select(0, idx).float() / 255.0
     with torch.no_grad():
-        assert torch.allclose(loaded(x), adapted.eval()(x), atol=1e-5)
+        assert torch.allclose(loaded(stored), adapted.eval()(x), atol=1e-5)
 
 
 @pytest.mark.parametrize(

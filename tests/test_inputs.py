@@ -100,3 +100,29 @@ def test_evaluation_batches_shrink_with_the_input_size():
     seen.clear()
     evaluate(Probe(), {}, ImageData(images, labels, (0.5,), (0.5,)))
     assert seen == [50]  # stored size: the usual 1000-image batches
+
+
+@pytest.mark.parametrize(
+    ("spec", "size", "channels"),
+    [
+        (InputSpec(size=72), 72, 1),  # resnet26: upsampled
+        (InputSpec(size=16, channels=3, mean=IMAGENET_MEAN, std=IMAGENET_STD), 16, 3),  # shrunk
+        (InputSpec(), 28, 1),  # scratch CNNs: as stored
+    ],
+)
+def test_serving_model_applies_the_training_input_step(spec, size, channels):
+    """The registered model takes stored images (pixel/255) and gives the backbone exactly
+    the batch training gave it."""
+    from models.serving import ImageServing
+
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)
+    inp = resolve_input(spec, *FMNIST)
+    data = ImageData(
+        images, torch.zeros(5, dtype=torch.int64), inp.mean, inp.std, size=size, channels=channels
+    )
+    backbone = torch.nn.Sequential(torch.nn.Conv2d(channels, 4, 3), torch.nn.Flatten())
+    x, _ = data.batch(torch.arange(5))
+    served = ImageServing(backbone, inp).eval()
+    with torch.no_grad():
+        assert torch.equal(served(images.float() / 255.0), backbone(x))
