@@ -23,7 +23,7 @@ from fedcore.device import resolve_device
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.partition import list_partitioners, scheme_options
 from models import list_models
-from models.adapters import check_adapter
+from models.adapters import check_adapter, get_adapter
 from tasks import services
 from tasks.config import Params, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
@@ -53,6 +53,8 @@ def validate(params: Params) -> None:
         raise UnknownNameError("model", params.model.name, list_models())
     for algorithm in params.grid.algorithms:
         build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+    for adapter, options in params.grid.adapter_options.items():
+        get_adapter(adapter, options)  # unknown method, option or value -> one line
     for adapter in params.grid.adapters:
         check_adapter(adapter)
         for algorithm in params.grid.algorithms:

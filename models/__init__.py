@@ -5,6 +5,7 @@ from models import efficientnet as _efficientnet  # noqa: F401  (efficientnet_li
 from models import minilm as _minilm  # noqa: F401  (minilm offline, text_hf online)
 from models import pretrained as _pretrained  # noqa: F401  (tv_resnet18/34/50, online)
 from models import resnet as _resnet  # noqa: F401  (registers resnet26)
+from models import vit as _vit  # noqa: F401  (vit_small, deit_small, vit_base: timm, online)
 from models.registry import (
     count_parameters,
     get_model,

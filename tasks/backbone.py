@@ -93,11 +93,15 @@ def load_base(model: nn.Module, path: str | Path, model_name: str = "model") -> 
 
 
 def build_backbone(
-    model_name: str, adapter: str, base_path: str | None = None, **kwargs: Any
+    model_name: str,
+    adapter: str,
+    base_path: str | None = None,
+    adapter_options: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> nn.Module:
     """The registered backbone, the pretrain base copied in (if any), ``adapter`` injected.
     Module-level so that ``functools.partial`` of it pickles to worker processes."""
     model = get_model(model_name, **kwargs)
     if base_path is not None:
         load_base(model, base_path, model_name)
-    return adapt(model, adapter, model_name)
+    return adapt(model, adapter, model_name, adapter_options)

@@ -150,6 +150,8 @@ class GridSection(_Section):
     algorithms: tuple[str, ...] = ("fedavg",)
     adapters: tuple[str, ...] = ("full",)
     algorithm_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # per adapter method, e.g. {lora: {r: 8, alpha: 16}}; checked by the method before the flow
+    adapter_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class ValidationSection(_Section):

@@ -51,6 +51,7 @@ def model_factory(
         params.model.name,
         adapter,
         base_path,
+        params.grid.adapter_options.get(adapter),
         num_classes=info.num_classes,
         in_channels=inp.channels,
         input_size=inp.size,
@@ -97,7 +98,7 @@ def train_cell(
     base_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Simulate one grid cell; writes its outputs (see write_cell_outputs), returns its record."""
-    method = get_adapter(check_adapter(adapter))
+    method = get_adapter(check_adapter(adapter), params.grid.adapter_options.get(adapter))
     base = require_base(params, base_path)
     algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
     device = resolve_device(params.runtime.device)
@@ -295,7 +296,8 @@ def run_cell(
             model.load_state_dict(payload.decode((Path(cell_dir) / "model.pt").read_bytes()))
             # The registry holds the merged plain model (adapters folded into the backbone)
             # where the method allows it, else the adapted model.
-            model = get_adapter(adapter).merge(model) or model
+            method = get_adapter(adapter, params.grid.adapter_options.get(adapter))
+            model = method.merge(model) or model
             reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
             record["registered_model"] = reg
             if data.tokenizer is not None:  # token ids (2, max_length)

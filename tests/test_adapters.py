@@ -40,13 +40,16 @@ EXPECTED = {
     "head": (18, 2, 18 * 4),
     "bn_head": (8 + 16 + 18, 2 + 10, (8 + 8 + 16 + 16 + 18) * 4 + 16),
     "residual": (132 + 8 + 16 + 18, 4 + 2 + 10, (132 + 8 + 8 + 16 + 16 + 18) * 4 + 16),
+    # LoRA r=8 on the dense convs conv1-3 (no 1x1 convs here; conv4 is grouped): A (8, C_in,
+    # 3, 3) + B (C_out, 8, 1, 1) = 72+32, 288+64, 576+64 = 1,096; + BatchNorm and head.
+    "lora": (1096 + 8 + 16 + 18, 6 + 2 + 10, (1096 + 8 + 8 + 16 + 16 + 18) * 4 + 16),
 }
 
 
 def test_registry_lists_the_methods():
-    assert METHODS == ["bn_head", "full", "head", "residual"]
+    assert METHODS == ["bn_head", "full", "head", "lora", "residual"]
     assert set(EXPECTED) == set(METHODS)  # a new method must add its hand-computed sizes
-    with pytest.raises(UnknownNameError, match="valid: bn_head, full, head, residual"):
+    with pytest.raises(UnknownNameError, match="valid: bn_head, full, head, lora, residual"):
         get_adapter("lora9")
 
 
@@ -219,8 +222,8 @@ def test_residual_on_a_model_without_3x3_convs_is_one_line():
     msg = str(exc.value)
     assert "\n" not in msg
     assert "no plain 3x3 nn.Conv2d (its convolutions are 5x5)" in msg
-    assert msg.endswith("methods that apply: full, head")
-    assert applicable_adapters(get_model("cifar_cnn", num_classes=10)) == ["full", "head"]
+    assert msg.endswith("methods that apply: full, head, lora")
+    assert applicable_adapters(get_model("cifar_cnn", num_classes=10)) == ["full", "head", "lora"]
 
 
 def test_residual_leaves_conv_subclasses_alone():
@@ -235,7 +238,9 @@ def test_residual_leaves_conv_subclasses_alone():
 
 
 def test_bn_head_needs_batchnorm():
-    msg = "no BatchNorm layer with affine parameters; methods that apply: full, head, residual"
+    msg = (
+        "no BatchNorm layer with affine parameters; methods that apply: full, head, lora, residual"
+    )
     with pytest.raises(ConfigError, match=msg):
         adapt(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2)), "bn_head")
 

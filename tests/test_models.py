@@ -14,7 +14,9 @@ from models import registry as model_registry
 from models.text import is_text_model
 
 FAST = {"resnet26": {"width": 0.25}}  # keeps every parametrized case well under a second
+FAST.update({v: {"patch_size": 4, "depth": 2} for v in ("vit_small", "deit_small", "vit_base")})
 MIN_SIZE = {"cifar_cnn": 16, "lenet5": 16, "resnet26": 8, "efficientnet_lite0": 16}
+MIN_SIZE.update({v: 4 for v in ("vit_small", "deit_small", "vit_base")})  # one 4-pixel patch
 MIN_SIZE.update({f"tv_resnet{d}": 16 for d in (18, 34, 50)})  # pretrained: false by default
 
 
@@ -168,7 +170,8 @@ def test_bad_common_arguments(name):
 
 def test_bad_model_names_and_options():
     with pytest.raises(
-        UnknownNameError, match="unknown model 'vgg'; valid: cifar_cnn, efficientnet_lite0, lenet5"
+        UnknownNameError,
+        match="unknown model 'vgg'; valid: cifar_cnn, deit_small, efficientnet_lite0, lenet5",
     ):
         get_model("vgg", num_classes=10)
     with pytest.raises(ConfigError, match="takes no option 'depth'; allowed: init$"):

@@ -1,12 +1,15 @@
 """Adapter methods: which parameters train and travel (one registry for every backbone).
 
-One method = one module (``full``, ``head``, ``bn_head``, ``residual``); the contract is
+One method = one module (``full``, ``head``, ``bn_head``, ``residual``, ``lora``); the contract is
 ``models.adapters.base.AdapterMethod``. ``adapt(model, name)`` injects a method into a
 backbone and freezes the base; a method that cannot adapt the backbone stops with one line
 saying why and which methods apply.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from torch import nn
 
@@ -15,11 +18,12 @@ from models.adapters.base import AdapterCounts, AdapterMethod
 from models.adapters.bn_head import BNHead
 from models.adapters.full import Full
 from models.adapters.head import Head
+from models.adapters.lora import Lora
 from models.adapters.residual import Residual, ResidualConv2d
 from models.registry import get_model
 
 ADAPTER_METHODS: dict[str, type[AdapterMethod]] = {
-    cls.name: cls for cls in (Full, Head, BNHead, Residual)
+    cls.name: cls for cls in (Full, Head, BNHead, Residual, Lora)
 }
 
 
@@ -40,17 +44,23 @@ def check_adapter(name: str) -> str:
     return name
 
 
-def get_adapter(name: str) -> AdapterMethod:
-    return ADAPTER_METHODS[check_adapter(name)]()
+def get_adapter(name: str, options: Mapping[str, Any] | None = None) -> AdapterMethod:
+    """Method ``name`` with its options (``grid.adapter_options[name]``; none: defaults)."""
+    return ADAPTER_METHODS[check_adapter(name)].from_options(options)
 
 
 def applicable_adapters(model: nn.Module) -> list[str]:
     return [n for n in list_adapters() if ADAPTER_METHODS[n]().applies_to(model) is None]
 
 
-def adapt(model: nn.Module, name: str, model_name: str | None = None) -> nn.Module:
+def adapt(
+    model: nn.Module,
+    name: str,
+    model_name: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> nn.Module:
     """Inject adapter method ``name`` into ``model`` (in place) and freeze its base."""
-    method = get_adapter(name)
+    method = get_adapter(name, options)
     reason = method.applies_to(model)
     if reason is not None:
         raise ConfigError(
@@ -60,15 +70,22 @@ def adapt(model: nn.Module, name: str, model_name: str | None = None) -> nn.Modu
     return method.inject(model)
 
 
-def adapted_model(model_name: str, adapter: str, **kwargs: object) -> nn.Module:
+def adapted_model(
+    model_name: str,
+    adapter: str,
+    adapter_options: Mapping[str, Any] | None = None,
+    **kwargs: object,
+) -> nn.Module:
     """A registered backbone with ``adapter`` injected (picklable via functools.partial)."""
-    return adapt(get_model(model_name, **kwargs), adapter, model_name)  # type: ignore[arg-type]
+    model = get_model(model_name, **kwargs)  # type: ignore[arg-type]
+    return adapt(model, adapter, model_name, adapter_options)
 
 
 __all__ = [
     "ADAPTER_METHODS",
     "AdapterCounts",
     "AdapterMethod",
+    "Lora",
     "ResidualConv2d",
     "adapt",
     "adapted_model",

@@ -94,6 +94,15 @@ class AdapterMethod(ABC):
     summary: ClassVar[str]
     mergeable: ClassVar[bool] = True
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None) -> AdapterMethod:
+        """The method with ``grid.adapter_options[name]``; bad keys or values -> one line."""
+        if options:
+            raise ConfigError(
+                f"adapter {cls.name!r} takes no options (got {', '.join(map(str, options))})"
+            )
+        return cls()
+
     def applies_to(self, model: nn.Module) -> str | None:
         """None when the method can adapt ``model``; else the reason (one line)."""
         return None

@@ -1,0 +1,248 @@
+"""``lora``: low-rank adapters through HF PEFT (Hu et al. 2021; seed 003 §3, LoRA in FL).
+
+A target layer with frozen weight W computes W x + (alpha / r) B A x, with A: r x d_in
+(Kaiming-uniform) and B: d_out x r (zeros), so the adapted model starts equal to the base and
+only A and B train. PEFT's own layers do the work (``peft.inject_adapter_in_model``); fedapt
+picks the targets, freezes the base through the shared contract and merges with PEFT's merge.
+
+Where LoRA goes (``target_modules`` option; by default, per backbone):
+
+* transformer encoders (a ``blocks`` list: the BERT-style ``minilm`` / ``text_hf`` and the timm
+  ``vit_*`` / ``deit_*`` models): the attention's ``query`` and ``value`` projections of every
+  block, as the LoRA paper and seed 003 do (fedapt's ViT exposes timm's fused ``qkv`` as
+  ``query`` / ``key`` / ``value`` Linears: ``models/vit.py``); the classifier trains too;
+* CNNs: the pointwise 1x1 convolutions (``models/efficientnet.py``: on EfficientNet-Lite0 they
+  hold 93% of the weights, 22,784 LoRA parameters per unit of rank), or, in a CNN without 1x1
+  convolutions, every plain dense ``nn.Conv2d`` (PEFT's conv LoRA: A has the conv's kernel, B
+  is 1x1); BatchNorm (parameters and statistics) and the classifier train, as in seed 000.
+
+A 1x1 conv never pads, so LoRA's A conv lines up with EfficientNet's TensorFlow-style
+``Conv2dDynamicSamePadding`` (padding computed in ``forward``); larger kernels of such
+subclasses are not targeted by default.
+
+Payload: exactly the A/B matrices, the classifier and the trained BatchNorm layers (with their
+statistics). Aggregation: the engine averages A and B separately (as seed 003 does), which is
+not the average of the clients' updates B A; :func:`lora_delta` gives each layer's
+(alpha / r) B A so that an algorithm can aggregate the product instead.
+
+Merge: PEFT's ``merge`` folds (alpha / r) B A into W, and each wrapped layer is replaced by its
+base layer: a plain model of the backbone's own class with the state-dict keys of the base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedcore.errors import ConfigError
+from models.adapters.base import AdapterMethod, head_name
+from models.adapters.bn_head import bn_and_head
+
+ADAPTER = "default"  # PEFT's adapter name: keys ``<layer>.lora_A.default.weight``
+ATTENTION_TARGETS = ("query", "value")
+_TARGET_TYPES = (nn.Linear, nn.Conv2d)
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """``grid.adapter_options.lora``."""
+
+    r: int = 8  # rank
+    alpha: float = 16.0  # scaling alpha / r
+    dropout: float = 0.0  # on the adapter's input; off by default (deterministic runs)
+    target_modules: tuple[str, ...] | None = None  # names or name suffixes; None: per backbone
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> LoraOptions:
+        allowed = ("r", "alpha", "dropout", "target_modules")
+        for key in options:
+            if key not in allowed:
+                raise ConfigError(
+                    f"adapter 'lora' takes no option {key!r}; allowed: {', '.join(allowed)}"
+                )
+        r, alpha = options.get("r", cls.r), options.get("alpha", cls.alpha)
+        dropout, targets = options.get("dropout", cls.dropout), options.get("target_modules")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ConfigError(f"lora option 'r' must be an integer >= 1 (got {r!r})")
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
+            raise ConfigError(f"lora option 'alpha' must be a number > 0 (got {alpha!r})")
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float):
+            raise ConfigError(f"lora option 'dropout' must be a number in [0, 1) (got {dropout!r})")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"lora option 'dropout' must be a number in [0, 1) (got {dropout!r})")
+        if targets is not None:
+            if isinstance(targets, str):
+                targets = [targets]
+            if not targets or not all(isinstance(t, str) and t for t in targets):
+                raise ConfigError(
+                    f"lora option 'target_modules' must be a list of module names, e.g. "
+                    f"[query, value] (got {targets!r})"
+                )
+            targets = tuple(targets)
+        return cls(r=r, alpha=float(alpha), dropout=float(dropout), target_modules=targets)
+
+
+def is_transformer(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "blocks", None), nn.ModuleList | nn.Sequential)
+
+
+def _pointwise(m: nn.Module) -> bool:
+    return isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and m.groups == 1
+
+
+def default_targets(model: nn.Module) -> list[str]:
+    """Full module names LoRA adapts when ``target_modules`` is not given (module docstring)."""
+    head = head_name(model)
+    modules = [(n, m) for n, m in model.named_modules() if n and n != head]
+    if is_transformer(model):
+        return [
+            n
+            for n, m in modules
+            if isinstance(m, nn.Linear) and n.rpartition(".")[2] in ATTENTION_TARGETS
+        ]
+    pointwise = [n for n, m in modules if _pointwise(m)]
+    if pointwise:
+        return pointwise
+    return [n for n, m in modules if type(m) is nn.Conv2d and m.groups == 1]
+
+
+def available_names(model: nn.Module) -> list[str]:
+    """Short names of the Linear / Conv2d layers LoRA could target (for error messages)."""
+    head = head_name(model)
+    return sorted(
+        {
+            n.rpartition(".")[2]
+            for n, m in model.named_modules()
+            if n and n != head and isinstance(m, _TARGET_TYPES)
+        }
+    )
+
+
+def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> list[str]:
+    """Full module names for ``targets`` (each a full name or a dotted suffix, PEFT's rule)."""
+    if targets is None:
+        return default_targets(model)
+    head = head_name(model)
+    found: list[str] = []
+    for t in targets:
+        hits = [
+            n
+            for n, m in model.named_modules()
+            if n and (n == t or n.endswith("." + t)) and isinstance(m, _TARGET_TYPES)
+        ]
+        if not hits or hits == [head]:
+            raise ConfigError(
+                f"lora target module {t!r} not found in {type(model).__name__} (LoRA adapts "
+                f"nn.Linear / nn.Conv2d layers, not the classifier); available: "
+                f"{', '.join(available_names(model))}"
+            )
+        found += [n for n in hits if n != head and n not in found]
+    return found
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    from peft.tuners.lora import LoraLayer
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def lora_delta(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each adapted layer's weight update (alpha / r) B A, shaped like its weight."""
+    with torch.no_grad():
+        return {
+            f"{n}.weight": m.get_delta_weight(ADAPTER).detach()  # type: ignore[operator]
+            for n, m in lora_layers(model).items()
+        }
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _plain_conv(model: nn.Module, name: str) -> None:
+    """A targeted ``nn.Conv2d`` subclass becomes a plain ``nn.Conv2d`` with the same tensors.
+
+    PEFT builds A and B with the target's own class and conv signature; EfficientNet's
+    ``Conv2dDynamicSamePadding`` has another signature and pads in ``forward``. A 1x1 conv
+    never pads (TF "same" padding of a 1x1 kernel is 0 at any stride), so the plain conv
+    computes exactly the same; larger kernels of such subclasses are refused."""
+    m = model.get_submodule(name)
+    if not isinstance(m, nn.Conv2d) or type(m) is nn.Conv2d:
+        return
+    if tuple(m.kernel_size) != (1, 1) or tuple(m.dilation) != (1, 1):
+        raise ConfigError(
+            f"lora target module {name!r} is a {type(m).__name__} {m.kernel_size} that pads in "
+            f"forward; LoRA's convs would not line up with it: target 1x1 convs"
+        )
+    conv = nn.Conv2d(
+        m.in_channels,
+        m.out_channels,
+        1,
+        stride=tuple(m.stride),  # type: ignore[arg-type]
+        groups=m.groups,
+        bias=m.bias is not None,
+        device="meta",
+    )
+    conv.weight, conv.bias = m.weight, m.bias
+    conv.train(m.training)
+    _replace(model, name, conv)
+
+
+class Lora(AdapterMethod):
+    name = "lora"
+    summary = "LoRA (PEFT): low-rank B A beside the attention query/value (CNNs: 1x1 convs)"
+
+    def __init__(self, options: LoraOptions | None = None) -> None:
+        self.options = options or LoraOptions()
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None) -> Lora:
+        return cls(LoraOptions.parse(options or {}))
+
+    def applies_to(self, model: nn.Module) -> str | None:
+        if head_name(model) is None:
+            return "it has no nn.Linear classifier"
+        if self.options.target_modules is None and not default_targets(model):
+            return (
+                "it has no attention query/value nn.Linear (transformer) and no dense nn.Conv2d "
+                "(CNN); name layers in grid.adapter_options.lora.target_modules"
+            )
+        return None
+
+    def add_modules(self, model: nn.Module) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        o = self.options
+        targets = resolve_targets(model, o.target_modules)
+        config = LoraConfig(
+            r=o.r,
+            lora_alpha=o.alpha,
+            lora_dropout=o.dropout,
+            target_modules=targets,  # full names: matched exactly
+            bias="none",
+            init_lora_weights=True,  # A Kaiming-uniform, B zeros: starts equal to the base
+        )
+        for name in targets:
+            _plain_conv(model, name)
+        try:
+            inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+        except (ValueError, TypeError) as exc:  # e.g. a layer type PEFT cannot wrap
+            raise ConfigError(
+                f"lora on {type(model).__name__}: {str(exc).splitlines()[0][:200]}"
+            ) from None
+
+    def trainable_names(self, model: nn.Module) -> set[str]:
+        lora = {n for n, _ in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+        return lora | bn_and_head(model)
+
+    def fold(self, model: nn.Module) -> None:
+        for name, m in lora_layers(model).items():
+            m.merge(safe_merge=True)  # type: ignore[operator]  # W += (alpha / r) B A
+            _replace(model, name, m.get_base_layer())  # type: ignore[operator]
+        if "peft_config" in vars(model):
+            del model.peft_config

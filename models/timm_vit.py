@@ -1,0 +1,115 @@
+"""The timm side of ``models/vit.py`` (imported only when a ViT is built: timm imports
+torchvision and torch._dynamo, about 3.5 s here)."""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from fedcore.errors import ConfigError
+from models.vit import ViTConfig
+
+DOWNLOAD_TIMEOUT_S = 30.0  # per socket operation: an unreachable hub must not hang a run
+
+
+class SplitQKV(nn.Module):
+    """timm's fused qkv projection as three Linears; output [q | k | v], (B, T, 3D)."""
+
+    def __init__(self, fused: nn.Linear) -> None:
+        super().__init__()
+        d, bias = fused.out_features // 3, fused.bias is not None
+        self.query = nn.Linear(fused.in_features, d, bias=bias)
+        self.key = nn.Linear(fused.in_features, d, bias=bias)
+        self.value = nn.Linear(fused.in_features, d, bias=bias)
+        with torch.no_grad():
+            for i, part in enumerate((self.query, self.key, self.value)):
+                part.weight.copy_(fused.weight[i * d : (i + 1) * d])
+                if bias:
+                    part.bias.copy_(fused.bias[i * d : (i + 1) * d])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)  # (B, T, 3D)
+
+
+def _download_state(
+    timm_name: str, *, num_classes: int, in_channels: int, input_size: int
+) -> dict[str, torch.Tensor]:
+    """timm's default ImageNet weights for ``timm_name`` at this input (head re-initialised)."""
+    import timm
+
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        net = timm.create_model(
+            timm_name,
+            pretrained=True,
+            num_classes=num_classes,
+            in_chans=in_channels,
+            img_size=input_size,
+        )
+    except Exception as exc:  # hub unreachable, HF_HUB_OFFLINE without a cache, bad file
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise ConfigError(
+            f"model {timm_name!r}: ImageNet weights could not be downloaded ({reason}); they "
+            f"need internet once (then cached under $HF_HOME); offline use efficientnet_lite0 "
+            f"or minilm, or set model.base: none"
+        ) from None
+    finally:
+        socket.setdefaulttimeout(previous)
+    return net.state_dict()
+
+
+class ViTClassifier(VisionTransformer):
+    """timm's VisionTransformer (class-token pooling) with fedapt's model interface."""
+
+    classifier_name = "head"
+    cls_index = 0
+
+    def __init__(
+        self,
+        config: ViTConfig,
+        *,
+        num_classes: int,
+        in_channels: int = 3,
+        input_size: int = 224,
+        pretrained: bool = False,
+    ) -> None:
+        super().__init__(
+            img_size=input_size,
+            patch_size=config.patch_size,
+            in_chans=in_channels,
+            num_classes=num_classes,
+            global_pool="token",
+            embed_dim=config.embed_dim,
+            depth=config.depth,
+            num_heads=config.num_heads,
+            mlp_ratio=config.mlp_ratio,
+        )
+        if pretrained:
+            if config.timm_name is None:
+                raise ConfigError("this ViT configuration has no ImageNet weights")
+            self.load_state_dict(
+                _download_state(
+                    config.timm_name,
+                    num_classes=num_classes,
+                    in_channels=in_channels,
+                    input_size=input_size,
+                )
+            )
+        for block in self.blocks:
+            block.attn.qkv = SplitQKV(block.attn.qkv)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.embed_dim)
+
+    def block_names(self) -> list[str]:
+        return [f"blocks.{i}" for i in range(len(self.blocks))]
+
+    def layer_groups(self) -> list[list[str]]:
+        """Embeddings, each block, final norm + head (FedNILO freezes them in this order)."""
+        embed = ["cls_token", "pos_embed", "patch_embed"]
+        return [embed, *[[n] for n in self.block_names()], ["norm", "head"]]

@@ -1,0 +1,124 @@
+"""ViT / DeiT image encoders from timm, with ImageNet weights for users with internet.
+
+``vit_small`` (ViT-S/16), ``deit_small`` (DeiT-S/16) and ``vit_base`` (ViT-B/16, the shape of
+seed 003's payload table) are timm's ``VisionTransformer`` with fedapt's model interface.
+``pretrained: true`` (``model.base: imagenet``) downloads timm's default weights from the
+Hugging Face hub once (``vit_*``: augreg in21k -> in1k, ``deit_small``: fb in1k; cached in
+``$HF_HOME``); without internet and without the cache the build stops with one line
+(``ConfigError``), as ``tv_resnet*`` do. ``pretrained`` defaults to false, so listing,
+counting and testing these models never touches the network.
+
+One change to timm's layout: each block's fused ``attn.qkv`` Linear (D -> 3D) is split into
+``attn.qkv.query`` / ``key`` / ``value`` (D -> D each, :class:`SplitQKV`), concatenated in
+timm's [q, k, v] order, so the block computes exactly what timm's does and LoRA can target the
+query and value projections alone, as on BERT (seed 003; ``models/adapters/lora.py``).
+
+CLS plumbing (``models/text.py``): ``blocks`` is timm's ``nn.Sequential`` of blocks,
+``hidden_size`` = ``embed_dim``, ``cls_index`` = 0 (the class token), the head ``head`` reads
+the final (normed) class token.
+
+Input (``input_spec``): 224x224 by default (``model.input_size`` overrides it: any multiple of
+the patch, 16 pixels, or ``model.options.patch_size`` for a ViT trained from scratch on small
+images; the position embeddings are built, or resampled from the weights, for the size;
+``model.options.depth`` builds fewer blocks, at random init: the tests' small configs);
+with the weights, three channels and the weights' own normalisation (0.5 / 0.5 for ViT's augreg,
+ImageNet mean/std for DeiT; read from timm's config, no download).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from torch import nn
+
+from fedcore.errors import ConfigError
+from fedcore.inputs import InputSpec
+from models.registry import register_model
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    timm_name: str | None  # timm architecture whose ImageNet weights load (None: none)
+    embed_dim: int
+    depth: int
+    num_heads: int
+    patch_size: int = 16
+    mlp_ratio: float = 4.0
+
+
+ARCHS = {
+    "vit_small": ViTConfig("vit_small_patch16_224", 384, 12, 6),
+    "deit_small": ViTConfig("deit_small_patch16_224", 384, 12, 6),
+    "vit_base": ViTConfig("vit_base_patch16_224", 768, 12, 12),
+}
+
+
+def _spec_for(name: str) -> Any:
+    def spec(pretrained: bool = False, **_: object) -> InputSpec:
+        if not pretrained:
+            return InputSpec(size=224)
+        from timm.models import get_pretrained_cfg
+
+        cfg = get_pretrained_cfg(ARCHS[name].timm_name or "")
+        mean = tuple(cfg.mean) if cfg else None
+        std = tuple(cfg.std) if cfg else None
+        return InputSpec(size=224, channels=3, mean=mean, std=std, note=f"timm {name}")
+
+    return spec
+
+
+def _builder(name: str) -> Any:
+    config = ARCHS[name]
+
+    def build(
+        *,
+        num_classes: int,
+        in_channels: int = 3,
+        input_size: int = 224,
+        pretrained: bool = False,
+        patch_size: int = 16,
+        depth: int | None = None,
+    ) -> nn.Module:
+        if not isinstance(pretrained, bool):
+            raise ConfigError(f"model option pretrained must be true or false (got {pretrained!r})")
+        if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
+            raise ConfigError(
+                f"model option patch_size must be an integer >= 1 (got {patch_size!r})"
+            )
+        if depth is not None and (
+            isinstance(depth, bool) or not isinstance(depth, int) or depth < 1
+        ):
+            raise ConfigError(f"model option depth must be an integer >= 1 (got {depth!r})")
+        if pretrained and depth not in (None, config.depth):
+            raise ConfigError(f"model {name!r}: the ImageNet weights have {config.depth} blocks")
+        if pretrained and patch_size != config.patch_size:
+            raise ConfigError(
+                f"model {name!r}: the ImageNet weights have {config.patch_size}-pixel patches "
+                f"(got patch_size {patch_size})"
+            )
+        if input_size < patch_size:
+            raise ConfigError(f"model {name!r} needs input_size >= {patch_size} (got {input_size})")
+        if input_size % patch_size:
+            raise ConfigError(
+                f"model {name!r} needs an input_size that is a multiple of its {patch_size}-pixel "
+                f"patch (got {input_size}; e.g. model.input_size: "
+                f"{round(input_size / patch_size) * patch_size})"
+            )
+        from models.timm_vit import ViTClassifier  # timm imports torchvision: 3.5 s, lazily
+
+        return ViTClassifier(
+            replace(config, patch_size=patch_size, depth=depth or config.depth),
+            num_classes=num_classes,
+            in_channels=in_channels,
+            input_size=input_size,
+            pretrained=pretrained,
+        )
+
+    build.__name__ = name
+    build.__doc__ = f"timm {config.timm_name} (ImageNet weights with pretrained: true)."
+    return build
+
+
+for _name in ARCHS:
+    register_model(_name, input_spec=_spec_for(_name))(_builder(_name))
