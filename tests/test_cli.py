@@ -192,8 +192,13 @@ def check_mlflow(tmp_path, run):
     ref = get_model("cifar_cnn", num_classes=10, in_channels=1, input_size=28)
     state = (tmp_path / "reports/fmnist-dir05-fedavg/runs/fedavg-full/model.pt").read_bytes()
     ref.load_state_dict(decode(state))
-    x = torch.randn(4, 1, 28, 28)
-    assert torch.allclose(loaded(x), ref.eval()(x), atol=1e-5)
+    # It takes images as stored (pixel/255) and normalises them as training did.
+    from fedcore.datasets import get_dataset_info
+
+    info = get_dataset_info("fashion_mnist")
+    x = torch.rand(4, 1, 28, 28)
+    normalised = (x - info.mean[0]) / info.std[0]
+    assert torch.allclose(loaded(x), ref.eval()(normalised), atol=1e-5)
 
 
 def test_validation_failure_stops_before_training(tmp_path):
