@@ -53,7 +53,7 @@ def _download_state(
     except Exception as exc:  # hub unreachable, HF_HUB_OFFLINE without a cache, bad file
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
         raise ConfigError(
-            f"model {timm_name!r}: ImageNet weights could not be downloaded ({reason}); they "
+            f"timm's ImageNet weights {timm_name!r} could not be downloaded ({reason}); they "
             f"need internet once (then cached under $HF_HOME); offline use efficientnet_lite0 "
             f"or minilm, or set model.base: none"
         ) from None
