@@ -5,6 +5,7 @@ with TensorFlow-style padding). No downloads."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,3 +316,99 @@ def test_vit_weights_offline_are_one_line(monkeypatch):
         get_model("deit_small", num_classes=3, input_size=32, pretrained=True)
     msg = str(exc.value)
     assert "\n" not in msg and "deit_small_patch16_224" in msg and "need internet once" in msg
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "grid.adapter_options.lora.r=0"], "lora option 'r' must be an integer >= 1"),
+        pytest.param(  # found when the preflight builds the model: after loading the data
+            ["--set", "grid.adapter_options.lora.target_modules=[qery]"],
+            "lora target module 'qery' not found in CifarCNN",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_bad_lora_options_stop_the_run_in_one_line(tmp_path, args, needle):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--params",
+            str(REPO / "params.yaml"),
+            "--set",
+            "storage.bucket=null",
+            "--set",
+            f"experiment.reports_dir={tmp_path / 'reports'}",
+            "--set",
+            f"data.root={REPO / 'data/raw'}",
+            "--set",
+            "data.train_subset=200",
+            "--set",
+            "grid.adapters=[full,lora]",
+            *args,
+        ],
+    )
+    text = res.output.strip()
+    assert res.exit_code == 2, text
+    assert needle in text and len(text.splitlines()) == 1, text
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.slow
+def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
+    """The training cell on FashionMNIST (EfficientNet-Lite0 at 16x16, ImageNet base): traffic
+    is the LoRA payload, and the registered champion is the merged plain backbone whose
+    outputs equal the adapted model's."""
+    import mlflow.pytorch
+
+    from models.adapters import adapted_model
+    from tasks.backbone import model_input
+    from tasks.config import load_params
+    from tasks.data import build_partition, load_experiment_data, write_partition
+    from tasks.train import run_cell
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    p = load_params(
+        REPO / "params.yaml",
+        [
+            f"experiment.reports_dir={tmp_path / 'reports'}",
+            f"data.root={REPO / 'data/raw'}",
+            "data.train_subset=200",
+            "data.test_subset=100",
+            "partition.num_clients=4",
+            "partition.dirichlet_classwise.min_size=5",
+            "validation.min_shard_size=5",
+            "federation.rounds=1",
+            "model.name=efficientnet_lite0",
+            "model.base=imagenet",
+            "model.input_size=16",
+            "grid.adapter_options.lora.r=4",
+            "runtime.workers=0",
+            "storage.bucket=null",
+        ],
+    )
+    data = load_experiment_data(p)
+    write_partition(p, data, build_partition(p, data), tmp_path / "partition")
+    record = run_cell(p, tmp_path / "partition", "fedavg", "lora", tmp_path / "cell")
+    kw = {"num_classes": 10, "in_channels": 1, "input_size": 16, "pretrained": True}
+    adapted = adapted_model("efficientnet_lite0", "lora", {"r": 4}, **kw)
+    wire = len(payload.encode(get_adapter("lora").payload(adapted)))
+    assert record["payload_bytes"] == wire and record["trainable_params"] == 145_962
+    assert record["upload_bytes_per_round"] == 4 * wire
+    loaded = mlflow.pytorch.load_model(f"models:/{record['registered_model']}@champion")
+    assert not any("lora" in k or "base_layer" in k for k in loaded.state_dict())
+    adapted.load_state_dict(payload.decode((tmp_path / "cell/model.pt").read_bytes()))
+    test = data.image_data("test", model_input(p, data.train.info))
+    idx = torch.arange(4)
+    x, _ = test.batch(idx)
+    stored = test.images.index_select(0, idx).float() / 255.0
+    with torch.no_grad():
+        assert torch.allclose(loaded(stored), adapted.eval()(x), atol=1e-5)
