@@ -20,6 +20,9 @@ from fedcore.inputs import ModelInput, to_model_input
 class ImageServing(nn.Module):
     """``backbone`` preceded by the experiment's input step (resize, gray->RGB, normalise)."""
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, backbone: nn.Module, inp: ModelInput) -> None:
         super().__init__()
         self.backbone = backbone
