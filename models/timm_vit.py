@@ -4,6 +4,7 @@ torchvision and torch._dynamo, about 3.5 s here)."""
 from __future__ import annotations
 
 import socket
+from typing import cast
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -100,7 +101,8 @@ class ViTClassifier(VisionTransformer):
                 )
             )
         for block in self.blocks:
-            block.attn.qkv = SplitQKV(block.attn.qkv)
+            attn = cast(nn.Module, block.attn)
+            attn.qkv = SplitQKV(cast(nn.Linear, attn.qkv))
 
     @property
     def hidden_size(self) -> int:

@@ -147,7 +147,7 @@ def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> list[s
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     from peft.tuners.lora import LoraLayer
 
-    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}  # type: ignore[misc]
 
 
 def lora_delta(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -221,7 +221,7 @@ class Lora(AdapterMethod):
         targets = resolve_targets(model, o.target_modules)
         config = LoraConfig(
             r=o.r,
-            lora_alpha=o.alpha,
+            lora_alpha=o.alpha,  # type: ignore[arg-type]  # any number: scaling = alpha / r
             lora_dropout=o.dropout,
             target_modules=targets,  # full names: matched exactly
             bias="none",
