@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -267,12 +268,13 @@ def models(
         skipped = []
         for name in names:
             full_bytes = None
+            try:  # built once (initialising ViT-B takes seconds), copied for each method
+                plain = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
+            except ConfigError as exc:  # e.g. text_hf needs hf_name and the network
+                skipped.append(f"{name} ({exc})")
+                continue
             for adapter in ["full", *(a for a in list_adapters() if a != "full")]:
-                try:
-                    base = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
-                except ConfigError as exc:  # e.g. text_hf needs hf_name and the network
-                    skipped.append(f"{name} ({exc})")
-                    break
+                base = copy.deepcopy(plain)
                 method = get_adapter(adapter)
                 reason = method.applies_to(base)
                 if reason is not None:

@@ -412,3 +412,17 @@ def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
     stored = test.images.index_select(0, idx).float() / 255.0
     with torch.no_grad():
         assert torch.allclose(loaded(stored), adapted.eval()(x), atol=1e-5)
+
+
+def test_lora_on_resnet26_targets_its_dense_convs_and_merges():
+    """ResNet26 has ``blocks`` but no CLS plumbing: a CNN, LoRA on its 3x3 convs (no 1x1)."""
+    torch.manual_seed(0)
+    model = adapt(get_model("resnet26", num_classes=10, width=0.125), "lora")
+    layers = lora_layers(model)
+    convs = [n for n, m in get_model("resnet26", num_classes=10, width=0.125).named_modules()]
+    assert len(layers) == 25 and set(layers) <= set(convs)
+    _randomise_lora(model)
+    merged = get_adapter("lora").merge(model)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (model.eval()(x) - merged.eval()(x)).abs().max().item() <= 1e-5

@@ -87,7 +87,10 @@ class LoraOptions:
 
 
 def is_transformer(model: nn.Module) -> bool:
-    return isinstance(getattr(model, "blocks", None), nn.ModuleList | nn.Sequential)
+    """An encoder classifier with the CLS plumbing of ``models/text.py`` (``blocks``,
+    ``hidden_size``, ``cls_index``); a CNN may have ``blocks`` too (ResNet26's stages)."""
+    blocks = getattr(model, "blocks", None)
+    return isinstance(blocks, nn.ModuleList | nn.Sequential) and hasattr(model, "cls_index")
 
 
 def _pointwise(m: nn.Module) -> bool:
