@@ -7,14 +7,16 @@ picks the targets, freezes the base through the shared contract and merges with 
 
 Where LoRA goes (``target_modules`` option; by default, per backbone):
 
-* transformer encoders (a ``blocks`` list: the BERT-style ``minilm`` / ``text_hf`` and the timm
-  ``vit_*`` / ``deit_*`` models): the attention's ``query`` and ``value`` projections of every
-  block, as the LoRA paper and seed 003 do (fedapt's ViT exposes timm's fused ``qkv`` as
+* transformer encoders (``blocks`` with the CLS plumbing of ``models/text.py``: the BERT-style
+  ``minilm`` / ``text_hf`` and the timm ``vit_*`` / ``deit_*`` models): the attention's
+  ``query`` and ``value`` projections of every block, as the LoRA paper and seed 003 do
+  (fedapt's ViT exposes timm's fused ``qkv`` as
   ``query`` / ``key`` / ``value`` Linears: ``models/vit.py``); the classifier trains too;
-* CNNs: the pointwise 1x1 convolutions (``models/efficientnet.py``: on EfficientNet-Lite0 they
-  hold 93% of the weights, 22,784 LoRA parameters per unit of rank), or, in a CNN without 1x1
-  convolutions, every plain dense ``nn.Conv2d`` (PEFT's conv LoRA: A has the conv's kernel, B
-  is 1x1); BatchNorm (parameters and statistics) and the classifier train, as in seed 000.
+* CNNs built from depthwise-separable blocks (a depthwise conv present: EfficientNet-Lite0): the
+  pointwise 1x1 convolutions, which hold the weights (``models/efficientnet.py``: 93% of
+  Lite0's, 22,784 LoRA parameters per unit of rank); other CNNs (ResNets, the seeds' CNNs):
+  every dense ``nn.Conv2d`` (PEFT's conv LoRA: A has the conv's kernel, B is 1x1); in both
+  BatchNorm (parameters and statistics) and the classifier train, as in seed 000.
 
 A 1x1 conv never pads, so LoRA's A conv lines up with EfficientNet's TensorFlow-style
 ``Conv2dDynamicSamePadding`` (padding computed in ``forward``); larger kernels of such
@@ -97,6 +99,10 @@ def _pointwise(m: nn.Module) -> bool:
     return isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and m.groups == 1
 
 
+def _depthwise(m: nn.Module) -> bool:
+    return isinstance(m, nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels
+
+
 def default_targets(model: nn.Module) -> list[str]:
     """Full module names LoRA adapts when ``target_modules`` is not given (module docstring)."""
     head = head_name(model)
@@ -107,10 +113,9 @@ def default_targets(model: nn.Module) -> list[str]:
             for n, m in modules
             if isinstance(m, nn.Linear) and n.rpartition(".")[2] in ATTENTION_TARGETS
         ]
-    pointwise = [n for n, m in modules if _pointwise(m)]
-    if pointwise:
-        return pointwise
-    return [n for n, m in modules if type(m) is nn.Conv2d and m.groups == 1]
+    if any(_depthwise(m) for _, m in modules):  # depthwise-separable: the 1x1 convs
+        return [n for n, m in modules if _pointwise(m)]
+    return [n for n, m in modules if _pointwise(m) or (type(m) is nn.Conv2d and m.groups == 1)]
 
 
 def available_names(model: nn.Module) -> list[str]:
@@ -198,7 +203,7 @@ def _plain_conv(model: nn.Module, name: str) -> None:
 
 class Lora(AdapterMethod):
     name = "lora"
-    summary = "LoRA (PEFT): low-rank B A beside the attention query/value (CNNs: 1x1 convs)"
+    summary = "LoRA (PEFT): low-rank B A beside the attention query/value (CNNs: the convs)"
 
     def __init__(self, options: LoraOptions | None = None) -> None:
         self.options = options or LoraOptions()
