@@ -32,7 +32,8 @@ Recommended adapters (for ``models/adapters``; counts for 10 classes, base 3,383
   91,136, r=8 -> 182,272. With the BatchNorm affine parameters and the head (seed 000 trains
   both): r=4 -> 145,962 trainable (4.3% of the model), r=8 -> 237,098 (7.0%). B A is itself a
   1x1 conv, so it merges exactly into W after training. Per group: expansion convs 10,416*r,
-  projection convs 10,768*r, head conv 1,600*r.
+  projection convs 10,768*r, head conv 1,600*r. Implemented as the ``lora`` adapter method
+  (``models/adapters/lora.py``, through PEFT; ``grid.adapter_options.lora.r``).
 * Not Rebuffi's parallel 1x1 beside each 3x3: beside a *depthwise* 3x3 a dense 1x1 is a C x C
   matrix, 7,521,280 parameters over the 16 depthwise convs, more than the whole network; and
   beside the 1x1 convs it would be as large as the conv itself. A per-channel (depthwise) kxk
