@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from typing import cast
+from urllib.parse import urlparse
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -39,8 +40,12 @@ def _download_state(
     timm_name: str, *, num_classes: int, in_channels: int, input_size: int
 ) -> dict[str, torch.Tensor]:
     """timm's default ImageNet weights for ``timm_name`` at this input (head re-initialised)."""
+    import huggingface_hub.constants as hub
     import timm
 
+    # An unreachable hub: read the cache only (the hub client would retry for a minute).
+    was_offline = hub.HF_HUB_OFFLINE
+    hub.HF_HUB_OFFLINE = was_offline or not _reachable(hub.ENDPOINT)
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
     try:
@@ -60,7 +65,19 @@ def _download_state(
         ) from None
     finally:
         socket.setdefaulttimeout(previous)
+        hub.HF_HUB_OFFLINE = was_offline
     return net.state_dict()
+
+
+def _reachable(endpoint: str) -> bool:
+    """Whether the hub's host accepts a TCP connection (DNS included) within the timeout."""
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=DOWNLOAD_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
 
 
 class ViTClassifier(VisionTransformer):

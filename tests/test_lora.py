@@ -426,3 +426,16 @@ def test_lora_on_resnet26_targets_its_dense_convs_and_merges():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert (model.eval()(x) - merged.eval()(x)).abs().max().item() <= 1e-5
+
+
+def test_vit_weights_with_the_hub_unreachable_fail_fast(monkeypatch):
+    """No HF_HUB_OFFLINE, but no route to the hub: the cache only, no minute of retries."""
+    import huggingface_hub.constants as hf
+
+    import models.timm_vit as tv
+
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(tv, "_reachable", lambda endpoint: False)
+    with pytest.raises(ConfigError, match="could not be downloaded"):
+        get_model("vit_small", num_classes=3, input_size=32, pretrained=True)
+    assert hf.HF_HUB_OFFLINE is False  # restored
