@@ -119,12 +119,16 @@ def local_sgd_step(
     logits = functional_call(model, (params, buffers), (x,))
     loss = loss_fn(logits, y, params)
     tensors = list(params.values())
-    grads = torch.autograd.grad(loss, tensors)
+    # allow_unused: an early-exit model's step at exit l leaves the other exits' heads out of
+    # the graph; like torch.optim.SGD, parameters without a gradient are skipped.
+    grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+    used = [i for i, g in enumerate(grads) if g is not None]
+    bufs = momentum_buffers if len(used) == len(tensors) else [momentum_buffers[i] for i in used]
     with torch.no_grad():
         sgd(
-            tensors,
-            list(grads),
-            momentum_buffers,
+            [tensors[i] for i in used],
+            [grads[i] for i in used],  # type: ignore[misc]
+            bufs,
             foreach=False,
             weight_decay=cfg.weight_decay,
             momentum=cfg.momentum,
@@ -133,6 +137,9 @@ def local_sgd_step(
             nesterov=False,
             maximize=False,
         )
+    if bufs is not momentum_buffers:
+        for i, buf in zip(used, bufs, strict=True):
+            momentum_buffers[i] = buf
     return loss.detach()
 
 

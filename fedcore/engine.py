@@ -42,6 +42,7 @@ from fedcore.algorithms.base import (
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord, RoundRecord
+from fedcore.exits import begin_client, evaluate_exits, num_exits
 from fedcore.sampling import CLIENT_STREAM as _CLIENT_STREAM
 from fedcore.sampling import derive_seed, sample_clients
 from fedcore.schedules import LRSchedule
@@ -149,6 +150,7 @@ def _client_job(
         state = {k: merged[k] for k in ctx.model.state_dict()}  # the model's key order
     own = torch.as_tensor(ctx.shards[task.client_id], dtype=torch.int64)
     view = ClientView(labels=ctx.train.labels.index_select(0, own), message=message)
+    begin_client(ctx.model, task.client_id, seed)  # early exits: tier, anytime stream
     res = train_locally(
         ctx.model,
         state,
@@ -167,8 +169,14 @@ def _client_job(
     return task.client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds
 
 
-def _eval_job(ctx: _Context, state_bytes: bytes, indices: np.ndarray) -> tuple[int, float, int]:
-    return evaluate(ctx.model, payload.decode(state_bytes), ctx.test, indices, device=ctx.device)
+def _eval_job(
+    ctx: _Context, state_bytes: bytes, indices: np.ndarray
+) -> tuple[int, float, int, tuple[int, ...]]:
+    """(correct, summed loss, samples, correct per early exit: () without exits)."""
+    state = payload.decode(state_bytes)
+    if num_exits(ctx.model):
+        return evaluate_exits(ctx.model, state, ctx.test, indices, device=ctx.device)
+    return (*evaluate(ctx.model, state, ctx.test, indices, device=ctx.device), ())
 
 
 def _worker_client_job(*args: Any) -> tuple[int, bytes, int, int, float, float]:
@@ -176,7 +184,7 @@ def _worker_client_job(*args: Any) -> tuple[int, bytes, int, int, float, float]:
     return _client_job(_WORKER, *args)
 
 
-def _worker_eval_job(*args: Any) -> tuple[int, float, int]:
+def _worker_eval_job(*args: Any) -> tuple[int, float, int, tuple[int, ...]]:
     assert _WORKER is not None
     return _eval_job(_WORKER, *args)
 
@@ -204,6 +212,7 @@ class Simulation:
         trainable: frozenset[str] | None = None,
     ) -> None:
         self.model_fn = model_fn
+        self.exit_accuracy: list[float] = []  # per early exit, at the last evaluation
         self.algorithm = algorithm
         self.train, self.test = train, test
         self.shards = [np.asarray(s, dtype=np.int64) for s in shards]
@@ -294,6 +303,8 @@ class Simulation:
         correct = sum(p[0] for p in parts)
         loss = sum(p[1] for p in parts)
         n = sum(p[2] for p in parts)
+        # Early exits (seed 001 §5): accuracy at every exit, logged as round extras.
+        self.exit_accuracy = [sum(c) / n for c in zip(*(p[3] for p in parts), strict=True)]
         return correct / n, loss / n
 
     def run(self) -> History:
@@ -412,6 +423,7 @@ class Simulation:
         acc = test_loss = None
         if self.cfg.eval_every and (r % self.cfg.eval_every == 0 or r == self.cfg.rounds):
             acc, test_loss = self.evaluate()
+            extra.update({f"test_accuracy_exit_{k}": a for k, a in enumerate(self.exit_accuracy)})
         weights = [u.num_samples for u in updates]
         train_loss = (
             float(np.average([u.train_loss for u in updates], weights=weights))

@@ -1,6 +1,7 @@
 """Adapter methods: which parameters train and travel (one registry for every backbone).
 
-One method = one module (``full``, ``head``, ``bn_head``, ``residual``, ``lora``); the contract is
+One method = one module (``full``, ``head``, ``bn_head``, ``residual``, ``lora``,
+``lw_linear``, ``lw_mlp``, ``accumulator``: early exits, ``models.adapters.exits``); the contract is
 ``models.adapters.base.AdapterMethod``. ``adapt(model, name)`` injects a method into a
 backbone and freezes the base; a method that cannot adapt the backbone stops with one line
 saying why and which methods apply.
@@ -14,16 +15,29 @@ from typing import Any
 from torch import nn
 
 from fedcore.errors import ConfigError, UnknownNameError
+from models.adapters.accumulator import AccumulatorMethod
 from models.adapters.base import AdapterCounts, AdapterMethod
 from models.adapters.bn_head import BNHead
 from models.adapters.full import Full
 from models.adapters.head import Head
 from models.adapters.lora import Lora
+from models.adapters.lw_linear import LayerwiseLinear
+from models.adapters.lw_mlp import LayerwiseMLP
 from models.adapters.residual import Residual, ResidualConv2d
 from models.registry import get_model
 
 ADAPTER_METHODS: dict[str, type[AdapterMethod]] = {
-    cls.name: cls for cls in (Full, Head, BNHead, Residual, Lora)
+    cls.name: cls
+    for cls in (
+        Full,
+        Head,
+        BNHead,
+        Residual,
+        Lora,
+        LayerwiseLinear,
+        LayerwiseMLP,
+        AccumulatorMethod,
+    )
 }
 
 

@@ -1,0 +1,62 @@
+"""Early-exit models in the engine (seed 001 §5: anytime and multi-tier FL).
+
+A model with early exits carries an ``exit_plan`` (``models.adapters.exits.ExitPlan``): the
+engine tells it whose local training starts (:func:`begin_client`: the client's tier and its
+anytime stream, from the client's derived seed) and evaluates every exit in one pass
+(:func:`evaluate_exits`). Models without exits are untouched (FedAvg's path is unchanged).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedcore.client import split_state
+from fedcore.payload import StateDict
+
+
+def num_exits(model: nn.Module) -> int:
+    plan = getattr(model, "exit_plan", None)
+    return 0 if plan is None else int(plan.num_exits)
+
+
+def begin_client(model: nn.Module, client_id: int, seed: int) -> None:
+    plan = getattr(model, "exit_plan", None)
+    if plan is not None:
+        plan.begin_client(client_id, seed)
+
+
+@torch.no_grad()
+def evaluate_exits(
+    model: nn.Module,
+    state: StateDict,
+    data,  # ImageData or TextData: ``batch(positions, device=...)``
+    indices: np.ndarray | None = None,
+    *,
+    batch_size: int = 500,
+    device: torch.device | str = "cpu",
+) -> tuple[int, float, int, tuple[int, ...]]:
+    """(correct at the inference exit, its summed cross-entropy, samples, correct per exit)."""
+    plan = model.exit_plan
+    model.eval()
+    idx = torch.arange(len(data)) if indices is None else torch.as_tensor(indices)
+    params, buffers = split_state(model, {k: v.to(device) for k, v in state.items()})
+    chosen = plan.num_exits - 1 if plan.exit is None else plan.exit
+    per_exit = [0] * plan.num_exits
+    correct, loss_sum = 0, 0.0
+    saved = (plan.output, plan.exit)
+    plan.output, plan.exit = "all", None  # run every block, return every exit
+    try:
+        for pos in idx.split(batch_size):
+            x, y = data.batch(pos, device=device)
+            logits = functional_call(model, (params, buffers), (x,))  # (E, B, C)
+            hits = logits.argmax(dim=2) == y  # (E, B)
+            for k in range(plan.num_exits):
+                per_exit[k] += int(hits[k].sum())
+            loss_sum += float(nn.functional.cross_entropy(logits[chosen], y, reduction="sum"))
+            correct += int(hits[chosen].sum())
+    finally:
+        plan.output, plan.exit = saved
+    return correct, loss_sum, int(idx.numel()), tuple(per_exit)

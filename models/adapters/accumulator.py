@@ -1,0 +1,99 @@
+"""``accumulator``: seed 001 §4.2, a one-block transformer over the history of CLS tokens of a
+frozen transformer, with an exit after every block. Hand-written: no library ships it.
+
+After block ``l`` (CLS state z^l, (B, H)), with the client token z_client and layer
+embeddings p' (one per block):
+
+* eq. 7: h^l = Accumulator_phi([z_client, z^0 + p'_0, ..., z^l + p'_l])  # (B, l + 2, H)
+  and z^l <- h^l_{l+1}: the next block reads the revised CLS token (token replacement);
+* eq. 8: y^l = MLP-head_psi(h^l_0 + z^l): the exit reads the client token's output plus the
+  *original* CLS state (the "parallel connection" of Table 5, right).
+
+phi is one pre-norm ``nn.TransformerEncoderLayer`` (``heads``, default H / 64; ``mlp_ratio``
+default 4; no dropout, as in ``models/minilm.py``), randomly initialised; psi is
+Linear(H, H) -> GELU -> Linear(H, classes), shared by every exit (footnote 1: one Accumulator
+for all layers). The payload is (phi, psi, z_client, p'); personalization can tune the client
+token alone (``accumulator.client_token``, 0.38K parameters at H = 384 in Table 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedcore.errors import ConfigError
+from models.adapters.base import AdapterMethod
+from models.adapters.exits import ExitMethod
+
+
+class Accumulator(nn.Module):
+    def __init__(
+        self, hidden: int, num_classes: int, depth: int, heads: int, mlp_ratio: float
+    ) -> None:
+        super().__init__()
+        self.client_token = nn.Parameter(torch.zeros(hidden))  # z_client
+        self.layer_embed = nn.Parameter(torch.randn(depth, hidden) * 0.02)  # p'
+        self.block = nn.TransformerEncoderLayer(
+            hidden,
+            heads,
+            dim_feedforward=int(hidden * mlp_ratio),
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
+        self.head = nn.Sequential(
+            nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, num_classes)
+        )
+
+    def forward(self, history: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(revised CLS (B, H), exit logits (B, classes)) from the CLS states z^0..z^l."""
+        z = torch.stack(history, dim=1)  # (B, l + 1, H)
+        depth = z.shape[1]
+        tokens = torch.cat(
+            [self.client_token.expand(z.shape[0], 1, -1), z + self.layer_embed[:depth]], dim=1
+        )  # (B, l + 2, H)
+        h = self.block(tokens)  # (B, l + 2, H)
+        logits = self.head(h[:, 0] + history[-1])  # eq. 8
+        return h[:, depth], logits  # eq. 7: h^l_{l+1}
+
+
+class AccumulatorMethod(ExitMethod):
+    name = "accumulator"
+    summary = "seed 001 Accumulator: one transformer block over the CLS history, exit per block"
+    option_names = ("exits", "tiers", "exit", "heads", "mlp_ratio")
+
+    def __init__(self, heads: int | None = None, mlp_ratio: float = 4.0, **exits: Any) -> None:
+        super().__init__(**exits)
+        if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int)):
+            raise ConfigError(f"adapter 'accumulator': heads must be an integer (got {heads!r})")
+        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, int | float) or mlp_ratio <= 0:
+            raise ConfigError(
+                f"adapter 'accumulator': mlp_ratio must be a number > 0 (got {mlp_ratio!r})"
+            )
+        self.heads, self.mlp_ratio = heads, float(mlp_ratio)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None) -> AdapterMethod:
+        return super().from_options(options)
+
+    def build(self, model: nn.Module, hidden: int, num_classes: int, depth: int) -> None:
+        heads = self.heads or max(1, hidden // 64)
+        if heads < 1 or hidden % heads:
+            raise ConfigError(
+                f"adapter 'accumulator': heads {heads} must divide the width {hidden}"
+            )
+        model.accumulator = Accumulator(  # type: ignore[assignment]
+            hidden, num_classes, depth, heads, self.mlp_ratio
+        )
+
+    def trainable_names(self, model: nn.Module) -> set[str]:
+        return {n for n, _ in model.named_parameters() if n.startswith("accumulator.")}
+
+    def on_block(
+        self, model: nn.Module, index: int, z: torch.Tensor, history: list[torch.Tensor]
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        return model.accumulator(history)  # type: ignore[operator]

@@ -1,0 +1,186 @@
+"""Early-exit methods (lw_linear, lw_mlp, accumulator; seed 001 §4-§5) on a tiny random BERT
+and a tiny timm ViT: logits at every exit, frozen base, payload, anytime and multi-tier
+training, per-exit evaluation in the engine, bad options in one line. No downloads."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedcore import payload
+from fedcore.algorithms import build_algorithm
+from fedcore.client import LocalConfig, train_locally
+from fedcore.engine import FederationConfig, Simulation
+from fedcore.errors import ConfigError
+from fedcore.schedules import LRSchedule
+from models.adapters import adapt, get_adapter
+from tests.helpers import toy_data
+from tests.test_lora import tiny_bert, tiny_vit
+
+EXIT_METHODS = ["accumulator", "lw_linear", "lw_mlp"]
+BUILDERS = {"bert": tiny_bert, "vit": tiny_vit}
+DEPTH = 2  # blocks of the tiny BERT and ViT
+
+
+def build(kind: str, method: str, options: dict | None = None, num_classes: int = 3):
+    torch.manual_seed(0)
+    return adapt(BUILDERS[kind](num_classes), method, kind, options)
+
+
+def inputs(kind: str, n: int = 4) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    if kind == "bert":
+        return torch.randint(1, 40, (n, 10), generator=g)  # token ids, no padding
+    return torch.randn(n, 1, 12, 12, generator=g)
+
+
+@pytest.mark.parametrize("kind", BUILDERS)
+@pytest.mark.parametrize("method", EXIT_METHODS)
+def test_logits_at_every_exit_and_frozen_base(kind, method):
+    model = build(kind, method).eval()
+    x = inputs(kind)
+    m = get_adapter(method)
+    trainable = m.trainable_keys(model)
+    prefix = "accumulator." if method == "accumulator" else "exit_heads."
+    assert trainable and all(k.startswith(prefix) for k in trainable)
+    assert set(m.payload_keys(model)) == trainable  # exactly the method's modules travel
+    with torch.no_grad():
+        last = model(x)
+        assert last.shape == (4, 3)
+        model.exit_plan.output = "all"
+        every = model(x)
+        model.exit_plan.output = "one"
+        assert every.shape == (DEPTH, 4, 3)
+        assert torch.allclose(every[-1], last)
+        for k in range(DEPTH):
+            model.exit_plan.exit = k
+            assert torch.allclose(model(x), every[k], atol=1e-6)
+    # The blocks are restored after every call (the model's block list is not truncated).
+    assert len(model.blocks) == DEPTH
+
+
+@pytest.mark.parametrize("method", EXIT_METHODS)
+def test_training_step_changes_only_the_payload_and_round_trips(method):
+    m = get_adapter(method, {"exits": "anytime"})
+    model = build("vit", method, {"exits": "anytime"}, num_classes=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.exit_plan.begin_client(0, 7)
+    res = train_locally(
+        model,
+        before,
+        toy_data(64),
+        np.arange(64),
+        lr=0.1,
+        cfg=LocalConfig(batch_size=16, momentum=0.9),
+        seed=1,
+        trainable=m.trainable_keys(model),
+    )
+    changed = {k for k in before if not torch.equal(before[k], res.state[k])}
+    assert changed and changed <= set(m.payload_keys(model))
+    # The payload round-trips into a fresh model: same outputs at every exit.
+    dst = build("vit", method, {"exits": "anytime"}, num_classes=2)
+    m.load_payload(
+        dst,
+        payload.decode(
+            payload.encode({k: res.state[k] for k in changed | set(m.payload_keys(model))})
+        ),
+    )
+    model.load_state_dict(res.state)
+    x = inputs("vit")
+    model.eval().exit_plan.output = dst.eval().exit_plan.output = "all"
+    with torch.no_grad():
+        assert torch.equal(model(x), dst(x))
+
+
+def test_anytime_sampling_covers_every_exit_deterministically():
+    model = build("bert", "accumulator", {"exits": "anytime"})
+    plan = model.exit_plan
+
+    def draws(client: int, seed: int) -> list[int]:
+        plan.begin_client(client, seed)
+        return [plan.stop_exit(training=True) for _ in range(40)]
+
+    first = draws(0, 123)
+    assert set(first) == set(range(DEPTH))
+    assert draws(0, 123) == first  # from (seed, round, client) -> the client seed, and step
+    assert draws(0, 124) != first
+
+
+def _block_calls(model: nn.Module) -> list[int]:
+    calls: list[int] = []
+    for i, block in enumerate(model.blocks):
+        block.register_forward_hook(lambda *_, i=i: calls.append(i))
+    return calls
+
+
+@pytest.mark.parametrize("kind", BUILDERS)
+def test_multitier_clients_never_run_past_their_tier(kind):
+    model = build(kind, "accumulator", {"exits": "multitier", "tiers": [0, 1]}).train()
+    calls = _block_calls(model)
+    x = inputs(kind)
+    model.exit_plan.begin_client(0, 5)  # tier 0: block 0 only
+    assert model(x).shape == (4, 3)
+    assert calls == [0]
+    calls.clear()
+    model.exit_plan.begin_client(3, 5)  # client 3 -> tiers[3 % 2] = 1: both blocks
+    model(x)
+    assert calls == [0, 1]
+    calls.clear()
+    model.exit_plan.begin_client(2, 5)  # balanced: even clients tier 0
+    model(x).sum().backward()
+    assert calls == [0]
+
+
+def test_engine_logs_accuracy_at_every_exit():
+    method = "accumulator"
+    options = {"exits": "anytime"}
+    m = get_adapter(method, options)
+    model = build("vit", method, options, num_classes=2)
+    sim = Simulation(
+        model_fn=functools.partial(build, "vit", method, options, 2),
+        workers=0,
+        algorithm=build_algorithm("fedavg"),
+        train=toy_data(),
+        test=toy_data(100, seed=1),
+        shards=[np.arange(0, 200), np.arange(200, 400)],
+        local=LocalConfig(batch_size=32),
+        lr_schedule=LRSchedule(lr=0.05),
+        federation=FederationConfig(rounds=2, clients_per_round=2),
+        payload_keys=m.payload_keys(model),
+        trainable=m.trainable_keys(model),
+    )
+    history = sim.run()
+    last = history.rounds[-1]
+    accs = [last.extra[f"test_accuracy_exit_{k}"] for k in range(DEPTH)]
+    assert accs[-1] == last.accuracy
+    assert all(0.0 <= a <= 1.0 for a in accs)
+    assert last.upload_bytes == 2 * len(payload.encode(m.payload(model)))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"exit": 2}, "exit 2 is beyond the model's exits 0..1"),
+        ({"exits": "multitier", "tiers": [0, 5]}, "tier 5 is beyond the model's exits 0..1"),
+        ({"exits": "multitier"}, "multitier needs tiers"),
+        ({"exits": "sometimes"}, "exits must be one of last, anytime, multitier"),
+        ({"tiers": [1]}, "tiers are only used with exits: multitier"),
+        ({"depth": 3}, "unknown options depth"),
+    ],
+)
+def test_bad_exit_options_stop_in_one_line(options, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        build("bert", "accumulator", options)
+    assert "\n" not in str(err.value)
+
+
+def test_exit_methods_do_not_apply_to_cnns():
+    from tests.helpers import TinyAdaptable
+
+    with pytest.raises(ConfigError, match="not a transformer with CLS plumbing"):
+        adapt(TinyAdaptable(), "accumulator")
+    assert get_adapter("lw_mlp").merge(build("bert", "lw_mlp")) is None
