@@ -8,6 +8,8 @@ anytime stream, from the client's derived seed) and evaluates every exit in one 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import nn
@@ -15,6 +17,9 @@ from torch.func import functional_call
 
 from fedcore.client import split_state
 from fedcore.payload import StateDict
+
+if TYPE_CHECKING:
+    from models.adapters.exits import ExitPlan
 
 
 def num_exits(model: nn.Module) -> int:
@@ -39,7 +44,7 @@ def evaluate_exits(
     device: torch.device | str = "cpu",
 ) -> tuple[int, float, int, tuple[int, ...]]:
     """(correct at the inference exit, its summed cross-entropy, samples, correct per exit)."""
-    plan = model.exit_plan
+    plan: ExitPlan = getattr(model, "exit_plan")  # noqa: B009 (an attribute nn.Module does not type)
     model.eval()
     idx = torch.arange(len(data)) if indices is None else torch.as_tensor(indices)
     params, buffers = split_state(model, {k: v.to(device) for k, v in state.items()})

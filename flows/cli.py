@@ -165,9 +165,13 @@ def results_table(records: list[dict[str, Any]]) -> Table:
         "down MiB",
         "s",
     )
+    exits = any(r.get("final_accuracy_exits") for r in records)  # early-exit methods
+    if exits:
+        cols = (*cols, "acc per exit")
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "partition") else "right")
     for r in records:
+        per_exit = " ".join(f"{100 * a:.1f}" for a in r.get("final_accuracy_exits") or [])
         t.add_row(
             f"{r['algorithm']}/{r['adapter']}",
             r["partition"],
@@ -179,6 +183,7 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             f"{mib(r['upload_bytes']):.1f}",
             f"{mib(r['download_bytes']):.1f}",
             f"{r['wall_seconds']:.0f}" if "wall_seconds" in r else "-",
+            *([per_exit or "-"] if exits else []),
         )
     return t
 

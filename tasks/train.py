@@ -226,6 +226,15 @@ def rounds_csv(history: History) -> str:
     return "\n".join(lines) + "\n"
 
 
+def exit_accuracies(h: History) -> list[float]:
+    """Accuracy at every early exit at the last evaluation (seed 001; [] without exits)."""
+    extra = h.evaluated[-1].extra if h.evaluated else {}
+    accs: list[float] = []
+    while f"test_accuracy_exit_{len(accs)}" in extra:
+        accs.append(float(extra[f"test_accuracy_exit_{len(accs)}"]))
+    return accs
+
+
 def summary_record(
     params: Params, algorithm: str, adapter: str, part: Partition, h: History, device: str
 ) -> dict[str, Any]:
@@ -243,6 +252,8 @@ def summary_record(
         "rounds": len(h.rounds),
         "stop_reason": h.stop_reason,  # "rounds", or the algorithm budget that ended it early
         "final_accuracy": h.final_accuracy,
+        # early exits (seed 001): accuracy at every exit at the last evaluation ([] without)
+        "final_accuracy_exits": exit_accuracies(h),
         "mean_accuracy_last_L": h.mean_accuracy_last,
         "last_rounds_L": h.last_rounds,
         "upload_bytes": h.upload_bytes,

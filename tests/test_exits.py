@@ -17,7 +17,9 @@ from fedcore.client import LocalConfig, train_locally
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError
 from fedcore.schedules import LRSchedule
+from flows.cli import results_table
 from models.adapters import adapt, get_adapter
+from tasks.train import exit_accuracies
 from tests.helpers import toy_data
 from tests.test_lora import tiny_bert, tiny_vit
 
@@ -159,6 +161,25 @@ def test_engine_logs_accuracy_at_every_exit():
     assert accs[-1] == last.accuracy
     assert all(0.0 <= a <= 1.0 for a in accs)
     assert last.upload_bytes == 2 * len(payload.encode(m.payload(model)))
+    # the run summary and the console table carry the per-exit accuracies
+    assert exit_accuracies(history) == accs
+    record = {
+        "algorithm": "fedavg",
+        "adapter": method,
+        "partition": "iid",
+        "rounds": 2,
+        "final_accuracy": last.accuracy,
+        "mean_accuracy_last_L": last.accuracy,
+        "last_rounds_L": 1,
+        "upload_bytes": 1,
+        "download_bytes": 1,
+        "upload_bytes_per_round": 1,
+        "download_bytes_per_round": 1,
+        "final_accuracy_exits": accs,
+    }
+    table = results_table([record])
+    assert table.columns[-1].header == "acc per exit"
+    assert list(table.columns[-1].cells) == [" ".join(f"{100 * a:.1f}" for a in accs)]
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,7 @@ def block_container(model: nn.Module) -> tuple[str, nn.Module]:
     blocks = getattr(model, "blocks", None)
     for path, module in model.named_modules():
         if module is blocks and path:
-            return path, module
+            return path, model.get_submodule(path)
     raise ConfigError(f"{type(model).__name__} has no ``blocks`` list of transformer blocks")
 
 
