@@ -18,6 +18,7 @@ from fedcore.errors import ConfigError, UnknownNameError
 from models.adapters.accumulator import AccumulatorMethod
 from models.adapters.base import AdapterCounts, AdapterMethod
 from models.adapters.bn_head import BNHead
+from models.adapters.bottleneck import Houlsby, Parallel, Pfeiffer
 from models.adapters.full import Full
 from models.adapters.head import Head
 from models.adapters.lora import Lora
@@ -34,6 +35,9 @@ ADAPTER_METHODS: dict[str, type[AdapterMethod]] = {
         BNHead,
         Residual,
         Lora,
+        Houlsby,
+        Pfeiffer,
+        Parallel,
         LayerwiseLinear,
         LayerwiseMLP,
         AccumulatorMethod,

@@ -1,0 +1,236 @@
+"""Bottleneck adapters on transformer encoders: ``houlsby``, ``pfeiffer`` and ``parallel``.
+
+A bottleneck adapter maps the hidden state h (width H) through a down-projection to
+m = H / reduction_factor, a ReLU and an up-projection back to H. The up-projection starts at
+zero, so the adapted model starts equal to the base; the encoder stays frozen and only the
+adapters and the classifier train and travel (seed 003 §3 and its Table 12: with the default
+reduction factor 16 on ViT-B, Pfeiffer sends 12 x 74,544 parameters = 3.41 MiB, Houlsby
+twice that, the seed's 3.41 MB and 6.82 MB).
+
+* ``houlsby`` (Houlsby et al. 2019): a sequential adapter after the attention output
+  projection and one after the feed-forward output projection of every block, each with its
+  own skip connection (``y + up(relu(down(y)))``), before the block's residual add (and, in
+  post-LN BERT, before its LayerNorm).
+* ``pfeiffer`` (Pfeiffer et al. 2021, AdapterFusion): one sequential adapter per block, after
+  the feed-forward output projection; half of Houlsby's parameters.
+* ``parallel`` (He et al. 2021, the PA of seed 001 §5): an adapter beside the feed-forward
+  network, fed with the FFN's input and added, scaled by ``scaling`` (4, He et al.), to its
+  output.
+
+Where they attach (one place per backbone family, both reached through the model's
+``blocks``, the CLS plumbing of ``models/text.py``): BERT-style blocks (``minilm``,
+``text_hf``): ``attention.output.dense`` and ``output.dense``, the FFN being
+``intermediate`` + ``output``; timm ViT/DeiT blocks (``vit_*``, ``deit_*``): ``attn.proj`` and
+``mlp.fc2``, the FFN being ``mlp``.
+
+Hand-written on purpose: PEFT has no bottleneck adapters (its issue #244), and AdapterHub's
+``adapters`` 1.3.0 requires ``transformers~=4.57.6`` (its Requires-Dist), which conflicts with the
+transformers 5.23 that fedapt's MiniLM loader uses; it would not cover timm's ViT either.
+
+Merge: none. The ReLU between the projections keeps an adapter from folding into the frozen
+linear layers, so the registered model is the base with its adapters, one artifact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fedcore.errors import ConfigError
+from models.adapters.base import AdapterMethod, head_name
+
+
+class Bottleneck(nn.Module):
+    """down (H -> m), ReLU, up (m -> H); up starts at zero (an exact no-op at injection)."""
+
+    def __init__(self, hidden: int, bottleneck: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(hidden, bottleneck)
+        self.up = nn.Linear(bottleneck, hidden)
+        nn.init.normal_(self.down.weight, std=0.01)  # Houlsby et al.: near-identity init
+        nn.init.zeros_(self.down.bias)
+        nn.init.zeros_(self.up.weight)
+        nn.init.zeros_(self.up.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(torch.relu(self.down(x)))
+
+
+class SequentialAdapter(nn.Module):
+    """A frozen Linear followed by a bottleneck with its own skip: y + adapter(y)."""
+
+    def __init__(self, base: nn.Linear, bottleneck: int) -> None:
+        super().__init__()
+        self.base = base
+        self.adapter = Bottleneck(base.out_features, bottleneck)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        return y + self.adapter(y)
+
+
+class ParallelFFN(nn.Module):
+    """A timm ``Mlp`` with an adapter beside it: mlp(x) + scaling * adapter(x)."""
+
+    def __init__(self, base: nn.Module, hidden: int, bottleneck: int, scaling: float) -> None:
+        super().__init__()
+        self.base = base
+        self.adapter = Bottleneck(hidden, bottleneck)
+        self.scaling = scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.scaling * self.adapter(x)
+
+
+class ParallelBertOutput(nn.Module):
+    """BERT's FFN output (``BertOutput``) with the parallel adapter: its second input is the
+    FFN's input (the attention output), which the adapter reads."""
+
+    def __init__(self, base: nn.Module, hidden: int, bottleneck: int, scaling: float) -> None:
+        super().__init__()
+        self.base = base
+        self.adapter = Bottleneck(hidden, bottleneck)
+        self.scaling = scaling
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        b: Any = self.base  # BertOutput: dense, dropout, LayerNorm
+        h = b.dropout(b.dense(hidden_states)) + self.scaling * self.adapter(input_tensor)
+        return b.LayerNorm(h + input_tensor)
+
+
+def _block_kind(block: nn.Module) -> str | None:
+    """``bert`` or ``vit`` by the block's layout, else None."""
+    names = dict(block.named_modules())
+    if isinstance(names.get("attention.output.dense"), nn.Linear) and isinstance(
+        names.get("output.dense"), nn.Linear
+    ):
+        return "bert"
+    if isinstance(names.get("attn.proj"), nn.Linear) and isinstance(
+        names.get("mlp.fc2"), nn.Linear
+    ):
+        return "vit"
+    return None
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList | nn.Sequential) or not hasattr(model, "cls_index"):
+        return []
+    return list(blocks)
+
+
+def _out_features(module: nn.Module, path: str) -> int:
+    linear = module.get_submodule(path)
+    assert isinstance(linear, nn.Linear)  # checked by applies_to (_block_kind)
+    return linear.out_features
+
+
+def _set(parent: nn.Module, path: str, module: nn.Module) -> None:
+    owner, _, attr = path.rpartition(".")
+    setattr(parent.get_submodule(owner) if owner else parent, attr, module)
+
+
+class BottleneckMethod(AdapterMethod):
+    """Shared by the three methods: options, where they apply, what trains."""
+
+    mergeable: ClassVar[bool] = False
+    default_reduction: ClassVar[int] = 16
+
+    def __init__(self, reduction_factor: int | None = None, scaling: float = 4.0) -> None:
+        self.reduction_factor = reduction_factor or self.default_reduction
+        self.scaling = scaling
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None) -> AdapterMethod:
+        options = dict(options or {})
+        allowed = (
+            ("reduction_factor", "scaling") if cls.name == "parallel" else ("reduction_factor",)
+        )
+        for key in options:
+            if key not in allowed:
+                raise ConfigError(
+                    f"adapter {cls.name!r} takes no option {key!r}; allowed: {', '.join(allowed)}"
+                )
+        rf = options.get("reduction_factor", cls.default_reduction)
+        if isinstance(rf, bool) or not isinstance(rf, int) or rf < 1:
+            raise ConfigError(
+                f"{cls.name} option 'reduction_factor' must be an integer >= 1 (got {rf!r})"
+            )
+        scaling = options.get("scaling", 4.0)
+        if isinstance(scaling, bool) or not isinstance(scaling, int | float) or scaling <= 0:
+            raise ConfigError(f"{cls.name} option 'scaling' must be a number > 0 (got {scaling!r})")
+        return cls(reduction_factor=rf, scaling=float(scaling))
+
+    def applies_to(self, model: nn.Module) -> str | None:
+        blocks = _blocks(model)
+        if not blocks:
+            return "it is not a transformer encoder (no blocks with a CLS token)"
+        if any(_block_kind(b) is None for b in blocks):
+            return (
+                "its blocks are neither BERT-style (attention.output.dense, output.dense) "
+                "nor timm ViT-style (attn.proj, mlp.fc2)"
+            )
+        return None
+
+    def bottleneck(self, hidden: int) -> int:
+        return max(1, hidden // self.reduction_factor)
+
+    def trainable_names(self, model: nn.Module) -> set[str]:
+        head = head_name(model)
+        return {
+            n
+            for n, _ in model.named_parameters()
+            if ".adapter." in f".{n}" or (head is not None and n.startswith(f"{head}."))
+        }
+
+    def merge(self, model: nn.Module) -> nn.Module | None:
+        return None
+
+
+class Houlsby(BottleneckMethod):
+    name: ClassVar[str] = "houlsby"
+    summary: ClassVar[str] = "bottleneck adapters after attention and after the FFN (Houlsby)"
+
+    def add_modules(self, model: nn.Module) -> None:
+        for block in _blocks(model):
+            paths = (
+                ("attention.output.dense", "output.dense")
+                if _block_kind(block) == "bert"
+                else ("attn.proj", "mlp.fc2")
+            )
+            for path in paths:
+                base = block.get_submodule(path)
+                _set(block, path, SequentialAdapter(base, self.bottleneck(base.out_features)))  # type: ignore[arg-type]
+
+
+class Pfeiffer(BottleneckMethod):
+    name: ClassVar[str] = "pfeiffer"
+    summary: ClassVar[str] = "one bottleneck adapter after the FFN (Pfeiffer)"
+
+    def add_modules(self, model: nn.Module) -> None:
+        for block in _blocks(model):
+            path = "output.dense" if _block_kind(block) == "bert" else "mlp.fc2"
+            base = block.get_submodule(path)
+            _set(block, path, SequentialAdapter(base, self.bottleneck(base.out_features)))  # type: ignore[arg-type]
+
+
+class Parallel(BottleneckMethod):
+    name: ClassVar[str] = "parallel"
+    summary: ClassVar[str] = "a bottleneck adapter beside the FFN, scaled (He et al.)"
+
+    def add_modules(self, model: nn.Module) -> None:
+        for block in _blocks(model):
+            if _block_kind(block) == "bert":
+                out = block.get_submodule("output")
+                hidden = _out_features(block, "output.dense")
+                wrapped: nn.Module = ParallelBertOutput(
+                    out, hidden, self.bottleneck(hidden), self.scaling
+                )
+                _set(block, "output", wrapped)
+            else:
+                mlp = block.get_submodule("mlp")
+                hidden = _out_features(block, "mlp.fc2")
+                _set(block, "mlp", ParallelFFN(mlp, hidden, self.bottleneck(hidden), self.scaling))
