@@ -183,6 +183,11 @@ def test_frozen_base_is_bit_identical_after_federated_training(method):
     base = {k: v for k, v in start.items() if k not in set(keys)}
     assert history.base_bytes == (len(payload.encode(base)) if base else 0)
     assert history.base_download_bytes == 2 * history.base_bytes
+    # Seed 003 eq. (2) under full participation: T = C_p N_c + (2 E_g - 1) N_c C, where
+    # C_p (the pretrained model with its initial adapter) is the base plus one payload download.
+    n_c, e_g = 2, len(history.rounds)
+    total = history.base_download_bytes + history.upload_bytes + history.download_bytes
+    assert total == (history.base_bytes + wire) * n_c + (2 * e_g - 1) * n_c * wire
 
 
 def test_residual_starts_equal_to_the_base():
