@@ -168,6 +168,9 @@ def results_table(records: list[dict[str, Any]]) -> Table:
     exits = any(r.get("final_accuracy_exits") for r in records)  # early-exit methods
     if exits:
         cols = (*cols, "acc per exit")
+    personal = any(r.get("personalization") for r in records)  # seed 001 Table 4
+    if personal:
+        cols = (*cols, "personalized acc (gain)")
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "partition") else "right")
     for r in records:
@@ -184,8 +187,21 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             f"{mib(r['download_bytes']):.1f}",
             f"{r['wall_seconds']:.0f}" if "wall_seconds" in r else "-",
             *([per_exit or "-"] if exits else []),
+            *([_personal(r.get("personalization") or {})] if personal else []),
         )
     return t
+
+
+def _personal(by_scope: dict[str, Any]) -> str:
+    """Mean personalized accuracy and its gain over the global model, per scope."""
+    return (
+        " ".join(
+            f"{scope}: {_pct(r['mean_accuracy_after'])} ({100 * r['mean_gain']:+.1f})"
+            for scope, r in by_scope.items()
+            if r.get("mean_gain") is not None
+        )
+        or "-"
+    )
 
 
 def _pct(x: float | None) -> str:

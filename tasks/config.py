@@ -154,6 +154,35 @@ class GridSection(_Section):
     adapter_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
+class PersonalizeSection(_Section):
+    """After FL, every client fine-tunes on its own corrupted data (seed 001 Table 4)."""
+
+    enabled: bool = False
+    # payload: what the adapter trains (full: every parameter); client_token: the
+    # Accumulator's client token only (cells of other adapters skip that scope)
+    scopes: tuple[Literal["payload", "client_token"], ...] = ("payload",)
+    epochs: int = Field(10, ge=1)
+    lr: float = Field(0.01, gt=0.0)
+    batch_size: int = Field(32, ge=1)
+    severities: tuple[int, ...] = (0, 1, 2, 3, 4, 5)  # client c: severities[c % len], 0..5
+    tune_fraction: float = Field(0.5, gt=0.0, lt=1.0)  # of a client's shard; the rest tests
+    max_clients: int | None = Field(None, ge=1)  # the first N clients (null: all)
+
+    @field_validator("severities")
+    @classmethod
+    def _severities(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(not 0 <= s <= 5 for s in v):
+            raise ValueError("severities are corruption levels 0..5, e.g. [0, 2, 4]")
+        return v
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("name at least one scope: payload, client_token")
+        return tuple(dict.fromkeys(v))
+
+
 class ValidationSection(_Section):
     min_shard_size: int = Field(1, ge=1)  # every client shard must hold at least this many
 
@@ -201,6 +230,7 @@ class Params(_Section):
     client: ClientSection = ClientSection()
     lr_schedule: ScheduleSection = ScheduleSection()
     grid: GridSection = GridSection()
+    personalize: PersonalizeSection = PersonalizeSection()
     validation: ValidationSection = ValidationSection()
     storage: StorageSection = StorageSection()
     runtime: RuntimeSection = RuntimeSection()

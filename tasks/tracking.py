@@ -181,7 +181,17 @@ def log_final_metrics(run_id: str, record: dict[str, Any]) -> None:
         for key, name in names.items()
         if record.get(key) is not None
     ]
-    _client().log_batch(run_id, metrics=metrics)
+    # Personalization (seed 001 Table 4): means, and one point per client (step = client id)
+    for scope, result in (record.get("personalization") or {}).items():
+        for key in ("mean_accuracy_before", "mean_accuracy_after", "mean_gain"):
+            if result.get(key) is not None:
+                metrics.append(Metric(f"personal_{scope}_{key}", float(result[key]), 0, 0))
+        for c in result["clients"]:
+            for key in ("accuracy_before", "accuracy_after", "gain"):
+                metrics.append(Metric(f"personal_{scope}_{key}", float(c[key]), 0, c["client"]))
+    client = _client()
+    for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
+        client.log_batch(run_id, metrics=metrics[i : i + 1000])
 
 
 def registered_name(dataset: str, model: str, adapter: str) -> str:

@@ -69,6 +69,37 @@ def test_cell_traffic_is_the_payload(tmp_path, adapter):
     assert metrics["payload_bytes"] == wire
 
 
+def test_cell_personalization(tmp_path):
+    """Personalization after FL: every client's before/after accuracy in the cell's record and
+    metrics.json, on its own corrupted rows (seed 001 Table 4)."""
+    from tasks.data import build_partition, load_experiment_data
+    from tasks.train import train_cell
+
+    p = small_params(
+        tmp_path,
+        "federation.rounds=1",
+        "federation.last_rounds=1",
+        "personalize.enabled=true",
+        "personalize.epochs=1",
+        "personalize.scopes=[payload,client_token]",
+        "personalize.severities=[1,4]",
+    )
+    data = load_experiment_data(p)
+    part = build_partition(p, data)
+    record = train_cell(p, data, part, "fedavg", "residual", tmp_path / "cell")
+    personal = record["personalization"]
+    assert list(personal) == ["payload"]  # client_token: no Accumulator in a ResNet, skipped
+    clients = personal["payload"]["clients"]
+    assert [c["client"] for c in clients] == [0, 1, 2, 3]
+    assert [c["severity"] for c in clients] == [1, 4, 1, 4]
+    sizes = [len(ix) for ix in part.client_indices]
+    for c in clients:
+        assert c["tune_samples"] + c["test_samples"] == sizes[c["client"]]
+        assert 0.0 <= c["accuracy_before"] <= 1.0 and 0.0 <= c["accuracy_after"] <= 1.0
+    metrics = json.loads((tmp_path / "cell/metrics.json").read_text())
+    assert metrics["personalization"] == personal
+
+
 @pytest.mark.slow
 def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
     import mlflow.pytorch
