@@ -170,7 +170,7 @@ def results_table(records: list[dict[str, Any]]) -> Table:
         cols = (*cols, "acc per exit")
     personal = any(r.get("personalization") for r in records)  # seed 001 Table 4
     if personal:
-        cols = (*cols, "personalized acc (gain)")
+        cols = (*cols, "personalized % (gain)")
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "partition") else "right")
     for r in records:
@@ -196,7 +196,8 @@ def _personal(by_scope: dict[str, Any]) -> str:
     """Mean personalized accuracy and its gain over the global model, per scope."""
     return (
         " ".join(
-            f"{scope}: {_pct(r['mean_accuracy_after'])} ({100 * r['mean_gain']:+.1f})"
+            f"{scope.removeprefix('client_')} {100 * r['mean_accuracy_after']:.1f} "
+            f"({100 * r['mean_gain']:+.1f})"
             for scope, r in by_scope.items()
             if r.get("mean_gain") is not None
         )

@@ -182,7 +182,7 @@ def test_engine_logs_accuracy_at_every_exit():
     assert list(table.columns[-1].cells) == [" ".join(f"{100 * a:.1f}" for a in accs)]
     personal = {"payload": {"mean_accuracy_after": 0.75, "mean_gain": 0.125}}
     table = results_table([{**record, "personalization": personal}])
-    assert list(table.columns[-1].cells) == ["payload: 75.00% (+12.5)"]
+    assert list(table.columns[-1].cells) == ["payload 75.0 (+12.5)"]
 
 
 @pytest.mark.parametrize(
