@@ -194,27 +194,23 @@ class Houlsby(BottleneckMethod):
     name: ClassVar[str] = "houlsby"
     summary: ClassVar[str] = "bottleneck adapters after attention and after the FFN (Houlsby)"
 
+    # where the sequential adapters go, per block kind
+    sites: ClassVar[dict[str, tuple[str, ...]]] = {
+        "bert": ("attention.output.dense", "output.dense"),
+        "vit": ("attn.proj", "mlp.fc2"),
+    }
+
     def add_modules(self, model: nn.Module) -> None:
         for block in _blocks(model):
-            paths = (
-                ("attention.output.dense", "output.dense")
-                if _block_kind(block) == "bert"
-                else ("attn.proj", "mlp.fc2")
-            )
-            for path in paths:
+            for path in self.sites[_block_kind(block) or "vit"]:
                 base = block.get_submodule(path)
                 _set(block, path, SequentialAdapter(base, self.bottleneck(base.out_features)))  # type: ignore[arg-type]
 
 
-class Pfeiffer(BottleneckMethod):
+class Pfeiffer(Houlsby):
     name: ClassVar[str] = "pfeiffer"
     summary: ClassVar[str] = "one bottleneck adapter after the FFN (Pfeiffer)"
-
-    def add_modules(self, model: nn.Module) -> None:
-        for block in _blocks(model):
-            path = "output.dense" if _block_kind(block) == "bert" else "mlp.fc2"
-            base = block.get_submodule(path)
-            _set(block, path, SequentialAdapter(base, self.bottleneck(base.out_features)))  # type: ignore[arg-type]
+    sites: ClassVar[dict[str, tuple[str, ...]]] = {"bert": ("output.dense",), "vit": ("mlp.fc2",)}
 
 
 class Parallel(BottleneckMethod):
