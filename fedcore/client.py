@@ -6,7 +6,9 @@ flat in the number of simulated clients and leaves room for a cohort-vectorized 
 runs many clients' steps as one batched computation.
 
 The SGD update is PyTorch's own functional SGD (``torch.optim.sgd.sgd``, single-tensor
-path), so a client reproduces ``torch.optim.SGD`` bit for bit on the same batches.
+path), so a client reproduces ``torch.optim.SGD`` bit for bit on the same batches; the AdamW
+update (``optimizer="adamw"``) is ``torch.optim.adam.adam`` with decoupled weight decay, what
+``torch.optim.AdamW`` runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
 from fedcore.inputs import to_model_input
@@ -37,6 +40,29 @@ class LocalConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_steps: int | None = None  # cap on local steps per round (None: full epochs)
+    # "sgd" (momentum, weight_decay) or "adamw" (betas 0.9/0.999, eps 1e-8, decoupled
+    # weight_decay; momentum unused). A client starts every round with fresh optimiser state.
+    optimizer: str = "sgd"
+
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+@dataclass
+class AdamState:
+    """torch.optim.AdamW's per-parameter state for one client's local steps."""
+
+    exp_avgs: list[torch.Tensor]
+    exp_avg_sqs: list[torch.Tensor]
+    steps: list[torch.Tensor]
+
+    @classmethod
+    def zeros(cls, tensors: list[torch.Tensor]) -> AdamState:
+        return cls(
+            [torch.zeros_like(t) for t in tensors],
+            [torch.zeros_like(t) for t in tensors],
+            [torch.tensor(0.0) for _ in tensors],
+        )
 
 
 class ImageData:
@@ -111,8 +137,10 @@ def local_sgd_step(
     cfg: LocalConfig,
     momentum_buffers: list[torch.Tensor | None],
     loss_fn: LossFn = cross_entropy,
+    adam_state: AdamState | None = None,
 ) -> torch.Tensor:
-    """One SGD step on ``params`` (updated in place); returns the detached loss.
+    """One SGD (or AdamW, with ``adam_state``) step on ``params`` (updated in place); returns
+    the detached loss.
 
     ``buffers`` (BatchNorm running statistics) are updated in place by the forward pass.
     """
@@ -123,6 +151,26 @@ def local_sgd_step(
     # the graph; like torch.optim.SGD, parameters without a gradient are skipped.
     grads = torch.autograd.grad(loss, tensors, allow_unused=True)
     used = [i for i, g in enumerate(grads) if g is not None]
+    if adam_state is not None:  # torch.optim.AdamW's own update (functional, single tensor)
+        with torch.no_grad():
+            adam(
+                [tensors[i] for i in used],
+                [grads[i] for i in used],  # type: ignore[misc]
+                [adam_state.exp_avgs[i] for i in used],
+                [adam_state.exp_avg_sqs[i] for i in used],
+                [],
+                [adam_state.steps[i] for i in used],
+                foreach=False,
+                decoupled_weight_decay=True,
+                amsgrad=False,
+                beta1=0.9,
+                beta2=0.999,
+                lr=lr,
+                weight_decay=cfg.weight_decay,
+                eps=1e-8,
+                maximize=False,
+            )
+        return loss.detach()
     bufs = momentum_buffers if len(used) == len(tensors) else [momentum_buffers[i] for i in used]
     with torch.no_grad():
         sgd(
@@ -196,6 +244,11 @@ def train_locally(
     for p in params.values():
         p.requires_grad_(True)
     momentum_buffers: list[torch.Tensor | None] = [None] * len(params)
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"optimizer must be one of {', '.join(OPTIMIZERS)} (got {cfg.optimizer!r})"
+        )
+    adam_state = AdamState.zeros(list(params.values())) if cfg.optimizer == "adamw" else None
     model.train()
     losses: list[torch.Tensor] = []
     seen = 0
@@ -212,6 +265,7 @@ def train_locally(
                 cfg=cfg,
                 momentum_buffers=momentum_buffers,
                 loss_fn=loss_fn,
+                adam_state=adam_state,
             )
         )
         seen += len(pos)

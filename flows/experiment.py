@@ -53,6 +53,11 @@ def validate(params: Params) -> None:
         raise UnknownNameError("model", params.model.name, list_models())
     for algorithm in params.grid.algorithms:
         build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+        if algorithm == "fednova" and params.client.optimizer != "sgd":
+            raise ConfigError(
+                "fednova normalises by local SGD steps (seed 004): it needs client.optimizer "
+                f"sgd, not {params.client.optimizer}"
+            )
     for adapter, options in params.grid.adapter_options.items():
         get_adapter(adapter, options)  # unknown method, option or value -> one line
     for adapter in params.grid.adapters:

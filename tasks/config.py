@@ -130,6 +130,9 @@ class ClientSection(_Section):
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     max_steps: int | None = Field(None, ge=1)
+    # sgd: momentum + weight_decay; adamw: torch.optim.AdamW (betas 0.9/0.999, decoupled
+    # weight_decay, momentum unused), fresh optimiser state every round
+    optimizer: Literal["sgd", "adamw"] = "sgd"
 
 
 class ScheduleSection(_Section):

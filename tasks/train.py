@@ -126,6 +126,7 @@ def train_cell(
             momentum=c.momentum,
             weight_decay=c.weight_decay,
             max_steps=c.max_steps,
+            optimizer=c.optimizer,
         ),
         lr_schedule=LRSchedule(
             kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
@@ -185,6 +186,7 @@ def personalize_cell(
                 batch_size=p.batch_size,
                 momentum=params.client.momentum,
                 weight_decay=params.client.weight_decay,
+                optimizer=params.client.optimizer,
             ),
             lr=p.lr,
             severities=p.severities,

@@ -74,6 +74,30 @@ def test_single_client_fedavg_equals_plain_sgd():
         assert torch.equal(v, sim.global_state[k]), k
 
 
+def test_single_client_adamw_equals_torch_adamw():
+    """optimizer adamw: one client, one round == torch.optim.AdamW over the same batches."""
+    local = LocalConfig(local_epochs=2, batch_size=16, weight_decay=0.01, optimizer="adamw")
+    sim = make_sim([np.arange(400)], rounds=1, local=local, seed=3)
+    init = {k: v.clone() for k, v in sim.global_state.items()}
+    sim.run()
+
+    data = toy_data()
+    model = tiny_cnn()
+    model.load_state_dict(init)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01, foreach=False)
+    gen = torch.Generator().manual_seed(derive_seed(3, 2, 1, 0, 0))
+    torch.set_num_threads(1)
+    for pos in batch_order(400, local, gen):
+        x, y = data.batch(pos, generator=gen)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, sim.global_state[k]), k
+    assert any(not torch.equal(init[k], sim.global_state[k]) for k in init)  # it trained
+
+
 def test_weighted_average_hand_computed():
     a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
     b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}
