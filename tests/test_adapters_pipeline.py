@@ -145,6 +145,10 @@ def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
             "grid cell fednilo/bn_head: fednilo freezes layers of the whole model",
         ),
         (["--set", "grid.adapters=[lora9]"], "unknown adapter method 'lora9'"),
+        (
+            ["--set", "grid.algorithms=[fednova]", "--set", "client.optimizer=adamw"],
+            "fednova normalises by local SGD steps (seed 004): it needs client.optimizer sgd",
+        ),
     ],
 )
 def test_bad_adapter_cells_stop_the_run_in_one_line(tmp_path, args, needle):
