@@ -81,7 +81,8 @@ def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -
     ]
 
 
-# Timings (every key train.py keeps out of metrics.json, plus per-round lists): not hashed.
+# Timings (every key train.py keeps out of metrics.json, plus per-round lists) and the
+# process a cell ran in: not hashed.
 _NOT_EXACT = (
     "wall_seconds",
     "process_seconds",
@@ -89,6 +90,8 @@ _NOT_EXACT = (
     "rounds",
     "local_train_seconds_mean",
     "local_train_seconds_per_round",
+    "pid",
+    "process_name",
 )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import os
 import platform
 import time
 from collections.abc import Sequence
@@ -263,6 +265,8 @@ def write_cell_outputs(
     atomic_write_text(out / "rounds.csv", rounds_csv(history))
     timing = {k: record[k] for k in _TIMING_KEYS if k in record}
     timing["round_seconds"] = [r["seconds"] for r in rounds]
+    # The process the cell ran in (a Dask worker under runtime.task_runner: dask).
+    timing["pid"], timing["process_name"] = os.getpid(), multiprocessing.current_process().name
     atomic_write_json(timing_file or out / "timing.json", timing)
 
 
