@@ -325,26 +325,44 @@ def models(
 def deploy(
     cron: Annotated[str, typer.Option(help="cron schedule, e.g. '0 3 * * *'")],
     name: Annotated[str, typer.Option(help="deployment name")] = "scheduled",
-    work_pool: Annotated[str, typer.Option(help="Prefect process work pool")] = "fedapt-process",
+    work_pool: Annotated[str, typer.Option(help="Prefect work pool")] = "fedapt-process",
+    pool_type: Annotated[
+        str, typer.Option(help="type of the work pool when it is created")
+    ] = "process",
     params: ParamsOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Deploy the experiment flow on a cron schedule to the Prefect server (PREFECT_API_URL)."""
+    """Deploy the experiment flow on a cron schedule to the Prefect server of `fedapt up`
+    (or PREFECT_API_URL); the worker of `fedapt up` runs it."""
 
     def body() -> None:
+        from flows.deploy import check_cron, check_pool_type
         from flows.deploy import deploy as do_deploy
 
+        check_cron(cron)
         params_file = str((params or Path("params.yaml")).resolve())
         _load(Path(params_file), set_)  # the scheduled runs must not fail on bad params
-        dep_id, url = do_deploy(
+        check_pool_type(pool_type)
+        dep = do_deploy(
             name=name,
             cron=cron,
             work_pool=work_pool,
+            pool_type=pool_type,
             params_file=params_file,
             overrides=list(set_ or []),
         )
-        out.print(f"deployed fedapt-experiment/{name} ({dep_id}) on {url}, cron '{cron}'")
-        out.print(f"start a worker to run it: .venv/bin/prefect worker start --pool {work_pool}")
+        out.print(
+            f"deployed {dep.name} ({dep.id}) on {dep.api_url}, cron '{cron}'", highlight=False
+        )
+        if dep.worker_ready:
+            out.print(f"a worker polls work pool {dep.work_pool}: the scheduled runs will run")
+        elif work_pool == "fedapt-process":
+            out.print(f"no worker polls work pool {dep.work_pool} yet: start one with `fedapt up`")
+        else:
+            out.print(
+                f"no worker polls work pool {dep.work_pool} yet: start one with "
+                f"`prefect worker start --pool {dep.work_pool}`"
+            )
 
     _guard(body)
 

@@ -1,23 +1,38 @@
 """Scheduled deployments of the experiment flow to a Prefect server and a process work pool.
 
-A deployment needs a long-lived Prefect server (``PREFECT_API_URL``); runs are picked up by a
-worker: ``prefect worker start --pool fedapt-process``.
+``fedapt deploy`` (and ``prefect deploy --all`` with the repository's ``prefect.yaml``) create
+the deployment ``fedapt-experiment/<name>`` of ``flows/experiment.py:experiment_flow`` on the
+Prefect server: the server's scheduler turns its cron schedule into flow runs and the worker of
+``fedapt up`` (service ``worker``, pool ``fedapt-process``) runs them in this checkout.
+
+Every input is checked before anything is created on the server: the cron expression, the
+params (in the CLI), the work pool type, that the server answers, and that an existing pool
+has the requested type. A deployment runs one flow run at a time: a run that comes due while
+the previous one is still running is cancelled (``CANCEL_NEW``), so a frequent schedule cannot
+pile up runs that overwrite each other's outputs.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedcore.errors import ConfigError
+from tasks import services
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/experiment.py:experiment_flow"
+FLOW_NAME = "fedapt-experiment"
 
 
-def api_url() -> str | None:
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value()
+@dataclass(frozen=True)
+class Deployed:
+    id: str
+    name: str  # fedapt-experiment/<name>
+    api_url: str
+    work_pool: str
+    worker_ready: bool  # a worker polls the pool: the scheduled runs will run
 
 
 def check_cron(cron: str) -> str:
@@ -32,35 +47,111 @@ def check_cron(cron: str) -> str:
     return cron
 
 
-def deploy(
-    *, name: str, cron: str, work_pool: str, params_file: str, overrides: list[str]
-) -> tuple[str, str]:
-    """Create/update the work pool and the scheduled deployment; returns (id, API URL)."""
-    check_cron(cron)
-    url = api_url()
-    if not url:
+def pool_types() -> list[str]:
+    """Work pool types whose worker is installed here (``process`` with Prefect itself)."""
+    from prefect.workers.base import BaseWorker
+
+    return sorted(BaseWorker.get_all_available_worker_types())
+
+
+def check_pool_type(pool_type: str) -> str:
+    allowed = pool_types()
+    if pool_type not in allowed:
         raise ConfigError(
-            "fedapt deploy needs a Prefect server: run `.venv/bin/prefect server start --host "
-            "127.0.0.1` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+            f"--pool-type {pool_type!r} has no worker installed here; allowed: "
+            + ", ".join(allowed)
         )
+    return pool_type
+
+
+def api_url() -> str:
+    """The Prefect API to deploy to: the user's ``PREFECT_API_URL`` (environment or Prefect
+    profile), else the server of ``fedapt up``. Raises when neither is there or it does not
+    answer."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    if not url:
+        st = services.status(["prefect"])["prefect"]
+        if st.healthy and st.url:
+            return st.url + "/api"
+        raise ConfigError(
+            "fedapt deploy needs a Prefect server: start one with `fedapt up` "
+            "(or set PREFECT_API_URL to yours)"
+        )
+    url = url.rstrip("/")
+    if not services.probe(url + "/health", timeout=5.0):
+        raise ConfigError(
+            f"no Prefect server answers at PREFECT_API_URL={url}; start it (`fedapt up`) "
+            "or fix PREFECT_API_URL"
+        )
+    return url
+
+
+def deploy(
+    *,
+    name: str,
+    cron: str,
+    work_pool: str,
+    params_file: str,
+    overrides: list[str],
+    pool_type: str = "process",
+) -> Deployed:
+    """Create (or update) the work pool and the scheduled deployment."""
+    check_cron(cron)
+    check_pool_type(pool_type)
+    url = api_url()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        return _deploy(url, name, cron, work_pool, pool_type, params_file, overrides)
+
+
+def _deploy(
+    url: str,
+    name: str,
+    cron: str,
+    work_pool: str,
+    pool_type: str,
+    params_file: str,
+    overrides: list[str],
+) -> Deployed:
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.base import BaseWorker
 
     with get_client(sync_client=True) as client:
         try:
-            client.create_work_pool(WorkPoolCreate(name=work_pool, type="process"))
-        except ObjectAlreadyExists:
-            pass
-    source = flow.from_source(source=str(ROOT), entrypoint=ENTRYPOINT)
-    deployment_id = source.deploy(
+            pool = client.read_work_pool(work_pool)
+        except ObjectNotFound:
+            pool = None
+        if pool is not None and pool.type != pool_type:
+            raise ConfigError(
+                f"--work-pool {work_pool!r} exists on {url} with type {pool.type!r}, not "
+                f"{pool_type!r}; pick another --work-pool or --pool-type {pool.type}"
+            )
+        # Load the flow before creating anything: an import error leaves the server as it was.
+        source = flow.from_source(source=str(ROOT), entrypoint=ENTRYPOINT)
+        if pool is None:
+            worker_cls = BaseWorker.get_worker_class_from_type(pool_type)
+            assert worker_cls is not None  # check_pool_type
+            client.create_work_pool(
+                WorkPoolCreate(
+                    name=work_pool,
+                    type=pool_type,
+                    base_job_template=worker_cls.get_default_base_job_template(),
+                )
+            )
+    deployment = source.to_deployment(
         name=name,
         work_pool_name=work_pool,
         cron=cron,
         parameters={"params_file": params_file, "overrides": overrides},
-        build=False,
-        push=False,
-        print_next_steps=False,
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy="CANCEL_NEW"),
     )
-    return str(deployment_id), url
+    deployment_id = deployment.apply(work_pool_name=work_pool)
+    ready = services.work_pool_status(url, work_pool) == "READY"
+    return Deployed(str(deployment_id), f"{FLOW_NAME}/{name}", url, work_pool, ready)

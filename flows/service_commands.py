@@ -17,7 +17,7 @@ from flows.cli import _guard, app, out
 
 ServiceArg = Annotated[
     list[str] | None,
-    typer.Argument(help="services (s3, mlflow, prefect); default: all", show_default=False),
+    typer.Argument(help="services (s3, mlflow, prefect, worker); default: all", show_default=False),
 ]
 
 
@@ -39,21 +39,24 @@ def _table(statuses: dict) -> Table:
 
 @app.command()
 def up(services: ServiceArg = None) -> None:
-    """Start the services (ports: FEDAPT_S3_PORT, FEDAPT_MLFLOW_PORT, FEDAPT_PREFECT_PORT)."""
+    """Start the services (ports: FEDAPT_S3_PORT, FEDAPT_MLFLOW_PORT, FEDAPT_PREFECT_PORT,
+    FEDAPT_WORKER_PORT); the worker runs the scheduled deployments of `fedapt deploy`."""
 
     def body() -> None:
         from tasks import services as svc
 
-        statuses = svc.up(services or None)
-        if statuses["s3"].healthy and statuses["s3"].url:
+        statuses = svc.up(services or None)  # the services asked for and what they need
+        healthy = {n for n, st in statuses.items() if st.healthy}
+        if "s3" in healthy and statuses["s3"].url:
             configure_dvc_remote(statuses["s3"].url)
         out.print(_table(statuses))
-        if statuses["mlflow"].healthy:
-            out.print(
-                f"MLflow UI: {statuses['mlflow'].url}  (models: {statuses['mlflow'].url}/#/models)"
-            )
-        if statuses["prefect"].healthy:
+        if "mlflow" in healthy:
+            url = statuses["mlflow"].url
+            out.print(f"MLflow UI: {url}  (models: {url}/#/models)")
+        if "prefect" in healthy:
             out.print(f"Prefect UI: {statuses['prefect'].url}")
+        if "worker" in healthy:
+            out.print(f"Prefect worker: runs the deployments of work pool {svc.WORK_POOL}")
         out.print("fedapt run now tracks to these services; stop them with: fedapt down")
 
     _guard(body)

@@ -1,4 +1,5 @@
-"""Local services on 127.0.0.1 for the UI workflows: S3 (SeaweedFS), MLflow server, Prefect server.
+"""Local services on 127.0.0.1 for the UI workflows: S3 (SeaweedFS), MLflow server, Prefect server
+and a Prefect worker that runs the scheduled deployments (work pool ``fedapt-process``).
 
 ``up`` starts each service as a detached server process (own session and process group,
 stdout/stderr appended to ``<state_dir>/logs/<name>.log``), polls its health endpoint until a
@@ -38,11 +39,19 @@ from fedcore.errors import ConfigError, FedaptError
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
-SERVICES = ("s3", "mlflow", "prefect")
-DEFAULT_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200}
+SERVICES = ("s3", "mlflow", "prefect", "worker")
+# worker: the port of the Prefect worker's health check (`prefect worker start --with-healthcheck`)
+DEFAULT_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200, "worker": 4201}
 DEFAULT_BUCKET = "fedapt"  # s3://fedapt/mlflow (MLflow artifacts), s3://fedapt/dvc, outputs
-DEPENDS = {"s3": (), "mlflow": ("s3",), "prefect": ()}
-HEALTH_PATHS = {"s3": "/healthz", "mlflow": "/health", "prefect": "/api/health"}
+DEPENDS = {"s3": (), "mlflow": ("s3",), "prefect": (), "worker": ("prefect",)}
+HEALTH_PATHS = {
+    "s3": "/healthz",
+    "mlflow": "/health",
+    "prefect": "/api/health",
+    "worker": "/health",
+}
+WORK_POOL = "fedapt-process"  # the process work pool of `fedapt deploy` and prefect.yaml
+WORK_POOL_TYPE = "process"
 STATE_FILE = "services.json"
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
@@ -67,7 +76,8 @@ _QUIET_ENV = {
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
 }
-_MARKERS = {"s3": "weed", "mlflow": "mlflow", "prefect": "prefect"}  # expected in the cmdline
+# expected in the cmdline (guards against recycled pids)
+_MARKERS = {"s3": "weed", "mlflow": "mlflow", "prefect": "prefect", "worker": "worker"}
 
 State = Literal["running", "stopped", "stale"]
 
@@ -539,14 +549,31 @@ def _ensure_buckets(endpoint: str, buckets: Iterable[str], deadline: float) -> N
 # ----------------------------------------------------------------------------- commands
 
 
-def _base_env() -> dict[str, str]:
+def _base_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of a server: the user's, less the client settings of other services
+    (``AWS_*``, ``MLFLOW_*``, ``PREFECT_*``) unless they start with one of ``keep``."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_")) or k in _QUIET_ENV
+        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_"))
+        or k in _QUIET_ENV
+        or k.startswith(keep)
     }
     env.update(_QUIET_ENV)
     return env
+
+
+def worker_limit() -> int:
+    """Flow runs the worker runs at once (``FEDAPT_WORKER_LIMIT``, default 1: a run already
+    uses every core of a small machine)."""
+    value = os.environ.get("FEDAPT_WORKER_LIMIT", "1")
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ConfigError(f"FEDAPT_WORKER_LIMIT={value!r} is not a positive whole number")
+    return limit
 
 
 def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
@@ -573,8 +600,37 @@ def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tupl
             f"s3://{DEFAULT_BUCKET}/mlflow",
         ]
         return cmd, env, home
+    if name == "worker":
+        # Scheduled runs are child processes of the worker and inherit this environment:
+        # the user's own MLflow/S3 settings stay (as for `fedapt run`), the flow adds the
+        # services that are up (services.run_environment). Working directory: this checkout.
+        env = _base_env(keep=("AWS_", "MLFLOW_", "PREFECT_WORKER_"))
+        env["PREFECT_HOME"] = str(sd / "prefect")
+        env["PREFECT_API_URL"] = records["prefect"]["api_url"]
+        env["PREFECT_WORKER_WEBSERVER_HOST"] = HOST
+        env["PREFECT_WORKER_WEBSERVER_PORT"] = str(port)
+        cmd = [
+            str(bindir / "prefect"),
+            "worker",
+            "start",
+            "--pool",
+            WORK_POOL,
+            "--type",
+            WORK_POOL_TYPE,  # the pool is created if it does not exist yet
+            "--name",
+            f"fedapt-worker-{port}",
+            "--limit",
+            str(worker_limit()),
+            "--with-healthcheck",
+            "--install-policy",
+            "never",
+        ]
+        return cmd, env, ROOT
     home = sd / "prefect"
     home.mkdir(parents=True, exist_ok=True)
+    # The server's own settings (e.g. PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS) are
+    # the user's to choose; client settings (PREFECT_API_URL ...) are not passed on.
+    env = _base_env(keep=("PREFECT_SERVER_",))
     env["PREFECT_HOME"] = str(home)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
@@ -593,6 +649,8 @@ def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
     }
     if name == "prefect":
         rec["api_url"] = _url(port) + "/api"
+    if name == "worker":
+        rec["pool"] = WORK_POOL
     return rec
 
 
@@ -615,6 +673,28 @@ def _wait_healthy(name: str, pid: int, port: int, log: Path, deadline: float) ->
             return
         if time.monotonic() >= deadline:
             raise _fail(name, pid, log, f"did not answer {url} in time")
+        time.sleep(0.25)
+
+
+def work_pool_status(api_url: str, pool: str = WORK_POOL, timeout: float = 2.0) -> str | None:
+    """The status of a work pool on the Prefect server (READY while a worker polls it,
+    NOT_READY, PAUSED), or None when the server does not know it or does not answer."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/work_pools/{pool}", timeout=timeout) as resp:
+            return json.loads(resp.read()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _wait_pool_ready(rec: Mapping[str, Any], deadline: float) -> None:
+    """The worker is up once its pool is READY: it created the pool and polled the server."""
+    while work_pool_status(rec["api_url"], rec.get("pool", WORK_POOL)) != "READY":
+        if not _pid_alive(rec["pid"]):
+            raise _fail("worker", rec["pid"], Path(rec["log"]), "exited during start")
+        if time.monotonic() >= deadline:
+            raise _fail(
+                "worker", rec["pid"], Path(rec["log"]), f"did not make pool {WORK_POOL} ready"
+            )
         time.sleep(0.25)
 
 
@@ -644,10 +724,15 @@ def up(
         for n in list(records):
             if not _alive_record(n, records[n]):
                 records.pop(n)
-        mlflow, s3 = records.get("mlflow"), records.get("s3")
-        if mlflow and "mlflow" in names and (not s3 or mlflow.get("s3_url") != s3["url"]):
-            _terminate(int(mlflow["pid"]))  # its artifact store moved: restart it
-            records.pop("mlflow")
+        # A service whose dependency moved (or is gone) is restarted against the new one.
+        for n, dep, key, field in (
+            ("mlflow", "s3", "s3_url", "url"),
+            ("worker", "prefect", "api_url", "api_url"),
+        ):
+            rec, dep_rec = records.get(n), records.get(dep)
+            if rec and n in names and (not dep_rec or rec.get(key) != dep_rec.get(field)):
+                _terminate(int(rec["pid"]))
+                records.pop(n)
         write_state(sd, records)
         to_start = [n for n in names if n not in records]
         for n in to_start:
@@ -658,8 +743,8 @@ def up(
             if n in records:
                 rec = records[n]
                 _wait_running(n, rec, deadline)
-        # s3 first (mlflow needs it), then the others side by side.
-        for group in (["s3"], ["mlflow", "prefect"]):
+        # s3 first (mlflow needs it), then mlflow and prefect side by side, then the worker.
+        for group in (["s3"], ["mlflow", "prefect"], ["worker"]):
             pending = {}
             for n in group:
                 if n not in to_start:
@@ -671,6 +756,8 @@ def up(
                 records[n] = _record(n, pid, port, log)
                 if n == "mlflow":
                     records[n]["s3_url"] = records["s3"]["url"]
+                if n == "worker":
+                    records[n]["api_url"] = records["prefect"]["api_url"]
                 write_state(sd, records)
                 pending[n] = records[n]
             try:
@@ -678,6 +765,8 @@ def up(
                     _wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
                     if n == "s3":
                         _ensure_buckets(rec["url"], buckets, deadline)
+                    if n == "worker":
+                        _wait_pool_ready(rec, deadline)
             except BaseException:  # also Ctrl-C: a failed group leaves nothing half-started
                 for n, rec in pending.items():
                     if _group_alive(rec["pid"]):

@@ -257,11 +257,41 @@ def test_deploy_cron_schedule(prefect_server):
         assert [s.schedule.cron for s in dep.schedules] == ["0 3 * * *"]
         assert dep.work_pool_name == "fedapt-process"
         assert dep.parameters["params_file"] == str(REPO / "params.yaml")
+        # one run at a time: a run due while the previous one runs is cancelled
+        assert dep.global_concurrency_limit.limit == 1
+        assert dep.concurrency_options.collision_strategy == "CANCEL_NEW"
 
 
 def test_deploy_bad_cron():
     res = runner.invoke(app, ["deploy", "--cron", "every night"])
     assert res.exit_code == 2 and "not a cron expression" in res.output
+
+
+def test_deploy_unknown_pool_type_names_the_allowed_ones():
+    res = runner.invoke(app, ["deploy", "--cron", "0 3 * * *", "--pool-type", "docker"])
+    text = res.output.strip()
+    assert res.exit_code == 2 and len(text.splitlines()) == 1, text
+    assert "--pool-type 'docker'" in text and "allowed: process" in text
+
+
+def test_deploy_against_a_server_that_is_not_up(monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    res = runner.invoke(app, ["deploy", "--cron", "0 3 * * *"])
+    text = res.output.strip()
+    assert res.exit_code == 2 and len(text.splitlines()) == 1, text
+    assert "PREFECT_API_URL=http://127.0.0.1:9/api" in text and "fedapt up" in text
+    assert "Traceback" not in text
+
+
+def test_deploy_without_any_server_says_to_start_one(monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # and no `fedapt up` (test state dir)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):  # not the module's server
+        res = runner.invoke(app, ["deploy", "--cron", "0 3 * * *"])
+    text = res.output.strip()
+    assert res.exit_code == 2 and len(text.splitlines()) == 1, text
+    assert "fedapt up" in text
 
 
 def test_unreachable_s3_stops_before_anything(tmp_path, monkeypatch):

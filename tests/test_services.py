@@ -100,8 +100,14 @@ def test_every_port_is_checked_before_anything_starts(sd, busy_port, no_spawn, m
 def test_ports_from_argument_then_environment_then_default(monkeypatch):
     monkeypatch.setenv("FEDAPT_MLFLOW_PORT", "5123")
     monkeypatch.delenv("FEDAPT_PREFECT_PORT", raising=False)
+    monkeypatch.delenv("FEDAPT_WORKER_PORT", raising=False)
     ports = S.resolve_ports({"s3": 0})
-    assert ports == {"s3": 0, "mlflow": 5123, "prefect": S.DEFAULT_PORTS["prefect"]}
+    assert ports == {
+        "s3": 0,
+        "mlflow": 5123,
+        "prefect": S.DEFAULT_PORTS["prefect"],
+        "worker": S.DEFAULT_PORTS["worker"],
+    }
     monkeypatch.setenv("FEDAPT_MLFLOW_PORT", "fivethousand")
     with pytest.raises(ConfigError, match="FEDAPT_MLFLOW_PORT"):
         S.resolve_ports()
@@ -139,7 +145,49 @@ def test_stopping_s3_stops_mlflow_that_stores_artifacts_in_it(sd):
     )
     st = S.down(["s3"], state=sd)
     assert sorted(st) == ["mlflow", "s3"]
-    assert sorted(S.read_state(sd)) == ["prefect"]
+    assert sorted(S.read_state(sd)) == ["prefect", "worker"]
+
+
+def test_stopping_prefect_stops_its_worker(sd):
+    S.write_state(sd, {n: _record(n, _dead_pid()) for n in S.SERVICES})
+    st = S.down(["prefect"], state=sd)
+    assert sorted(st) == ["prefect", "worker"]
+    assert sorted(S.read_state(sd)) == ["mlflow", "s3"]
+
+
+def test_worker_runs_the_pool_of_fedapt_deploy_in_this_checkout(sd, monkeypatch):
+    """The worker polls fedapt's pool against the recorded Prefect server, keeps the user's
+    MLflow/S3 settings for the runs it starts, and serves its health check on 127.0.0.1."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/x.db")
+    monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:1/api")
+    monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")
+    monkeypatch.setenv("FEDAPT_WORKER_LIMIT", "2")
+    records = {"prefect": {"api_url": "http://127.0.0.1:4242/api"}}
+    cmd, env, cwd = S._command("worker", sd, 4243, records)
+    assert cmd[1:3] == ["worker", "start"]
+    assert cmd[cmd.index("--pool") + 1] == S.WORK_POOL
+    assert cmd[cmd.index("--type") + 1] == "process"
+    assert cmd[cmd.index("--limit") + 1] == "2"
+    assert "--with-healthcheck" in cmd
+    assert cwd == S.ROOT
+    assert env["PREFECT_API_URL"] == "http://127.0.0.1:4242/api"  # ours, not the user's
+    assert env["PREFECT_WORKER_WEBSERVER_HOST"] == "127.0.0.1"
+    assert env["PREFECT_WORKER_WEBSERVER_PORT"] == "4243"
+    assert env["PREFECT_WORKER_QUERY_SECONDS"] == "2"
+    assert env["MLFLOW_TRACKING_URI"] == "sqlite:////tmp/x.db"
+    monkeypatch.setenv("FEDAPT_WORKER_LIMIT", "0")
+    with pytest.raises(ConfigError, match="FEDAPT_WORKER_LIMIT"):
+        S._command("worker", sd, 4243, records)
+
+
+def test_prefect_server_gets_its_server_settings_not_client_settings(sd, monkeypatch):
+    monkeypatch.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "2")
+    monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:1/api")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/x.db")
+    cmd, env, _ = S._command("prefect", sd, 4242, {})
+    assert cmd[1:3] == ["server", "start"]
+    assert env["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] == "2"
+    assert "PREFECT_API_URL" not in env and "MLFLOW_TRACKING_URI" not in env
 
 
 def test_recycled_pid_is_stale_and_never_killed(sd, bystander):
@@ -278,7 +326,7 @@ def test_credentials_stay_out_of_reprs():
 def test_up_status_mlflow_artifact_in_seaweedfs_down(sd, monkeypatch):
     for var in ("MLFLOW_TRACKING_URI", *S.USER_S3_VARS, "PREFECT_API_URL"):
         monkeypatch.delenv(var, raising=False)
-    ports = {"s3": 0, "mlflow": 0, "prefect": 0}
+    ports = {"s3": 0, "mlflow": 0, "prefect": 0, "worker": 0}
     pids: list[int] = []
     try:
         t = time.monotonic()
@@ -286,7 +334,9 @@ def test_up_status_mlflow_artifact_in_seaweedfs_down(sd, monkeypatch):
         print(f"up: {time.monotonic() - t:.1f} s")
         pids = [s.pid for s in st.values() if s.pid]
         assert all(s.state == "running" and s.healthy for s in st.values()), st
-        assert len(set(pids)) == 3
+        assert len(set(pids)) == 4
+        # the worker created the work pool of `fedapt deploy` and polls it
+        assert S.work_pool_status(S.read_state(sd)["prefect"]["api_url"]) == "READY"
         again = S.up(state=sd, ports=ports)  # idempotent: same processes
         assert [s.pid for s in again.values()] == pids
 
