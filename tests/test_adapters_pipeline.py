@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -67,6 +68,18 @@ def test_cell_traffic_is_the_payload(tmp_path, adapter):
     metrics = json.loads((tmp_path / "cell/metrics.json").read_text())
     assert "local_train_seconds_mean" not in metrics  # timings stay out of the hashed outputs
     assert metrics["payload_bytes"] == wire
+    # The recorded accuracy is the saved model's, evaluated apart from the engine.
+    from tasks.backbone import model_input
+    from tests.test_accuracy_bookkeeping import independent_accuracy
+
+    saved = payload.decode((tmp_path / "cell/model.pt").read_bytes())
+    test = data.image_data("test", model_input(p, data.train.info))
+    acc = independent_accuracy(model, saved, test)
+    assert record["final_accuracy"] == pytest.approx(acc, abs=1e-12)
+    assert metrics["rounds"][-1]["accuracy"] == record["final_accuracy"]
+    assert record["mean_accuracy_last_L"] == pytest.approx(
+        np.mean([r["accuracy"] for r in metrics["rounds"]])
+    )
 
 
 def test_cell_personalization(tmp_path):
@@ -93,9 +106,29 @@ def test_cell_personalization(tmp_path):
     assert [c["client"] for c in clients] == [0, 1, 2, 3]
     assert [c["severity"] for c in clients] == [1, 4, 1, 4]
     sizes = [len(ix) for ix in part.client_indices]
+    # Before fine-tuning a client tests the saved global model on its own corrupted rows:
+    # the recorded accuracy is that model's, evaluated apart from the engine.
+    from tasks.backbone import model_input
+    from tests.test_accuracy_bookkeeping import independent_accuracy, personal_test_split
+
+    saved = payload.decode((tmp_path / "cell/model.pt").read_bytes())
+    model = adapted_model("resnet26", "residual", num_classes=10, in_channels=1, width=0.125)
+    train = data.image_data("train", model_input(p, data.train.info))
     for c in clients:
         assert c["tune_samples"] + c["test_samples"] == sizes[c["client"]]
-        assert 0.0 <= c["accuracy_before"] <= 1.0 and 0.0 <= c["accuracy_after"] <= 1.0
+        own, rows = personal_test_split(
+            train,
+            part.client_indices[c["client"]],
+            c["client"],
+            c["severity"],
+            p.experiment.seed,
+            p.personalize.tune_fraction,
+        )
+        assert len(rows) == c["test_samples"]
+        assert c["accuracy_before"] == pytest.approx(independent_accuracy(model, saved, own, rows))
+        assert c["accuracy_after"] * c["test_samples"] == pytest.approx(
+            round(c["accuracy_after"] * c["test_samples"])
+        )  # a count of correct rows over test_samples
     metrics = json.loads((tmp_path / "cell/metrics.json").read_text())
     assert metrics["personalization"] == personal
 

@@ -24,6 +24,16 @@ def sh(*cmd: str, cwd: Path) -> str:
     return res.stdout + res.stderr
 
 
+def copy_data(dst: Path) -> None:
+    """The dataset the pipeline reads (``data/``, set up by ``make setup``): its absence is a
+    failure that says how to fix it, not a copy error deep in shutil."""
+    raw = REPO / "data" / "raw"
+    assert raw.is_dir() and any(raw.iterdir()), (
+        f"{raw} is missing or empty: run `make setup` (scripts/get-data.sh) first"
+    )
+    shutil.copytree(REPO / "data", dst / "data")
+
+
 @pytest.fixture
 def repo_copy(tmp_path):
     dst = tmp_path / "repo"
@@ -31,7 +41,7 @@ def repo_copy(tmp_path):
     for rel in files.split():
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, dst / rel)
-    shutil.copytree(REPO / "data", dst / "data")
+    copy_data(dst)
     (dst / ".venv").symlink_to(REPO / ".venv")
     params = yaml.safe_load((dst / "params.yaml").read_text())
     params["data"].update(train_subset=600, test_subset=300)
@@ -114,7 +124,7 @@ def test_committed_lock_reproduces_the_data_stages(tmp_path):
     for rel in files.split():
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, dst / rel)
-    shutil.copytree(REPO / "data", dst / "data")
+    copy_data(dst)
     (dst / ".venv").symlink_to(REPO / ".venv")
     sh("git", "init", "-q", cwd=dst)
     sh(DVC, "repro", "validate", cwd=dst)

@@ -86,6 +86,31 @@ def test_pretrain_writes_a_deterministic_base_that_the_fl_model_starts_from(tmp_
         card["used"] and card["source"]["rows"] == 256 and card["source"]["disjoint_from_fl_rows"]
     )
     assert 0.2 < card["final_test_accuracy"] <= 1.0  # 5 classes: chance is 0.2
+    # The card's accuracy is base.pt's on the source test rows, evaluated apart from the stage.
+    from fedcore.client import ImageData
+    from models.registry import get_model
+    from tests.test_accuracy_bookkeeping import independent_accuracy
+
+    _, _, source_test, test_rows = source_split(p)
+    inp = model_input(p, load_experiment_data(p).train.info)
+    test_data = ImageData(
+        source_test.images,
+        source_test.labels,
+        inp.mean,
+        inp.std,
+        size=inp.size,
+        channels=inp.channels,
+    )
+    net = get_model(
+        p.model.name,
+        num_classes=source_test.info.num_classes,
+        in_channels=inp.channels,
+        input_size=inp.size,
+        **backbone_options(p),
+    )
+    saved = payload.decode((tmp_path / "a/base.pt").read_bytes())
+    acc = independent_accuracy(net, saved, test_data, test_rows)
+    assert card["final_test_accuracy"] == pytest.approx(acc, abs=1e-6)  # stored to 6 digits
     run_pretrain(p, tmp_path / "b")
     for f in ("base.pt", "base.json"):  # a rerun writes the same bytes
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
