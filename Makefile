@@ -4,7 +4,7 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test setup up down lint bench bench-pipeline clean
+.PHONY: run test setup up down lint bench bench-pipeline mutate clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -24,6 +24,12 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+
+# Mutation testing of the core maths (docs/testing.md): run before a large refactor.
+# MUTATE_ARGS="--sample 60" draws a sample; "--module fedcore/schedules.py" one module.
+MUTATE_ARGS ?=
+mutate: setup
+	$(VENV)/bin/python scripts/mutate.py $(MUTATE_ARGS)
 
 bench: setup
 	$(VENV)/bin/python benchmarks/engine_throughput.py
