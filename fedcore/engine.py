@@ -207,7 +207,7 @@ class Simulation:
         workers: int = 1,
         device: str = "cpu",
         callbacks: Sequence[Callback] = (),
-        eval_chunk: int = 2500,
+        eval_chunk: int = 500,
         payload_keys: Sequence[str] | None = None,
         trainable: frozenset[str] | None = None,
     ) -> None:
@@ -222,6 +222,9 @@ class Simulation:
         # CUDA runs clients sequentially in-process; CPU fans out to single-thread workers.
         self.workers = 0 if device != "cpu" else max(0, workers)
         self.callbacks = list(callbacks)
+        # Test images per evaluation job: fixed (never derived from the worker count, so the
+        # summed loss is the same whatever the workers); small enough that the workers share
+        # a 2,000-image evaluation (W1) instead of one of them doing it all.
         self.eval_chunk = eval_chunk
         torch.manual_seed(federation.seed)
         model = model_fn()
