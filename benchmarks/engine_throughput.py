@@ -77,6 +77,22 @@ def engine_run(data: ImageData, shards: list[np.ndarray], rounds: int, workers: 
     return {"wall": wall, "client_seconds": clock.train_seconds, "init": init, "history": hist}
 
 
+def bare_client(model, state, data, shard, cfg, make_opt, round_, client) -> dict:  # type: ignore[no-untyped-def]
+    """One client's local epoch the hand-written way: module + torch optimizer, the engine's
+    batch order for (round, client); returns the trained state dict."""
+    model.load_state_dict(state)
+    model.train()
+    opt = make_opt(model.parameters())
+    gen = torch.Generator().manual_seed(derive_seed(0, 2, round_, client, client))
+    idx = torch.as_tensor(shard)
+    for pos in batch_order(len(idx), cfg, gen):
+        x, y = data.batch(idx[pos], generator=gen)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def bare_run(data: ImageData, shards: list[np.ndarray], rounds: int, init: dict) -> float:
     """What a hand-written loop does for the same clients: no serialization, no events."""
     model = MODEL_FN()
@@ -86,17 +102,8 @@ def bare_run(data: ImageData, shards: list[np.ndarray], rounds: int, init: dict)
     for r in range(1, rounds + 1):
         states, sizes = [], []
         for c, shard in enumerate(shards):
-            model.load_state_dict(state)
-            model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
-            gen = torch.Generator().manual_seed(derive_seed(0, 2, r, c, c))
-            idx = torch.as_tensor(shard)
-            for pos in batch_order(len(idx), cfg, gen):
-                x, y = data.batch(idx[pos], generator=gen)
-                opt.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-            states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            opt = functools.partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM, weight_decay=WD)
+            states.append(bare_client(model, state, data, shard, cfg, opt, r, c))
             sizes.append(len(shard))
         w = [s / sum(sizes) for s in sizes]
         state = {

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 CLIENTS, PER_CLIENT, ROUNDS, BATCH, LR, MOMENTUM, TEST = 10, 1000, 5, 32, 0.01, 0.9, 2000
 THREADS = 2
 
@@ -39,7 +40,6 @@ def _setup():  # type: ignore[no-untyped-def]
 
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
     from fedcore.client import ImageData
     from fedcore.datasets import load_dataset
     from models import get_model
@@ -59,11 +59,12 @@ def _setup():  # type: ignore[no-untyped-def]
 
 
 def run_bare() -> dict:
-    import torch
-    from torch import nn
+    import functools
 
-    from fedcore.client import LocalConfig, batch_order
-    from fedcore.engine import derive_seed
+    import torch
+
+    from benchmarks.engine_throughput import bare_client
+    from fedcore.client import LocalConfig
 
     torch.set_num_threads(THREADS)
     train, test, shards, model_fn = _setup()
@@ -74,19 +75,11 @@ def run_bare() -> dict:
     rounds, accs = [], []
     for r in range(1, ROUNDS + 1):
         t0 = time.perf_counter()
-        states = []
-        for c, shard in enumerate(shards):
-            model.load_state_dict(state)
-            model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-            gen = torch.Generator().manual_seed(derive_seed(0, 2, r, c, c))
-            idx = torch.as_tensor(shard)
-            for pos in batch_order(len(idx), cfg, gen):
-                x, y = train.batch(idx[pos], generator=gen)
-                opt.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-            states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        opt = functools.partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
+        states = [
+            bare_client(model, state, train, shard, cfg, opt, r, c)
+            for c, shard in enumerate(shards)
+        ]
         state = {
             k: (sum(s[k].double() for s in states) / len(states)).to(v.dtype)
             if v.is_floating_point()
