@@ -134,6 +134,14 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def save_result(name: str, res: dict) -> None:
+    """Write benchmarks/results/<name>.json and print it."""
+    out = ROOT / f"benchmarks/results/{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=10)
@@ -174,10 +182,7 @@ def main() -> None:
                 "rss_ratio_100_clients_vs_one": hundred / one,
             }
         )
-    out = ROOT / "benchmarks/results/engine_throughput.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    save_result("engine_throughput", res)
 
 
 if __name__ == "__main__":

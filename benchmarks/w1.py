@@ -235,10 +235,9 @@ def main() -> None:
         for v in res["runners"].values():
             v["round_vs_bare"] = v["median_round_s"] / base["median_round_s"]
             v["total_vs_bare"] = v["median_total_wall_s"] / base["median_total_wall_s"]
-    out = ROOT / "benchmarks/results/w1.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    from benchmarks.engine_throughput import save_result
+
+    save_result("w1", res)
 
 
 if __name__ == "__main__":
