@@ -47,10 +47,10 @@ TARGETS: dict[str, list[str]] = {
     "fedcore/algorithms/fedopt.py": ["test_algorithms"],
     "fedcore/algorithms/fedprox.py": ["test_algorithms"],
     "fedcore/algorithms/fedvc.py": ["test_algorithms_data"],
-    "fedcore/partition.py": ["test_partition", "test_pinned_core"],
+    "fedcore/partition.py": ["test_pinned_edges", "test_partition", "test_pinned_core"],
     "fedcore/payload.py": ["test_engine", "test_pinned_core", "test_algorithms_fednilo"],
     "fedcore/schedules.py": ["test_pinned_core", "test_engine", "test_config"],
-    "models/adapters/residual.py": ["test_adapters"],
+    "models/adapters/residual.py": ["test_pinned_edges", "test_adapters"],
 }
 
 _BINOP = {

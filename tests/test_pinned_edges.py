@@ -1,0 +1,115 @@
+"""Edges the mutation sample left unpinned (docs/testing.md): the residual adapter's centre-tap
+alignment for every padding/stride/dilation a 3x3 conv can have, which convs it adapts, and
+the partitioners' input checks and min_size guarantee."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedcore.errors import ConfigError
+from fedcore.partition import dirichlet_classwise, iid
+from models.adapters.residual import ResidualConv2d, adaptable, centre_shift
+
+CONVS = {  # name: Conv2d keyword arguments (3x3, zero padding)
+    "pad1": {"padding": 1},
+    "pad0": {"padding": 0},
+    "valid": {"padding": "valid"},
+    "same-dil2": {"padding": "same", "dilation": 2},
+    "pad2": {"padding": 2},
+    "stride2": {"padding": 1, "stride": 2},
+    "dil2-pad1": {"padding": 1, "dilation": 2},
+    "groups2": {"padding": 1, "groups": 2},
+}
+SHIFTS = {  # dilation * (k - 1) / 2 - padding, by hand
+    "pad1": (0, 0),
+    "pad0": (1, 1),
+    "valid": (1, 1),
+    "same-dil2": (0, 0),
+    "pad2": (-1, -1),
+    "stride2": (0, 0),
+    "dil2-pad1": (1, 1),
+    "groups2": (0, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_residual_adapter_is_a_conv_with_only_the_centre_tap(name):
+    """y = W*x + a*x with a at the 3x3 kernel's centre tap: checked against F.conv2d with a
+    kernel that is zero except its centre (an independent reference), and merged = unmerged."""
+    kw = CONVS[name]
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, bias=True, dtype=torch.float64, **kw)
+    assert centre_shift(conv) == SHIFTS[name]
+    assert adaptable(conv)
+    res = ResidualConv2d(conv)
+    with torch.no_grad():
+        res.adapter_weight.normal_()
+    x = torch.randn(2, 4, 11, 9, dtype=torch.float64)
+    centre = torch.zeros_like(conv.weight)
+    centre[:, :, 1, 1] = res.adapter_weight[:, :, 0, 0]
+    want = conv(x) + F.conv2d(
+        x,
+        centre,
+        stride=conv.stride,
+        padding=conv.padding,
+        dilation=conv.dilation,
+        groups=conv.groups,
+    )
+    got = res(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(res.merged()(x), want, rtol=0, atol=1e-12)
+
+
+def test_which_convs_take_a_residual_adapter():
+    class Dynamic(nn.Conv2d):  # computes its padding in forward (EfficientNet style)
+        pass
+
+    assert adaptable(nn.Conv2d(2, 2, 3, padding=1))
+    assert not adaptable(nn.Conv2d(2, 2, 1))
+    assert not adaptable(nn.Conv2d(2, 2, 5, padding=2))
+    assert not adaptable(Dynamic(2, 2, 3, padding=1))
+    assert not adaptable(nn.Linear(2, 2))
+    # reflect padding: fine where the centre tap never reads padding, refused where it does
+    assert adaptable(nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"))
+    assert not adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="reflect"))
+    assert adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="zeros"))
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        (np.array([0, 1, -1, 2]), "integers >= 0"),
+        (np.array([0.0, 1.0]), "integers >= 0"),
+        (np.zeros((2, 2), dtype=int), "1-D"),
+    ],
+)
+def test_partition_labels_are_checked(labels, match):
+    with pytest.raises(ConfigError, match=match):
+        iid(labels, 2, 0)
+
+
+def test_partition_num_clients_and_samples_are_checked():
+    labels = np.arange(10) % 3
+    with pytest.raises(ConfigError, match=r"num_clients must be an integer in \[1, 10\]"):
+        iid(labels, 11, 0)
+    with pytest.raises(ConfigError, match=r"num_clients must be an integer in \[1, 10\]"):
+        iid(labels, 0, 0)
+    assert [len(s) for s in iid(labels, 10, 0).client_indices] == [1] * 10  # one each: allowed
+    with pytest.raises(ConfigError, match="no samples to partition"):
+        iid(np.array([], dtype=int), 1, 0)
+
+
+def test_dirichlet_min_size_holds_or_stops_in_one_line():
+    labels = np.repeat(np.arange(10), 100)
+    part = dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=40)
+    assert min(len(s) for s in part.client_indices) >= 40
+    assert sorted(np.concatenate(part.client_indices).tolist()) == list(range(1000))
+    with pytest.raises(ConfigError, match=r"min_size must be an integer in \[0, 100\]"):
+        dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=101)  # more than n / N
+    with pytest.raises(ConfigError, match="min_size: no draw gave all 10 clients >= 99"):
+        dirichlet_classwise(labels, 10, 0, beta=0.1, min_size=99)
