@@ -23,6 +23,9 @@ CONVS = {  # name: Conv2d keyword arguments (3x3, zero padding)
     "stride2": {"padding": 1, "stride": 2},
     "dil2-pad1": {"padding": 1, "dilation": 2},
     "groups2": {"padding": 1, "groups": 2},
+    "pad1x0": {"padding": (1, 0)},  # asymmetric: crop one axis only
+    "pad2x1": {"padding": (2, 1)},  # asymmetric: pad one axis only
+    "dil1x2-pad1": {"padding": 1, "dilation": (1, 2)},
 }
 SHIFTS = {  # dilation * (k - 1) / 2 - padding, by hand
     "pad1": (0, 0),
@@ -33,6 +36,9 @@ SHIFTS = {  # dilation * (k - 1) / 2 - padding, by hand
     "stride2": (0, 0),
     "dil2-pad1": (1, 1),
     "groups2": (0, 0),
+    "pad1x0": (0, 1),
+    "pad2x1": (-1, 0),
+    "dil1x2-pad1": (0, 1),
 }
 
 
@@ -69,15 +75,15 @@ def test_which_convs_take_a_residual_adapter():
     class Dynamic(nn.Conv2d):  # computes its padding in forward (EfficientNet style)
         pass
 
-    assert adaptable(nn.Conv2d(2, 2, 3, padding=1))
-    assert not adaptable(nn.Conv2d(2, 2, 1))
-    assert not adaptable(nn.Conv2d(2, 2, 5, padding=2))
-    assert not adaptable(Dynamic(2, 2, 3, padding=1))
-    assert not adaptable(nn.Linear(2, 2))
+    assert adaptable(nn.Conv2d(2, 2, 3, padding=1)) is True
+    assert adaptable(nn.Conv2d(2, 2, 1)) is False
+    assert adaptable(nn.Conv2d(2, 2, 5, padding=2)) is False
+    assert adaptable(Dynamic(2, 2, 3, padding=1)) is False
+    assert adaptable(nn.Linear(2, 2)) is False
     # reflect padding: fine where the centre tap never reads padding, refused where it does
-    assert adaptable(nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"))
-    assert not adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="reflect"))
-    assert adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="zeros"))
+    assert adaptable(nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")) is True
+    assert adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="reflect")) is False
+    assert adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="zeros")) is True
 
 
 @pytest.mark.parametrize(
