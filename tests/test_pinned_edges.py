@@ -25,6 +25,8 @@ CONVS = {  # name: Conv2d keyword arguments (3x3, zero padding)
     "groups2": {"padding": 1, "groups": 2},
     "pad1x0": {"padding": (1, 0)},  # asymmetric: crop one axis only
     "pad2x1": {"padding": (2, 1)},  # asymmetric: pad one axis only
+    "pad0x1": {"padding": (0, 1)},
+    "pad1x2": {"padding": (1, 2)},
     "dil1x2-pad1": {"padding": 1, "dilation": (1, 2)},
 }
 SHIFTS = {  # dilation * (k - 1) / 2 - padding, by hand
@@ -38,6 +40,8 @@ SHIFTS = {  # dilation * (k - 1) / 2 - padding, by hand
     "groups2": (0, 0),
     "pad1x0": (0, 1),
     "pad2x1": (-1, 0),
+    "pad0x1": (1, 0),
+    "pad1x2": (0, -1),
     "dil1x2-pad1": (0, 1),
 }
 
