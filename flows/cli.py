@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tasks.services import WORK_POOL  # stdlib-only module: cheap at CLI start-up
+
 # Offline and quiet by default; the project keeps its own Prefect home (DESIGN.md).
 _ROOT = Path(__file__).resolve().parents[1]
 for _key, _value in {
@@ -325,7 +327,7 @@ def models(
 def deploy(
     cron: Annotated[str, typer.Option(help="cron schedule, e.g. '0 3 * * *'")],
     name: Annotated[str, typer.Option(help="deployment name")] = "scheduled",
-    work_pool: Annotated[str, typer.Option(help="Prefect work pool")] = "fedapt-process",
+    work_pool: Annotated[str, typer.Option(help="Prefect work pool")] = WORK_POOL,
     pool_type: Annotated[
         str, typer.Option(help="type of the work pool when it is created")
     ] = "process",
@@ -356,7 +358,7 @@ def deploy(
         )
         if dep.worker_ready:
             out.print(f"a worker polls work pool {dep.work_pool}: the scheduled runs will run")
-        elif work_pool == "fedapt-process":
+        elif work_pool == WORK_POOL:  # the pool of fedapt's worker service
             out.print(f"no worker polls work pool {dep.work_pool} yet: start one with `fedapt up`")
         else:
             out.print(
