@@ -7,8 +7,10 @@ total wall), run in turn A B A B ... ``--repeats`` times:
 
 * ``bare``: a hand-written PyTorch loop, one model, ``torch.optim.SGD``, 2 threads, the same
   clients and batch order as fedapt; evaluation in batches of 500 on 2 threads.
-* ``sequential``: fedapt's engine (``fedcore.engine.Simulation``) as ``fedapt run`` uses it,
-  one single-thread worker process per core.
+* ``sequential``: fedapt's engine (``fedcore.engine.Simulation``) with
+  ``engine="sequential"``, one single-thread worker process per core.
+* ``cohort``: the same engine with ``engine="cohort"``: the 10 clients as one batched
+  computation per step (``fedcore.cohort``), in this process on every core.
 
 Reported: median total wall and median round time (rounds 2-5) per runner, their ratios, and
 the fraction of this CPU's measured matmul peak (sgemm 2048x2048 on 2 threads) each runner's
@@ -98,7 +100,7 @@ def run_bare() -> dict:
     return {"round_seconds": rounds, "accuracy": accs}
 
 
-def run_sequential() -> dict:
+def run_sequential(engine: str = "sequential") -> dict:
     import os
 
     from fedcore.algorithms import FedAvg
@@ -131,13 +133,18 @@ def run_sequential() -> dict:
         federation=FederationConfig(rounds=ROUNDS, clients_per_round=CLIENTS, eval_every=1),
         workers=os.cpu_count() or 1,
         callbacks=[clock],
+        engine=engine,
     )
     clock.t = time.perf_counter()
     hist = sim.run()
     return {"round_seconds": times, "accuracy": [r.accuracy for r in hist.rounds]}
 
 
-RUNNERS = {"bare": run_bare, "sequential": run_sequential}
+def run_cohort() -> dict:
+    return run_sequential("cohort")
+
+
+RUNNERS = {"bare": run_bare, "sequential": run_sequential, "cohort": run_cohort}
 
 
 def flops_per_sample() -> float:
@@ -182,7 +189,7 @@ def child(runner: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--runners", default="bare,sequential")
+    ap.add_argument("--runners", default="bare,sequential,cohort")
     ap.add_argument("--child", choices=sorted(RUNNERS))
     args = ap.parse_args()
     if args.child:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,6 +29,30 @@ from fedcore.inputs import to_model_input
 from fedcore.payload import StateDict
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, StateDict], torch.Tensor]
+
+ObjectiveFn = Callable[
+    [torch.Tensor, torch.Tensor, StateDict, Mapping[str, torch.Tensor]], torch.Tensor
+]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A client's loss as a function shared by the clients of a round plus this client's
+    tensors: ``fn(logits, targets, params, ctx)``.
+
+    ``fn`` may close over the global model and hyper-parameters (FedProx's anchor and mu), never
+    over anything of one client: that goes in ``ctx`` (FedIR's importance weights), which the
+    cohort engine stacks along the client dimension. Called with (logits, targets, params) it
+    is a plain ``fedcore.client.LossFn``, so the sequential engine runs it unchanged.
+    """
+
+    fn: ObjectiveFn
+    ctx: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    def __call__(
+        self, logits: torch.Tensor, targets: torch.Tensor, params: StateDict
+    ) -> torch.Tensor:
+        return self.fn(logits, targets, params, self.ctx)
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,11 @@ from fedcore.algorithms.base import (
     FederationSetup,
 )
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
+from fedcore.cohort import CohortClient, CohortTrainer, shared_objective
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord, RoundRecord
 from fedcore.exits import begin_client, evaluate_exits, num_exits
+from fedcore.payload import StateDict
 from fedcore.sampling import CLIENT_STREAM as _CLIENT_STREAM
 from fedcore.sampling import derive_seed, sample_clients
 from fedcore.schedules import LRSchedule
@@ -210,7 +212,13 @@ class Simulation:
         eval_chunk: int = 500,
         payload_keys: Sequence[str] | None = None,
         trainable: frozenset[str] | None = None,
+        engine: str = "sequential",
+        cohort_size: int | None = None,
     ) -> None:
+        if engine not in ("sequential", "cohort"):
+            raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
+        self.engine = engine
+        self.cohort_size = cohort_size  # clients per cohort (None: as many as memory allows)
         self.model_fn = model_fn
         self.exit_accuracy: list[float] = []  # per early exit, at the last evaluation
         self.algorithm = algorithm
@@ -220,7 +228,8 @@ class Simulation:
         self.local, self.schedule, self.cfg = local, lr_schedule, federation
         self.device = device
         # CUDA runs clients sequentially in-process; CPU fans out to single-thread workers.
-        self.workers = 0 if device != "cpu" else max(0, workers)
+        # The cohort engine trains in this process with every core (one batched computation).
+        self.workers = 0 if device != "cpu" or engine == "cohort" else max(0, workers)
         self.callbacks = list(callbacks)
         # Test images per evaluation job: fixed (never derived from the worker count, so the
         # summed loss is the same whatever the workers); small enough that the workers share
@@ -255,6 +264,7 @@ class Simulation:
         self._ctx_args = (algorithm, train, test, self.shards, self.noise_var, local, device)
         self._local_ctx: _Context | None = None
         self._pool: cf.ProcessPoolExecutor | None = None
+        self._cohort: CohortTrainer | None = None
 
     def _label_distribution(self) -> np.ndarray:
         """p(y) over the union of the client shards (the federation's training data)."""
@@ -277,6 +287,10 @@ class Simulation:
         else:
             model = self.model_fn().to(self.device)
             self._local_ctx = _Context(model, *self._ctx_args)
+            if self.engine == "cohort":
+                self._cohort = CohortTrainer(
+                    model, device=self.device, max_clients=self.cohort_size
+                )
 
     def _map(self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple]) -> list:
         if self._pool is not None:
@@ -284,7 +298,7 @@ class Simulation:
             return [f.result() for f in futures]  # results in submission order
         assert self._local_ctx is not None
         threads = torch.get_num_threads()
-        if self.device == "cpu":
+        if self.device == "cpu" and self.engine == "sequential":
             torch.set_num_threads(1)  # the same arithmetic as a single-thread worker
         try:
             return [fn_local(self._local_ctx, *job) for job in jobs]
@@ -397,19 +411,28 @@ class Simulation:
             (t, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, t.client_id, slot), blob, held)
             for slot, (t, (blob, held)) in enumerate(zip(tasks, payloads, strict=True))
         ]
-        results = self._map(_client_job, _worker_client_job, jobs)
+        if self._cohort is not None:
+            results = self._cohort_round(tasks, lr, [j[2] for j in jobs])
+        else:
+            results = [
+                (cid, payload.decode(upload), len(upload), n, steps, loss, secs)
+                for cid, upload, n, steps, loss, secs in self._map(
+                    _client_job, _worker_client_job, jobs
+                )
+            ]
         updates: list[ClientUpdate] = []
         rejected = 0
-        for (cid, upload, n, steps, loss, secs), (sent, _) in zip(results, payloads, strict=True):
-            state = payload.decode(upload)
+        for (cid, state, up_bytes, n, steps, loss, secs), (sent, _) in zip(
+            results, payloads, strict=True
+        ):
             ok = payload.is_finite(state)
             if ok:
-                updates.append(ClientUpdate(cid, state, n, steps, loss, len(upload)))
+                updates.append(ClientUpdate(cid, state, n, steps, loss, up_bytes))
             else:
                 rejected += 1  # a NaN/Inf update never reaches the global model
             self._emit(
                 "on_client_end",
-                ClientRecord(r, cid, n, steps, loss, len(sent), len(upload), secs, ok),
+                ClientRecord(r, cid, n, steps, loss, len(sent), up_bytes, secs, ok),
             )
         extra: dict[str, float] = {}
         if updates:  # else the model and any server optimiser state stay as they were
@@ -422,7 +445,7 @@ class Simulation:
                 extra["nonfinite_global_rejected"] = 1.0
         extra.update(self.algorithm.round_extra(r, updates))
         down = sum(len(p[0]) for p in payloads)
-        up = sum(len(res[1]) for res in results)
+        up = sum(res[2] for res in results)
         acc = test_loss = None
         if self.cfg.eval_every and (r % self.cfg.eval_every == 0 or r == self.cfg.rounds):
             acc, test_loss = self.evaluate()
@@ -448,6 +471,65 @@ class Simulation:
             seconds=time.perf_counter() - t0,
             extra=extra,
         )
+
+    def _cohort_round(
+        self, tasks: list[ClientTask], lr: float, seeds: list[int]
+    ) -> list[tuple[int, StateDict, int, int, int, float, float]]:
+        """The round's clients trained as cohorts: (client, upload, upload bytes, samples,
+        steps, loss, seconds) per task, in task order, as ``_client_job`` would return them.
+
+        Every client starts from the global model (what it downloads plus what it holds is
+        the global state), so a cohort shares one start state. Clients with a different plan
+        (trained or uploaded keys: FedNILO) train in separate cohorts. Upload bytes are
+        ``len(payload.encode(upload))`` of each client's real upload.
+        """
+        assert self._cohort is not None
+        ctx = self._local_ctx
+        assert ctx is not None
+        groups: dict[tuple, list[int]] = {}
+        for i, t in enumerate(tasks):
+            groups.setdefault((t.trainable, t.upload_keys), []).append(i)
+        out: list[Any] = [None] * len(tasks)
+        for (trainable, upload_keys), members in groups.items():
+            objectives = []
+            clients = []
+            for i in members:
+                t = tasks[i]
+                own = torch.as_tensor(self.shards[t.client_id], dtype=torch.int64)
+                view = ClientView(labels=self.train.labels.index_select(0, own), message=t.message)
+                objectives.append(self.algorithm.client_objective(self.global_state, view))
+                clients.append(
+                    CohortClient(t.client_id, t.indices, seeds[i], self.noise_var[t.client_id])
+                )
+            fn, ctxs = shared_objective(self.algorithm.name, objectives)
+            size = self._cohort.cohort_size(
+                self.global_state, self.train, clients, self.local, trainable
+            )
+            for lo in range(0, len(members), size):
+                part = slice(lo, lo + size)
+                results = self._cohort.train(
+                    self.global_state,
+                    self.train,
+                    clients[part],
+                    lr=lr,
+                    cfg=self.local,
+                    fn=fn,
+                    ctxs=ctxs[part],
+                    trainable=trainable,
+                )
+                for i, res in zip(members[part], results, strict=True):
+                    up = (
+                        res.state if upload_keys is None else {k: res.state[k] for k in upload_keys}
+                    )
+                    # Own copies: a view into the stacked cohort tensors would serialise (and
+                    # keep alive) the whole stack.
+                    up = {k: v.detach().to("cpu", copy=True) for k, v in up.items()}
+                    size_bytes = len(payload.encode(up))
+                    out[i] = (
+                        tasks[i].client_id, up, size_bytes, res.num_samples, res.num_steps,
+                        res.train_loss, res.seconds,
+                    )  # fmt: skip
+        return out
 
     def _emit(self, event: str, *args: Any) -> None:
         for cb in self.callbacks:

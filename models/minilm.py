@@ -119,7 +119,14 @@ class TextEncoderClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         mask = input_ids != self.pad_id  # (B, L) True on real tokens
-        hidden = self.bert(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
+        if torch._C._functorch.is_functorch_wrapped_tensor(input_ids):
+            # Under torch.func (the cohort engine's vmap): transformers' 2-D mask path asks
+            # whether the batch has padding at all (data-dependent control flow, which vmap
+            # cannot run); a 4-D boolean mask (True: attend) is used as given.
+            attention = mask[:, None, None, :]
+        else:
+            attention = mask.long()
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention).last_hidden_state
         if self.pooling == "cls":
             pooled = hidden[:, self.cls_index]  # (B, H)
         else:

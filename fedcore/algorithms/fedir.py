@@ -11,6 +11,7 @@ p(y) is the label distribution of the union of the shards (``FederationSetup``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from fedcore.algorithms.base import ClientView, FederatedAlgorithm, FederationSetup
-from fedcore.client import LossFn
+from fedcore.client import Objective
 from fedcore.payload import StateDict
 
 
@@ -42,11 +43,17 @@ class FedIR(FederatedAlgorithm):
     def server_message(self, round_: int, client_id: int) -> dict[str, torch.Tensor]:
         return {"p_y": self.server["p_y"]}
 
-    def client_objective(self, global_state: StateDict, client: ClientView) -> LossFn:
-        weights = importance_weights(client.message["p_y"], client.labels)
+    def client_objective(self, global_state: StateDict, client: ClientView) -> Objective:
+        # The weights are the client's own (from its labels): per-client tensors of the
+        # objective, which the cohort engine stacks along the client dimension.
+        return Objective(
+            _weighted_loss, {"w": importance_weights(client.message["p_y"], client.labels)}
+        )
 
-        def loss(logits: torch.Tensor, targets: torch.Tensor, params: StateDict) -> torch.Tensor:
-            per_sample = nn.functional.cross_entropy(logits, targets, reduction="none")
-            return (weights.to(logits.device)[targets] * per_sample).mean()
 
-        return loss
+def _weighted_loss(
+    logits: torch.Tensor, targets: torch.Tensor, params: StateDict, ctx: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    """mean_i w(y_i) l(x_i, y_i) (seed 002 §3.1)."""
+    per_sample = nn.functional.cross_entropy(logits, targets, reduction="none")
+    return (ctx["w"].to(logits.device)[targets] * per_sample).mean()

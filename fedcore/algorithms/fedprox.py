@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 
 from fedcore.algorithms.base import ClientView, FederatedAlgorithm, check_option
-from fedcore.client import LossFn, cross_entropy
+from fedcore.client import Objective, cross_entropy
 from fedcore.payload import StateDict
 
 
@@ -34,12 +34,14 @@ class FedProx(FederatedAlgorithm):
     def __post_init__(self) -> None:
         check_option(self.mu >= 0, self.name, "mu", ">= 0", self.mu)
 
-    def client_objective(self, global_state: StateDict, client: ClientView) -> LossFn:
+    def client_objective(self, global_state: StateDict, client: ClientView) -> Objective:
         anchor = {k: v.detach() for k, v in global_state.items()}
         mu = self.mu
 
-        def loss(logits: torch.Tensor, targets: torch.Tensor, params: StateDict) -> torch.Tensor:
+        def loss(
+            logits: torch.Tensor, targets: torch.Tensor, params: StateDict, ctx: object
+        ) -> torch.Tensor:
             prox = proximal_term(params, anchor)
             return cross_entropy(logits, targets, params) + 0.5 * mu * prox.to(logits.device)
 
-        return loss
+        return Objective(loss)  # the same for every client: the anchor is the global model

@@ -52,6 +52,8 @@ class ExitPlan:
     seed: int = 0
     tier: int | None = None
     step: int = 0
+    # set by the cohort engine: the exit every training call ends at (clients grouped by exit)
+    forced: int | None = None
     # per-call state
     _stop: int = 0
     _cls: list[torch.Tensor] = field(default_factory=list)
@@ -73,7 +75,23 @@ class ExitPlan:
             return int(rng.integers(self.num_exits))
         return last
 
+    def client_exits(self, client_id: int, seed: int, steps: int) -> list[int]:
+        """The exits of a client's ``steps`` local steps: what ``begin_client`` followed by
+        ``steps`` training calls would pick (the cohort engine groups clients by them)."""
+        saved = (self.seed, self.step, self.tier)
+        try:
+            self.begin_client(client_id, seed)
+            out = []
+            for _ in range(steps):
+                out.append(self.train_exit())
+                self.step += 1
+            return out
+        finally:
+            self.seed, self.step, self.tier = saved
+
     def stop_exit(self, training: bool) -> int:
+        if training and self.forced is not None:
+            return self.forced
         if training:
             k = self.train_exit()
             self.step += 1
