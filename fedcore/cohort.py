@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,9 @@ from fedcore.errors import ConfigError
 from fedcore.payload import StateDict
 
 ENGINES = ("auto", "cohort", "sequential")
+# auto picks the cohort engine when the trained parameters are at most this share of the
+# model's (docs/performance.md: W1 with head/lora vs full).
+AUTO_COHORT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,28 @@ class CohortClient:
     seed: int
     noise_var: float = 0.0
     objective: Any = None  # Objective or a plain LossFn shared by every client
+
+
+def resolve_engine(
+    name: str, device: str, model: nn.Module | None = None, trainable: frozenset[str] | None = None
+) -> str:
+    """``runtime.engine`` -> "cohort" or "sequential".
+
+    auto follows the measurements in docs/performance.md: on CPU the cohort is faster where
+    the trained part is a small share of the model (adapter methods: the frozen base runs once
+    over every client's samples), and slower for whole-model training (a vmapped convolution
+    with per-client weights is a grouped convolution, which oneDNN runs at about half the
+    speed of single-thread clients in parallel processes).
+    """
+    if name not in ENGINES:
+        raise ConfigError(f"runtime.engine must be one of {', '.join(ENGINES)} (got {name!r})")
+    if name != "auto":
+        return name
+    if model is None or trainable is None:
+        return "sequential"
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for n, p in model.named_parameters() if n in trainable)
+    return "cohort" if trained <= AUTO_COHORT_SHARE * total else "sequential"
 
 
 def shared_objective(algorithm_name: str, objectives: Sequence[Any]) -> tuple[ObjectiveFn, list]:
@@ -124,6 +149,65 @@ def activation_bytes(model: nn.Module, state: StateDict, x: torch.Tensor) -> int
     return total
 
 
+# ---- cached frozen features ----------------------------------------------------------------
+
+
+def _under(d: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``d`` under module ``prefix`` ("fc3."), named relative to it."""
+    if not prefix:
+        return dict(d)
+    n = len(prefix)
+    return {k[n:]: v for k, v in d.items() if k.startswith(prefix)}
+
+
+def _params(work: StateDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    return {k: work[k] for k in keys}
+
+
+def _common_module(keys: Sequence[str]) -> str:
+    """The deepest module holding every key ("" when it is the model itself)."""
+    parts = [k.split(".")[:-1] for k in keys]
+    common: list[str] = []
+    for level in zip(*parts, strict=False):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+@dataclass
+class FeatureCache:
+    """What the frozen part of the model computes for a sample: the input of the trained
+    module, computed once per sample and reused every step, client and round.
+
+    Valid while the frozen tensors are unchanged (``frozen_refs``: the tensors it was computed
+    from; a different tensor with other values drops the cache) and the input path has no
+    randomness (no Gaussian feature noise; checked by the caller). Memory: one row per training
+    sample, allocated when the cache is planned and bounded by ``FEATURE_CACHE_SHARE`` of the
+    free memory; a larger cache is not built and the frozen part is recomputed every step.
+    """
+
+    module: nn.Module  # the trained module (its input is cached)
+    prefix: str  # its path in the model, with a trailing dot
+    store: torch.Tensor  # (N, *feature shape): rows of the training set
+    have: torch.Tensor  # (N,) bool: rows computed
+    labels: torch.Tensor  # (N,) the training labels on the device
+    frozen_refs: dict[str, torch.Tensor]
+    fill: Callable[[torch.Tensor], torch.Tensor]  # sample rows -> their features
+
+    def ensure(self, rows: torch.Tensor, chunk: int = 256) -> None:
+        missing = rows[~self.have[rows]].unique()
+        for part in missing.split(chunk):
+            self.store[part] = self.fill(part)
+            self.have[part] = True
+
+    def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.store.index_select(0, rows), self.labels.index_select(0, rows)
+
+
+FEATURE_CACHE_SHARE = 0.25  # of the free memory, at most, for cached features
+
+
 # ---- the cohort trainer --------------------------------------------------------------------
 
 
@@ -143,6 +227,7 @@ class CohortTrainer:
         self.max_clients = max_clients  # None: decided from memory on the first cohort
         self._probes: dict[tuple, _Probe] = {}
         self._sizes: dict[tuple, int] = {}
+        self._caches: dict[tuple, FeatureCache] = {}
         self.peak_clients = 0  # the largest cohort trained
 
     # -- memory --------------------------------------------------------------------------
@@ -185,10 +270,103 @@ class CohortTrainer:
         self.peak_clients = max(self.peak_clients, min(size, len(clients)))
         return int(size)
 
+    # -- cached features -----------------------------------------------------------------
+    def _feature_cache(
+        self,
+        work: StateDict,
+        train_keys: Sequence[str],
+        frozen: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        data: Any,
+        shards: Sequence[torch.Tensor],
+    ) -> FeatureCache | None:
+        """The cache for this model and trained part, built on first use (None: the frozen
+        part cannot be cached, see :class:`FeatureCache`)."""
+        if not train_keys or not hasattr(data, "labels"):
+            return None
+        path = _common_module(train_keys)
+        if not path:
+            return None
+        key = (id(data), tuple(train_keys))
+        cache = self._caches.get(key)
+        if cache is not None and all(
+            frozen[k] is ref
+            or (frozen[k].data_ptr() == ref.data_ptr() and frozen[k]._version == ref._version)
+            or torch.equal(frozen[k], ref)
+            for k, ref in cache.frozen_refs.items()
+        ):
+            rows = torch.cat(list(shards)) if shards else torch.zeros(0, dtype=torch.int64)
+            cache.ensure(rows)
+            return cache
+        self._caches.pop(key, None)
+        module = self.model.get_submodule(path)
+        prefix = path + "."
+
+        def frozen_forward(rows: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+            """(the trained module's input, whether the model is exactly module(input))."""
+            seen: list[tuple[Any, Any]] = []
+
+            def pre(_m: nn.Module, args: Any, kwargs: Any) -> None:
+                seen.append((args, kwargs))
+
+            def post(_m: nn.Module, _a: Any, out: Any) -> None:
+                seen.append(("out", out))
+
+            h1 = module.register_forward_pre_hook(pre, with_kwargs=True)
+            h2 = module.register_forward_hook(post)
+            try:
+                x, _ = data.batch(rows, device=self.device)
+                bufs = {k: v.clone() for k, v in buffers.items()}
+                with torch.no_grad():
+                    out = functional_call(
+                        self.model, ({**frozen, **_params(work, train_keys)}, bufs), (x,)
+                    )
+            finally:
+                h1.remove()
+                h2.remove()
+            exact = (
+                len(seen) == 2
+                and len(seen[0][0]) == 1
+                and not seen[0][1]
+                and isinstance(seen[0][0][0], torch.Tensor)
+                and seen[1][1] is out
+                and all(  # the frozen path leaves every buffer as it was (no train-mode BN)
+                    torch.equal(v, bufs[k]) for k, v in buffers.items() if not k.startswith(prefix)
+                )
+            )
+            return (seen[0][0][0] if exact else None), exact
+
+        first = shards[0][:2] if len(shards) and len(shards[0]) else None
+        if first is None:
+            return None
+        feat, exact = frozen_forward(first)
+        if not exact or feat is None:
+            return None
+        n = len(data.labels)
+        row_bytes = feat[0].numel() * feat.element_size()
+        if n * row_bytes > FEATURE_CACHE_SHARE * available_memory(self.device):
+            return None  # too large: the frozen part is recomputed every step
+        store = torch.empty((n, *feat.shape[1:]), dtype=feat.dtype, device=self.device)
+        cache = FeatureCache(
+            module=module,
+            prefix=prefix,
+            store=store,
+            have=torch.zeros(n, dtype=torch.bool),
+            labels=data.labels.to(self.device),
+            frozen_refs=dict(frozen),
+            fill=lambda rows: frozen_forward(rows)[0],
+        )
+        rows = torch.cat(list(shards))
+        cache.ensure(rows)
+        self._caches[key] = cache
+        return cache
+
     # -- probes --------------------------------------------------------------------------
     def _probe(
         self,
         key: tuple,
+        target: nn.Module,
+        prefix: str,
         trainable: dict[str, torch.Tensor],
         frozen: dict[str, torch.Tensor],
         buffers: dict[str, torch.Tensor],
@@ -202,7 +380,10 @@ class CohortTrainer:
             return probe
         params = {k: v.detach().clone().requires_grad_(True) for k, v in trainable.items()}
         bufs = {k: v.clone() for k, v in buffers.items()}
-        logits = functional_call(self.model, (params, frozen, bufs), (x,))
+        fixed = _under(frozen, prefix)
+        logits = functional_call(
+            target, (_under(params, prefix) | _under(bufs, prefix), fixed), (x,)
+        )
         loss = fn(logits, y, params, ctx)
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         used = tuple(k for k, g in zip(params, grads, strict=True) if g is not None)
@@ -255,6 +436,13 @@ class CohortTrainer:
             ]
         )
 
+        # Cached frozen features: the trained part is one module fed by a frozen, noise-free
+        # path; its input per sample is computed once and reused (FeatureCache).
+        cache = None
+        if exits is None and all(c.noise_var == 0.0 for c in clients):
+            cache = self._feature_cache(work, train_keys, frozen, buffers, data, shards)
+        target, prefix = (model, "") if cache is None else (cache.module, cache.prefix)
+
         def stack(v: torch.Tensor) -> torch.Tensor:
             return v.unsqueeze(0).expand(n, *v.shape).clone()
 
@@ -279,9 +467,15 @@ class CohortTrainer:
                 if s >= steps[i]:
                     continue
                 pos = orders[i][s]
-                x, y = data.batch(
-                    shards[i][pos], noise_var=clients[i].noise_var, generator=gens[i], device=dev
-                )
+                if cache is None:
+                    x, y = data.batch(
+                        shards[i][pos],
+                        noise_var=clients[i].noise_var,
+                        generator=gens[i],
+                        device=dev,
+                    )
+                else:
+                    x, y = cache.batch(shards[i][pos])
                 batches[i] = (x, y)
                 seen[i] += len(pos)
                 k = -1 if exits is None else int(exits[i][s])
@@ -290,7 +484,7 @@ class CohortTrainer:
                 self._group_step(
                     idx, n, batches, exit_k, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,
                     lr, cfg, adam, mom, started, exp_avg, exp_avg_sq, adam_steps, losses,
-                    tuple(train_keys), xshape,
+                    tuple(train_keys), xshape, target, prefix,
                 )  # fmt: skip
         seconds = time.perf_counter() - start
         total_seen = max(1, sum(seen))
@@ -318,8 +512,8 @@ class CohortTrainer:
     def _group_step(
         self, idx, n, batches, exit_k, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,
         lr, cfg, adam, mom, started, exp_avg, exp_avg_sq, adam_steps, losses, train_keys, xshape,
+        target, prefix,
     ) -> None:  # fmt: skip
-        model = self.model
         whole = len(idx) == n and idx == list(range(n))
         sel = (
             None
@@ -337,8 +531,8 @@ class CohortTrainer:
             first_params = {k: P[k][i0] for k in train_keys}
             first_bufs = {k: (B[k][i0] if k in B else v) for k, v in buffers.items()}
             probe = self._probe(
-                (train_keys, exit_k, xshape), first_params, frozen, first_bufs,
-                batches[i0][0], batches[i0][1], fn, ctxs[i0],
+                (train_keys, exit_k, xshape, prefix), target, prefix, first_params, frozen,
+                first_bufs, batches[i0][0], batches[i0][1], fn, ctxs[i0],
             )  # fmt: skip
             for k in probe.changing:
                 if k not in B:
@@ -355,8 +549,11 @@ class CohortTrainer:
                 if k not in set(used)
             }
 
+            fixed = _under(frozen, prefix) | _under(shared_bufs, prefix)
+
             def loss_of(p, idle_p, bufs, xb, yb, ctx):
-                logits = functional_call(model, (p, idle_p, frozen, shared_bufs, bufs), (xb,))
+                own = _under(p, prefix) | _under(idle_p, prefix) | _under(bufs, prefix)
+                logits = functional_call(target, (own, fixed), (xb,))
                 return fn(logits, yb, {**p, **idle_p}, ctx)
 
             def step(p, idle_p, bufs, xb, yb, ctx):

@@ -215,12 +215,24 @@ class ReportSection(_Section):
 class RuntimeSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     workers: int | Literal["auto"] = "auto"  # CPU worker processes (0: in this process)
+    # How a round's clients train: one after another ("sequential", the reference), or as one
+    # batched computation ("cohort", fedcore.cohort); auto: whichever docs/performance.md
+    # measured faster for this device and adapter method.
+    engine: Literal["auto", "cohort", "sequential"] = "auto"
+    cohort_size: int | Literal["auto"] = "auto"  # clients per cohort (auto: what memory holds)
     tracking: bool = True  # MLflow runs + model registry (MLFLOW_TRACKING_URI or mlruns/)
     # Where the grid's training tasks run: "thread" (this process, one cell at a time) or
     # "dask" (prefect-dask: the cluster at dask_address, or a LocalCluster of dask_workers).
     task_runner: Literal["thread", "dask"] = "thread"
     dask_address: str | None = None  # e.g. tcp://10.0.0.5:8786; null = start a LocalCluster
     dask_workers: int = Field(2, ge=1)  # LocalCluster size (one single-thread worker process each)
+
+    @field_validator("cohort_size")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if not isinstance(v, str) and v < 1:
+            raise ValueError("cohort_size is auto or a number of clients >= 1")
+        return v
 
 
 class Params(_Section):

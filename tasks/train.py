@@ -19,6 +19,7 @@ from rich.console import Console
 from fedcore import payload
 from fedcore.algorithms import ALGORITHMS, build_algorithm
 from fedcore.client import LocalConfig
+from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, History, Simulation
 from fedcore.errors import ConfigError
@@ -146,6 +147,10 @@ def train_cell(
         callbacks=[*callbacks, timer],
         payload_keys=None if whole else method.payload_keys(adapted),
         trainable=None if whole else method.trainable_keys(adapted),
+        engine=resolve_engine(
+            params.runtime.engine, device, adapted, method.trainable_keys(adapted)
+        ),
+        cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
     )
     history = sim.run()
     record = summary_record(params, algorithm, adapter, part, history, device)

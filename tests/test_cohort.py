@@ -267,3 +267,30 @@ def test_a_cohort_that_cannot_fit_stops_before_training(monkeypatch):
     monkeypatch.setattr(cohort, "available_memory", lambda device: 1000)
     with pytest.raises(ConfigError, match="one client needs about .* MiB"):
         simulate("cohort", "fedavg", "full", rounds=1)
+
+
+@pytest.mark.parametrize(("adapter", "kind"), [("head", "cnn"), ("head", "vit"), ("lw_linear", "vit")])
+def test_cached_frozen_features_equal_recomputed_and_sequential(adapter, kind, monkeypatch):
+    """head: everything below the classifier is frozen and the input is noise-free, so its
+    output per sample is computed once (FeatureCache). Cached, recomputed (cache too large for
+    its memory share) and sequential training agree."""
+    import fedcore.cohort as cohort
+
+    kw = {"kind": kind, "noise": False, "rounds": 3}
+    trainers: list = []
+    original = cohort.CohortTrainer._feature_cache
+
+    def spy(self, *a, **k):
+        out = original(self, *a, **k)
+        trainers.append(out)
+        return out
+
+    monkeypatch.setattr(cohort.CohortTrainer, "_feature_cache", spy)
+    cached = simulate("cohort", "fedprox", adapter, **kw)
+    assert any(c is not None for c in trainers) == (adapter == "head")
+    monkeypatch.setattr(cohort, "FEATURE_CACHE_SHARE", 0.0)
+    trainers.clear()
+    recomputed = simulate("cohort", "fedprox", adapter, **kw)
+    assert all(c is None for c in trainers)
+    assert_same(simulate("sequential", "fedprox", adapter, **kw), cached)
+    assert_same(recomputed, cached)
