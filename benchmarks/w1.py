@@ -22,6 +22,7 @@ Run:  .venv/bin/python benchmarks/w1.py [--repeats 3]   (writes benchmarks/resul
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -100,8 +101,11 @@ def run_bare() -> dict:
     return {"round_seconds": rounds, "accuracy": accs}
 
 
-def run_sequential(engine: str = "sequential") -> dict:
+def run_sequential(engine: str = "sequential", adapter: str = "full") -> dict:
+    import functools
     import os
+
+    from models.adapters import adapted_model
 
     from fedcore.algorithms import FedAvg
     from fedcore.client import LocalConfig
@@ -110,6 +114,15 @@ def run_sequential(engine: str = "sequential") -> dict:
     from fedcore.schedules import LRSchedule
 
     train, test, shards, model_fn = _setup()
+    payload_keys = trainable = None
+    if adapter != "full":
+        model_fn = functools.partial(
+            adapted_model, "cifar_cnn", adapter, num_classes=10, in_channels=1, input_size=28
+        )
+        from models.adapters import get_adapter
+
+        method, model = get_adapter(adapter), model_fn()
+        payload_keys, trainable = method.payload_keys(model), method.trainable_keys(model)
     times: list[float] = []
 
     class Clock(Callback):
@@ -134,17 +147,19 @@ def run_sequential(engine: str = "sequential") -> dict:
         workers=os.cpu_count() or 1,
         callbacks=[clock],
         engine=engine,
+        payload_keys=payload_keys,
+        trainable=trainable,
     )
     clock.t = time.perf_counter()
     hist = sim.run()
     return {"round_seconds": times, "accuracy": [r.accuracy for r in hist.rounds]}
 
 
-def run_cohort() -> dict:
-    return run_sequential("cohort")
-
-
-RUNNERS = {"bare": run_bare, "sequential": run_sequential, "cohort": run_cohort}
+RUNNERS = {"bare": run_bare}
+for _adapter in ("full", "head", "lora"):
+    for _engine in ("sequential", "cohort"):
+        _name = _engine if _adapter == "full" else f"{_engine}-{_adapter}"
+        RUNNERS[_name] = functools.partial(run_sequential, _engine, _adapter)
 
 
 def flops_per_sample() -> float:

@@ -54,9 +54,6 @@ from fedcore.errors import ConfigError
 from fedcore.payload import StateDict
 
 ENGINES = ("auto", "cohort", "sequential")
-# auto picks the cohort engine when the trained parameters are at most this share of the
-# model's (docs/performance.md: W1 with head/lora vs full).
-AUTO_COHORT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -71,25 +68,31 @@ class CohortClient:
 
 
 def resolve_engine(
-    name: str, device: str, model: nn.Module | None = None, trainable: frozenset[str] | None = None
+    name: str,
+    device: str,
+    model: nn.Module | None = None,
+    trainable: frozenset[str] | None = None,
+    noise_var: Sequence[float] = (),
 ) -> str:
     """``runtime.engine`` -> "cohort" or "sequential".
 
-    auto follows the measurements in docs/performance.md: on CPU the cohort is faster where
-    the trained part is a small share of the model (adapter methods: the frozen base runs once
-    over every client's samples), and slower for whole-model training (a vmapped convolution
-    with per-client weights is a grouped convolution, which oneDNN runs at about half the
-    speed of single-thread clients in parallel processes).
+    auto follows the W1 measurements (docs/performance.md): on CPU the cohort engine is
+    faster where the trained part is one module behind a frozen, noise-free path, whose output
+    it caches (``head``: 30x per round), and slower where per-client weights run through
+    convolutions (``full`` 0.56x, ``lora`` 0.47x: a vmapped convolution with per-client
+    weights is a grouped convolution, which oneDNN runs at about half the speed of two
+    single-thread clients in parallel processes). On CUDA it has not been measured yet, so
+    auto decides the same way there.
     """
     if name not in ENGINES:
         raise ConfigError(f"runtime.engine must be one of {', '.join(ENGINES)} (got {name!r})")
     if name != "auto":
         return name
-    if model is None or trainable is None:
+    if model is None or not trainable or getattr(model, "exit_plan", None) is not None:
         return "sequential"
-    total = sum(p.numel() for p in model.parameters())
-    trained = sum(p.numel() for n, p in model.named_parameters() if n in trainable)
-    return "cohort" if trained <= AUTO_COHORT_SHARE * total else "sequential"
+    if any(v > 0 for v in noise_var):
+        return "sequential"
+    return "cohort" if _common_module(sorted(trainable)) else "sequential"
 
 
 def shared_objective(algorithm_name: str, objectives: Sequence[Any]) -> tuple[ObjectiveFn, list]:
@@ -227,7 +230,7 @@ class CohortTrainer:
         self.max_clients = max_clients  # None: decided from memory on the first cohort
         self._probes: dict[tuple, _Probe] = {}
         self._sizes: dict[tuple, int] = {}
-        self._caches: dict[tuple, FeatureCache] = {}
+        self._caches: dict[tuple, FeatureCache | None] = {}
         self.peak_clients = 0  # the largest cohort trained
 
     # -- memory --------------------------------------------------------------------------
@@ -279,15 +282,19 @@ class CohortTrainer:
         buffers: dict[str, torch.Tensor],
         data: Any,
         shards: Sequence[torch.Tensor],
+        training: bool = True,
     ) -> FeatureCache | None:
         """The cache for this model and trained part, built on first use (None: the frozen
-        part cannot be cached, see :class:`FeatureCache`)."""
-        if not train_keys or not hasattr(data, "labels"):
+        part cannot be cached, see :class:`FeatureCache`). ``training``: features as the
+        training forward pass computes them, else as evaluation (``model.eval()``) does."""
+        if not train_keys or not hasattr(data, "labels") or not len(shards):
             return None
         path = _common_module(train_keys)
         if not path:
             return None
-        key = (id(data), tuple(train_keys))
+        key = (id(data), tuple(train_keys), training)
+        if key in self._caches and self._caches[key] is None:
+            return None  # found not cacheable for this model, trained part and data
         cache = self._caches.get(key)
         if cache is not None and all(
             frozen[k] is ref
@@ -314,6 +321,8 @@ class CohortTrainer:
 
             h1 = module.register_forward_pre_hook(pre, with_kwargs=True)
             h2 = module.register_forward_hook(post)
+            mode = self.model.training
+            self.model.train(training)
             try:
                 x, _ = data.batch(rows, device=self.device)
                 bufs = {k: v.clone() for k, v in buffers.items()}
@@ -322,6 +331,7 @@ class CohortTrainer:
                         self.model, ({**frozen, **_params(work, train_keys)}, bufs), (x,)
                     )
             finally:
+                self.model.train(mode)
                 h1.remove()
                 h2.remove()
             exact = (
@@ -336,15 +346,18 @@ class CohortTrainer:
             )
             return (seen[0][0][0] if exact else None), exact
 
-        first = shards[0][:2] if len(shards) and len(shards[0]) else None
-        if first is None:
-            return None
+        first = torch.cat(list(shards))[:2]
         feat, exact = frozen_forward(first)
-        if not exact or feat is None:
+        again, _ = frozen_forward(first)
+        # Cacheable: the model is exactly module(input), and the frozen path is deterministic
+        # (no dropout or other randomness: the same rows give the same features).
+        if not exact or feat is None or again is None or not torch.equal(feat, again):
+            self._caches[key] = None
             return None
         n = len(data.labels)
         row_bytes = feat[0].numel() * feat.element_size()
         if n * row_bytes > FEATURE_CACHE_SHARE * available_memory(self.device):
+            self._caches[key] = None
             return None  # too large: the frozen part is recomputed every step
         store = torch.empty((n, *feat.shape[1:]), dtype=feat.dtype, device=self.device)
         cache = FeatureCache(
@@ -360,6 +373,43 @@ class CohortTrainer:
         cache.ensure(rows)
         self._caches[key] = cache
         return cache
+
+    # -- evaluation ----------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(
+        self,
+        state: StateDict,
+        data: Any,
+        indices: np.ndarray,
+        trainable: frozenset[str] | None,
+        batch_size: int = 1000,
+    ) -> tuple[int, float, int] | None:
+        """(correct, summed loss, samples) of ``state`` on ``data[indices]`` from cached
+        frozen features (evaluation mode), or None where the frozen part is not cacheable."""
+        if trainable is None:
+            return None
+        work = {k: v.detach().to(self.device) for k, v in state.items()}
+        params, buffers = split_state(self.model, work)
+        train_keys = [k for k in params if k in trainable]
+        frozen = {k: v for k, v in params.items() if k not in trainable}
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        cache = self._feature_cache(work, train_keys, frozen, buffers, data, [idx], training=False)
+        if cache is None:
+            return None
+        head = cache.module
+        mode = head.training
+        head.eval()
+        try:
+            own = _under(work, cache.prefix)
+            correct, loss_sum = 0, 0.0
+            for pos in idx.split(batch_size):
+                x, y = cache.batch(pos)
+                logits = functional_call(head, own, (x,))
+                loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+                correct += int((logits.argmax(dim=1) == y).sum())
+        finally:
+            head.train(mode)
+        return correct, loss_sum, int(idx.numel())
 
     # -- probes --------------------------------------------------------------------------
     def _probe(

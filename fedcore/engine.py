@@ -312,6 +312,15 @@ class Simulation:
 
     # ---- the round loop ----------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
+        if self._cohort is not None and not num_exits(self._cohort.model):
+            # Cached frozen features of the test set (adapter methods training one module).
+            res = self._cohort.evaluate(
+                self.global_state, self.test, np.arange(len(self.test)), self.trainable
+            )
+            if res is not None:
+                correct, loss, n = res
+                self.exit_accuracy = []
+                return correct / n, loss / n
         blob = payload.encode(self.global_state)
         chunks = np.array_split(
             np.arange(len(self.test)), max(1, -(-len(self.test) // self.eval_chunk))

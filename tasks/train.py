@@ -148,7 +148,11 @@ def train_cell(
         payload_keys=None if whole else method.payload_keys(adapted),
         trainable=None if whole else method.trainable_keys(adapted),
         engine=resolve_engine(
-            params.runtime.engine, device, adapted, method.trainable_keys(adapted)
+            params.runtime.engine,
+            device,
+            adapted,
+            None if whole else method.trainable_keys(adapted),
+            part.noise_var or (),
         ),
         cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
     )
@@ -166,6 +170,7 @@ def train_cell(
             "model_bytes": sizes.model_bytes,  # the whole adapted state dict
             "base_bytes": history.base_bytes,  # one download of the frozen base
             "base_download_bytes": history.base_download_bytes,  # once per client reached
+            "engine": sim.engine,  # runtime.engine as resolved: cohort or sequential
             **timer.summary(),
         }
     )

@@ -294,3 +294,24 @@ def test_cached_frozen_features_equal_recomputed_and_sequential(adapter, kind, m
     assert all(c is None for c in trainers)
     assert_same(simulate("sequential", "fedprox", adapter, **kw), cached)
     assert_same(recomputed, cached)
+
+
+def test_auto_engine_follows_the_measurements():
+    """auto: cohort where the trained part is one module behind a frozen, noise-free path
+    (cached features); sequential for whole-model training, LoRA, early exits and noise."""
+    from fedcore.cohort import resolve_engine
+    from models.adapters import get_adapter
+
+    def keys(adapter, kind="cnn"):
+        model = Model(adapter, kind=kind)()
+        return model, get_adapter(adapter).trainable_keys(model)
+
+    assert resolve_engine("auto", "cpu", *keys("head")) == "cohort"
+    assert resolve_engine("auto", "cpu", *keys("head"), noise_var=[0.0, 0.1]) == "sequential"
+    assert resolve_engine("auto", "cpu", Model("full")(), None) == "sequential"
+    assert resolve_engine("auto", "cpu", *keys("lora")) == "sequential"
+    assert resolve_engine("auto", "cpu", *keys("lw_linear", "vit")) == "sequential"
+    assert resolve_engine("sequential", "cpu", *keys("head")) == "sequential"
+    assert resolve_engine("cohort", "cpu", Model("full")(), None) == "cohort"
+    with pytest.raises(ConfigError, match="runtime.engine must be one of auto, cohort"):
+        resolve_engine("fast", "cpu")

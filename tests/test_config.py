@@ -70,6 +70,8 @@ def test_bad_params_one_line(tmp_path, text, needle):
         ("novalue", "key=value"),
         ("federation.sampling=sometimes", "federation.sampling"),
         ("report.accuracy_levels=[0.5,80]", "report.accuracy_levels"),
+        ("runtime.engine=vectorised", "runtime.engine.*'auto', 'cohort' or 'sequential'"),
+        ("runtime.cohort_size=0", "runtime.cohort_size"),
     ],
 )
 def test_bad_overrides(override, needle):
