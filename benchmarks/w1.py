@@ -102,16 +102,14 @@ def run_bare() -> dict:
 
 
 def run_sequential(engine: str = "sequential", adapter: str = "full") -> dict:
-    import functools
     import os
-
-    from models.adapters import adapted_model
 
     from fedcore.algorithms import FedAvg
     from fedcore.client import LocalConfig
     from fedcore.engine import FederationConfig, Simulation
     from fedcore.events import Callback
     from fedcore.schedules import LRSchedule
+    from models.adapters import adapted_model
 
     train, test, shards, model_fn = _setup()
     payload_keys = trainable = None

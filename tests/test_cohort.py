@@ -269,7 +269,9 @@ def test_a_cohort_that_cannot_fit_stops_before_training(monkeypatch):
         simulate("cohort", "fedavg", "full", rounds=1)
 
 
-@pytest.mark.parametrize(("adapter", "kind"), [("head", "cnn"), ("head", "vit"), ("lw_linear", "vit")])
+@pytest.mark.parametrize(
+    ("adapter", "kind"), [("head", "cnn"), ("head", "vit"), ("lw_linear", "vit")]
+)
 def test_cached_frozen_features_equal_recomputed_and_sequential(adapter, kind, monkeypatch):
     """head: everything below the classifier is frozen and the input is noise-free, so its
     output per sample is computed once (FeatureCache). Cached, recomputed (cache too large for
