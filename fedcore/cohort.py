@@ -360,6 +360,12 @@ class CohortTrainer:
             self._caches[key] = None
             return None  # too large: the frozen part is recomputed every step
         store = torch.empty((n, *feat.shape[1:]), dtype=feat.dtype, device=self.device)
+
+        def fill(rows: torch.Tensor) -> torch.Tensor:
+            features, ok = frozen_forward(rows)
+            assert ok and features is not None  # checked on the first rows
+            return features
+
         cache = FeatureCache(
             module=module,
             prefix=prefix,
@@ -367,7 +373,7 @@ class CohortTrainer:
             have=torch.zeros(n, dtype=torch.bool),
             labels=data.labels.to(self.device),
             frozen_refs=dict(frozen),
-            fill=lambda rows: frozen_forward(rows)[0],
+            fill=fill,
         )
         rows = torch.cat(list(shards))
         cache.ensure(rows)
@@ -528,8 +534,8 @@ class CohortTrainer:
                     x, y = cache.batch(shards[i][pos])
                 batches[i] = (x, y)
                 seen[i] += len(pos)
-                k = -1 if exits is None else int(exits[i][s])
-                groups.setdefault((tuple(x.shape), tuple(y.shape), k), []).append(i)
+                at = -1 if exits is None else int(exits[i][s])
+                groups.setdefault((tuple(x.shape), tuple(y.shape), at), []).append(i)
             for (xshape, _, exit_k), idx in groups.items():
                 self._group_step(
                     idx, n, batches, exit_k, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,
