@@ -92,7 +92,27 @@ def resolve_engine(
         return "sequential"
     if any(v > 0 for v in noise_var):
         return "sequential"
+    try:
+        check_batchable(model)
+    except ConfigError:
+        return "sequential"
     return "cohort" if _common_module(sorted(trainable)) else "sequential"
+
+
+def check_batchable(model: nn.Module) -> None:
+    """The one-line ConfigError for a model the cohort engine cannot batch: random layers in
+    training (dropout with p > 0 draws from the global generator, one stream for all clients,
+    which a vmapped step cannot reproduce per client)."""
+    random = [
+        name or type(model).__name__
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+    ]
+    if random:
+        raise ConfigError(
+            f"runtime.engine: cohort cannot batch random layers ({', '.join(random[:3])}: "
+            "dropout p > 0); set their dropout to 0 or use runtime.engine: sequential"
+        )
 
 
 def shared_objective(algorithm_name: str, objectives: Sequence[Any]) -> tuple[ObjectiveFn, list]:

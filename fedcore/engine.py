@@ -40,7 +40,7 @@ from fedcore.algorithms.base import (
     FederationSetup,
 )
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
-from fedcore.cohort import CohortClient, CohortTrainer, shared_objective
+from fedcore.cohort import CohortClient, CohortTrainer, check_batchable, shared_objective
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord, RoundRecord
 from fedcore.exits import begin_client, evaluate_exits, num_exits
@@ -237,6 +237,8 @@ class Simulation:
         self.eval_chunk = eval_chunk
         torch.manual_seed(federation.seed)
         model = model_fn()
+        if engine == "cohort":
+            check_batchable(model)
         self.global_state: dict[str, torch.Tensor] = {
             k: v.detach().clone() for k, v in model.state_dict().items()
         }

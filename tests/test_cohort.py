@@ -317,3 +317,24 @@ def test_auto_engine_follows_the_measurements():
     assert resolve_engine("cohort", "cpu", Model("full")(), None) == "cohort"
     with pytest.raises(ConfigError, match="runtime.engine must be one of auto, cohort"):
         resolve_engine("fast", "cpu")
+
+
+def test_random_layers_are_refused_before_training():
+    from fedcore.cohort import resolve_engine
+
+    def dropout_model() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(1, 2, 3), nn.Dropout(0.5), nn.Flatten(), nn.Linear(200, 2))
+
+    with pytest.raises(ConfigError, match=r"cohort cannot batch random layers \(1: dropout"):
+        Simulation(
+            model_fn=dropout_model,
+            algorithm=build_algorithm("fedavg"),
+            train=toy_data(),
+            test=toy_data(50),
+            shards=[np.arange(10)],
+            local=LocalConfig(),
+            lr_schedule=LRSchedule(lr=0.1),
+            federation=FederationConfig(rounds=1, clients_per_round=1),
+            engine="cohort",
+        )
+    assert resolve_engine("auto", "cpu", dropout_model(), frozenset({"3.weight"})) == "sequential"
