@@ -183,6 +183,16 @@ def _under(d: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor
     return {k[n:]: v for k, v in d.items() if k.startswith(prefix)}
 
 
+def _unchanged(frozen: Mapping[str, torch.Tensor], refs: Mapping[str, torch.Tensor]) -> bool:
+    """The frozen tensors still hold the values a cache was computed from."""
+    return all(
+        frozen[k] is ref
+        or (frozen[k].data_ptr() == ref.data_ptr() and frozen[k]._version == ref._version)
+        or torch.equal(frozen[k], ref)
+        for k, ref in refs.items()
+    )
+
+
 def _params(work: StateDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
     return {k: work[k] for k in keys}
 
@@ -316,12 +326,7 @@ class CohortTrainer:
         if key in self._caches and self._caches[key] is None:
             return None  # found not cacheable for this model, trained part and data
         cache = self._caches.get(key)
-        if cache is not None and all(
-            frozen[k] is ref
-            or (frozen[k].data_ptr() == ref.data_ptr() and frozen[k]._version == ref._version)
-            or torch.equal(frozen[k], ref)
-            for k, ref in cache.frozen_refs.items()
-        ):
+        if cache is not None and _unchanged(frozen, cache.frozen_refs):
             rows = torch.cat(list(shards)) if shards else torch.zeros(0, dtype=torch.int64)
             cache.ensure(rows)
             return cache
@@ -400,6 +405,98 @@ class CohortTrainer:
         self._caches[key] = cache
         return cache
 
+    def _history_cache(
+        self,
+        work: StateDict,
+        train_keys: Sequence[str],
+        frozen: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        data: Any,
+        shards: Sequence[torch.Tensor],
+        training: bool = True,
+    ) -> FeatureCache | None:
+        """The CLS state after every block, per sample: (N, exits, H), for early-exit methods
+        whose exit ``l`` is one head reading the CLS state after block ``l`` of a frozen
+        encoder (``exit_head_path``; not the Accumulator, whose token later blocks read)."""
+        model = self.model
+        plan = getattr(model, "exit_plan", None)
+        method = getattr(model, "exit_method", None)
+        if plan is None or not hasattr(method, "exit_head_path") or not hasattr(data, "labels"):
+            return None
+        heads = [method.exit_head_path(k) for k in range(plan.num_exits)]  # type: ignore[union-attr]
+        if any(not any(k.startswith(h + ".") for h in heads) for k in train_keys):
+            return None  # something besides the heads trains: the encoder is not frozen
+        key = (id(data), tuple(train_keys), training, "history")
+        if key in self._caches and self._caches[key] is None:
+            return None
+        cache = self._caches.get(key)
+        if cache is not None and _unchanged(frozen, cache.frozen_refs):
+            cache.ensure(torch.cat(list(shards)))
+            return cache
+        self._caches.pop(key, None)
+        blocks = model.get_submodule(plan.blocks_path)
+        cls = int(getattr(model, "cls_index", 0))
+        params = {**frozen, **_params(work, train_keys)}
+
+        def run(
+            rows: torch.Tensor, exit_k: int, train_mode: bool = training
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            """(CLS states (B, exit_k + 1, H), the model's output) with the exit forced (in
+            evaluation mode every block runs: the inference exit is unset meanwhile)."""
+            states: list[torch.Tensor] = []
+
+            def grab(_m: nn.Module, _a: Any, out: Any) -> None:
+                h = out[0] if isinstance(out, tuple) else out
+                states.append(h[:, cls])
+
+            hooks = [b.register_forward_hook(grab) for b in blocks]  # type: ignore[union-attr]
+            mode, forced, inference = model.training, plan.forced, plan.exit
+            model.train(train_mode)
+            plan.forced, plan.exit = exit_k, None
+            try:
+                x, _ = data.batch(rows, device=self.device)
+                bufs = {k: v.clone() for k, v in buffers.items()}
+                with torch.no_grad():
+                    out = functional_call(model, (params, bufs), (x,))
+            finally:
+                model.train(mode)
+                plan.forced, plan.exit = forced, inference
+                for h in hooks:
+                    h.remove()
+            return torch.stack(states, dim=1), out
+
+        last = plan.num_exits - 1
+        probe_rows = torch.cat(list(shards))[:2]
+        if not len(probe_rows):
+            return None
+        feats, _ = run(probe_rows, last)
+        again, _ = run(probe_rows, last)
+        ok = torch.equal(feats, again)
+        with torch.no_grad():
+            trained, _ = run(probe_rows, last, True)
+            for k in range(plan.num_exits) if ok else ():
+                z, out = run(probe_rows, k, True)  # the training forward pass at exit k
+                head = model.get_submodule(heads[k])
+                logits = functional_call(head, _under(params, heads[k] + "."), (z[:, k],))
+                ok = ok and torch.equal(out, logits) and torch.equal(z[:, k], trained[:, k])
+        n = len(data.labels)
+        row_bytes = feats[0].numel() * feats.element_size()
+        if not ok or n * row_bytes > FEATURE_CACHE_SHARE * available_memory(self.device):
+            self._caches[key] = None
+            return None
+        cache = FeatureCache(
+            module=model,
+            prefix="",
+            store=torch.empty((n, *feats.shape[1:]), dtype=feats.dtype, device=self.device),
+            have=torch.zeros(n, dtype=torch.bool),
+            labels=data.labels.to(self.device),
+            frozen_refs=dict(frozen),
+            fill=lambda rows: run(rows, last)[0],
+        )
+        cache.ensure(torch.cat(list(shards)))
+        self._caches[key] = cache
+        return cache
+
     # -- evaluation ----------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(
@@ -409,9 +506,11 @@ class CohortTrainer:
         indices: np.ndarray,
         trainable: frozenset[str] | None,
         batch_size: int = 1000,
-    ) -> tuple[int, float, int] | None:
-        """(correct, summed loss, samples) of ``state`` on ``data[indices]`` from cached
-        frozen features (evaluation mode), or None where the frozen part is not cacheable."""
+    ) -> tuple[int, float, int, tuple[int, ...]] | None:
+        """(correct, summed loss, samples, correct per early exit) of ``state`` on
+        ``data[indices]`` from cached frozen features (evaluation mode), as
+        ``fedcore.client.evaluate`` / ``fedcore.exits.evaluate_exits`` compute them; None
+        where the frozen part is not cacheable."""
         if trainable is None:
             return None
         work = {k: v.detach().to(self.device) for k, v in state.items()}
@@ -419,6 +518,12 @@ class CohortTrainer:
         train_keys = [k for k in params if k in trainable]
         frozen = {k: v for k, v in params.items() if k not in trainable}
         idx = torch.as_tensor(indices, dtype=torch.int64)
+        plan = getattr(self.model, "exit_plan", None)
+        if plan is not None:
+            hist = self._history_cache(
+                work, train_keys, frozen, buffers, data, [idx], training=False
+            )
+            return None if hist is None else self._evaluate_exits(hist, work, idx, plan)
         cache = self._feature_cache(work, train_keys, frozen, buffers, data, [idx], training=False)
         if cache is None:
             return None
@@ -435,7 +540,27 @@ class CohortTrainer:
                 correct += int((logits.argmax(dim=1) == y).sum())
         finally:
             head.train(mode)
-        return correct, loss_sum, int(idx.numel())
+        return correct, loss_sum, int(idx.numel()), ()
+
+    def _evaluate_exits(
+        self, cache: FeatureCache, work: StateDict, idx: torch.Tensor, plan: Any, batch: int = 500
+    ) -> tuple[int, float, int, tuple[int, ...]]:
+        method = self.model.exit_method  # type: ignore[union-attr]
+        chosen = plan.num_exits - 1 if plan.exit is None else plan.exit
+        heads = [method.exit_head_path(k) for k in range(plan.num_exits)]  # type: ignore[operator]
+        per_exit = [0] * plan.num_exits
+        correct, loss_sum = 0, 0.0
+        for pos in idx.split(batch):
+            z, y = cache.batch(pos)
+            for k, path in enumerate(heads):
+                head = self.model.get_submodule(path)
+                logits = functional_call(head, _under(work, path + "."), (z[:, k],))
+                hits = logits.argmax(dim=1) == y
+                per_exit[k] += int(hits.sum())
+                if k == chosen:
+                    loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+                    correct += int(hits.sum())
+        return correct, loss_sum, int(idx.numel()), tuple(per_exit)
 
     # -- probes --------------------------------------------------------------------------
     def _probe(
@@ -515,8 +640,13 @@ class CohortTrainer:
         # Cached frozen features: the trained part is one module fed by a frozen, noise-free
         # path; its input per sample is computed once and reused (FeatureCache).
         cache = None
-        if exits is None and all(c.noise_var == 0.0 for c in clients):
-            cache = self._feature_cache(work, train_keys, frozen, buffers, data, shards)
+        history = False  # early exits whose heads read cached CLS states (lw_linear, lw_mlp)
+        if all(c.noise_var == 0.0 for c in clients):
+            if exits is None:
+                cache = self._feature_cache(work, train_keys, frozen, buffers, data, shards)
+            else:
+                cache = self._history_cache(work, train_keys, frozen, buffers, data, shards)
+                history = cache is not None
         target, prefix = (model, "") if cache is None else (cache.module, cache.prefix)
 
         def stack(v: torch.Tensor) -> torch.Tensor:
@@ -552,11 +682,17 @@ class CohortTrainer:
                     )
                 else:
                     x, y = cache.batch(shards[i][pos])
+                    if history:
+                        assert exits is not None
+                        x = x[:, int(exits[i][s])]  # the CLS state its exit reads
                 batches[i] = (x, y)
                 seen[i] += len(pos)
                 at = -1 if exits is None else int(exits[i][s])
                 groups.setdefault((tuple(x.shape), tuple(y.shape), at), []).append(i)
             for (xshape, _, exit_k), idx in groups.items():
+                if history:  # this exit's head alone, on the cached CLS states
+                    path = model.exit_method.exit_head_path(exit_k)  # type: ignore[operator,union-attr]
+                    target, prefix = model.get_submodule(path), path + "."
                 self._group_step(
                     idx, n, batches, exit_k, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,
                     lr, cfg, adam, mom, started, exp_avg, exp_avg_sq, adam_steps, losses,

@@ -314,14 +314,14 @@ class Simulation:
 
     # ---- the round loop ----------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
-        if self._cohort is not None and not num_exits(self._cohort.model):
-            # Cached frozen features of the test set (adapter methods training one module).
+        if self._cohort is not None:
+            # Cached frozen features of the test set (head; the CLS history of lw_linear/lw_mlp).
             res = self._cohort.evaluate(
                 self.global_state, self.test, np.arange(len(self.test)), self.trainable
             )
             if res is not None:
-                correct, loss, n = res
-                self.exit_accuracy = []
+                correct, loss, n, per_exit = res
+                self.exit_accuracy = [c / n for c in per_exit]
                 return correct / n, loss / n
         blob = payload.encode(self.global_state)
         chunks = np.array_split(

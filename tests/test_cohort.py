@@ -338,3 +338,40 @@ def test_random_layers_are_refused_before_training():
             engine="cohort",
         )
     assert resolve_engine("auto", "cpu", dropout_model(), frozenset({"3.weight"})) == "sequential"
+
+
+@pytest.mark.parametrize(
+    ("adapter", "options", "cached"),
+    [
+        ("lw_linear", {"exits": "anytime"}, True),
+        ("lw_mlp", {"exits": "multitier", "tiers": [0, 1], "exit": 0}, True),
+        ("accumulator", {"exits": "anytime"}, False),  # later blocks read its token
+    ],
+)
+def test_cached_cls_history_for_early_exits(adapter, options, cached, monkeypatch):
+    """lw_linear/lw_mlp on a frozen encoder: the CLS state after every block is computed once
+    per sample (training and test sets); cached, recomputed and sequential runs agree, the
+    accuracy at every exit included."""
+    import fedcore.cohort as cohort
+
+    kw = {"options": options, "noise": False, "rounds": 3}
+    built: list = []
+    original = cohort.CohortTrainer._history_cache
+
+    def spy(self, *a, **k):
+        out = original(self, *a, **k)
+        built.append(out)
+        return out
+
+    monkeypatch.setattr(cohort.CohortTrainer, "_history_cache", spy)
+    fast = simulate("cohort", "fedir", adapter, **kw)
+    assert any(c is not None for c in built) == cached
+    monkeypatch.setattr(cohort, "FEATURE_CACHE_SHARE", 0.0)
+    built.clear()
+    slow = simulate("cohort", "fedir", adapter, **kw)
+    assert all(c is None for c in built)
+    reference = simulate("sequential", "fedir", adapter, **kw)
+    assert_same(reference, fast)
+    assert_same(slow, fast)
+    exits = [k for k in fast[1].rounds[-1].extra if k.startswith("test_accuracy_exit_")]
+    assert len(exits) == 2

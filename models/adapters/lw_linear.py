@@ -26,6 +26,12 @@ class LayerwiseLinear(ExitMethod):
     def trainable_names(self, model: nn.Module) -> set[str]:
         return {n for n, _ in model.named_parameters() if n.startswith("exit_heads.")}
 
+    def exit_head_path(self, index: int) -> str:
+        """The module of exit ``index``: it reads only the CLS state after block ``index``,
+        which the frozen encoder computes whatever the heads are (the cohort engine caches
+        it: ``fedcore.cohort``)."""
+        return f"exit_heads.{index}"
+
     def on_block(
         self, model: nn.Module, index: int, z: torch.Tensor, history: list[torch.Tensor]
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
