@@ -76,26 +76,29 @@ def resolve_engine(
 ) -> str:
     """``runtime.engine`` -> "cohort" or "sequential".
 
-    auto follows the W1 measurements (docs/performance.md): on CPU the cohort engine is
-    faster where the trained part is one module behind a frozen, noise-free path, whose output
-    it caches (``head``: 30x per round), and slower where per-client weights run through
-    convolutions (``full`` 0.56x, ``lora`` 0.47x: a vmapped convolution with per-client
-    weights is a grouped convolution, which oneDNN runs at about half the speed of two
-    single-thread clients in parallel processes). On CUDA it has not been measured yet, so
-    auto decides the same way there.
+    auto follows the measurements (docs/performance.md): on CPU the cohort engine is faster
+    where it caches the frozen part's output: the trained part is one module behind a frozen,
+    noise-free path (``head``: 36x per W1 round) or the exit heads of ``lw_linear``/``lw_mlp``
+    on a frozen encoder. It is slower where per-client weights run through convolutions
+    (``full``, ``lora``, ``residual``: grouped convolutions, larger working sets, layout
+    copies). CUDA has not been measured yet, so auto decides the same way there.
     """
     if name not in ENGINES:
         raise ConfigError(f"runtime.engine must be one of {', '.join(ENGINES)} (got {name!r})")
     if name != "auto":
         return name
-    if model is None or not trainable or getattr(model, "exit_plan", None) is not None:
-        return "sequential"
-    if any(v > 0 for v in noise_var):
+    if model is None or not trainable or any(v > 0 for v in noise_var):
         return "sequential"
     try:
         check_batchable(model)
     except ConfigError:
         return "sequential"
+    if getattr(model, "exit_plan", None) is not None:  # cached CLS history: lw_linear, lw_mlp
+        return (
+            "cohort"
+            if hasattr(getattr(model, "exit_method", None), "exit_head_path")
+            else "sequential"
+        )
     return "cohort" if _common_module(sorted(trainable)) else "sequential"
 
 
@@ -230,6 +233,8 @@ class FeatureCache:
 
     def ensure(self, rows: torch.Tensor, chunk: int = 256) -> None:
         missing = rows[~self.have[rows]].unique()
+        if not len(missing):
+            return
         for part in missing.split(chunk):
             self.store[part] = self.fill(part)
             self.have[part] = True

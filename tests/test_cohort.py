@@ -299,8 +299,8 @@ def test_cached_frozen_features_equal_recomputed_and_sequential(adapter, kind, m
 
 
 def test_auto_engine_follows_the_measurements():
-    """auto: cohort where the trained part is one module behind a frozen, noise-free path
-    (cached features); sequential for whole-model training, LoRA, early exits and noise."""
+    """auto: cohort where the frozen part's output is cached (head; lw_linear's CLS history);
+    sequential for whole-model training, LoRA, the Accumulator and Gaussian noise."""
     from fedcore.cohort import resolve_engine
     from models.adapters import get_adapter
 
@@ -312,7 +312,8 @@ def test_auto_engine_follows_the_measurements():
     assert resolve_engine("auto", "cpu", *keys("head"), noise_var=[0.0, 0.1]) == "sequential"
     assert resolve_engine("auto", "cpu", Model("full")(), None) == "sequential"
     assert resolve_engine("auto", "cpu", *keys("lora")) == "sequential"
-    assert resolve_engine("auto", "cpu", *keys("lw_linear", "vit")) == "sequential"
+    assert resolve_engine("auto", "cpu", *keys("lw_linear", "vit")) == "cohort"
+    assert resolve_engine("auto", "cpu", *keys("accumulator", "vit")) == "sequential"
     assert resolve_engine("sequential", "cpu", *keys("head")) == "sequential"
     assert resolve_engine("cohort", "cpu", Model("full")(), None) == "cohort"
     with pytest.raises(ConfigError, match="runtime.engine must be one of auto, cohort"):
