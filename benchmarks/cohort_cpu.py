@@ -67,23 +67,12 @@ def run(workload: str, engine: str, adapter: str) -> dict:
 
     import numpy as np
 
+    from benchmarks.engine_throughput import RoundClock
     from fedcore.algorithms import FedAvg
     from fedcore.client import LocalConfig
     from fedcore.engine import FederationConfig, Simulation
-    from fedcore.events import Callback
     from fedcore.schedules import LRSchedule
     from models.adapters import adapted_model, get_adapter
-
-    times: list[float] = []
-
-    class Clock(Callback):
-        def __init__(self) -> None:
-            self.t = time.perf_counter()
-
-        def on_round_end(self, record) -> None:  # type: ignore[no-untyped-def]
-            now = time.perf_counter()
-            times.append(now - self.t)
-            self.t = now
 
     rng = np.random.default_rng(0)
     if workload == "resnet":
@@ -104,7 +93,7 @@ def run(workload: str, engine: str, adapter: str) -> dict:
     if adapter != "full":
         method, model = get_adapter(adapter), model_fn()
         payload_keys, trainable = method.payload_keys(model), method.trainable_keys(model)
-    clock = Clock()
+    clock = RoundClock()
     sim = Simulation(
         model_fn=model_fn,
         algorithm=FedAvg(),
@@ -124,7 +113,7 @@ def run(workload: str, engine: str, adapter: str) -> dict:
     hist = sim.run()
     samples = sum(len(shards[c]) for c in hist.rounds[-1].clients)
     return {
-        "round_seconds": times,
+        "round_seconds": clock.times,
         "samples_per_round": samples,
         "accuracy": hist.final_accuracy,
     }

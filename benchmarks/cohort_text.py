@@ -37,7 +37,7 @@ SETTINGS = [
 
 
 def child(adapter: str, engine: str) -> None:
-    from fedcore.events import Callback
+    from benchmarks.engine_throughput import RoundClock
     from tasks.config import load_params
     from tasks.data import build_partition, load_experiment_data
     from tasks.train import train_cell
@@ -46,27 +46,21 @@ def child(adapter: str, engine: str) -> None:
         ROOT / "params.yaml",
         [*SETTINGS, f"grid.adapters=[{adapter}]", f"runtime.engine={engine}"],
     )
-    times: list[float] = []
-
-    class Clock(Callback):
-        def __init__(self) -> None:
-            self.t = time.perf_counter()
-
-        def on_round_end(self, record) -> None:  # type: ignore[no-untyped-def]
-            now = time.perf_counter()
-            times.append(now - self.t)
-            self.t = now
 
     data = load_experiment_data(params)
     part = build_partition(params, data)
-    clock = Clock()
+    clock = RoundClock()
     with tempfile.TemporaryDirectory() as out:
         clock.t = time.perf_counter()
         rec = train_cell(params, data, part, "fedavg", adapter, out, callbacks=[clock])
     print(
         "RESULT "
         + json.dumps(
-            {"round_seconds": times, "accuracy": rec["final_accuracy"], "engine": rec["engine"]}
+            {
+                "round_seconds": clock.times,
+                "accuracy": rec["final_accuracy"],
+                "engine": rec["engine"],
+            }
         ),
         flush=True,
     )

@@ -134,6 +134,20 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return float(out.stdout.strip().splitlines()[-1])
 
 
+class RoundClock(Callback):
+    """An engine callback keeping each round's wall seconds; set ``t`` just before
+    ``Simulation.run``."""
+
+    def __init__(self) -> None:
+        self.t = time.perf_counter()
+        self.times: list[float] = []
+
+    def on_round_end(self, record) -> None:  # type: ignore[no-untyped-def]
+        now = time.perf_counter()
+        self.times.append(now - self.t)
+        self.t = now
+
+
 def save_result(name: str, res: dict) -> None:
     """Write benchmarks/results/<name>.json and print it."""
     out = ROOT / f"benchmarks/results/{name}.json"

@@ -104,10 +104,10 @@ def run_bare() -> dict:
 def run_sequential(engine: str = "sequential", adapter: str = "full") -> dict:
     import os
 
+    from benchmarks.engine_throughput import RoundClock
     from fedcore.algorithms import FedAvg
     from fedcore.client import LocalConfig
     from fedcore.engine import FederationConfig, Simulation
-    from fedcore.events import Callback
     from fedcore.schedules import LRSchedule
     from models.adapters import adapted_model
 
@@ -121,18 +121,8 @@ def run_sequential(engine: str = "sequential", adapter: str = "full") -> dict:
 
         method, model = get_adapter(adapter), model_fn()
         payload_keys, trainable = method.payload_keys(model), method.trainable_keys(model)
-    times: list[float] = []
 
-    class Clock(Callback):
-        def __init__(self) -> None:
-            self.t = time.perf_counter()
-
-        def on_round_end(self, record) -> None:  # type: ignore[no-untyped-def]
-            now = time.perf_counter()
-            times.append(now - self.t)
-            self.t = now
-
-    clock = Clock()
+    clock = RoundClock()
     sim = Simulation(
         model_fn=model_fn,
         algorithm=FedAvg(),
@@ -150,7 +140,7 @@ def run_sequential(engine: str = "sequential", adapter: str = "full") -> dict:
     )
     clock.t = time.perf_counter()
     hist = sim.run()
-    return {"round_seconds": times, "accuracy": [r.accuracy for r in hist.rounds]}
+    return {"round_seconds": clock.times, "accuracy": [r.accuracy for r in hist.rounds]}
 
 
 RUNNERS = {"bare": run_bare}
