@@ -388,11 +388,16 @@ def free_port(host: str = HOST) -> int:
         return int(s.getsockname()[1])
 
 
-def _free_port_pair(offset: int = 10000) -> int:
-    """A port p with p + offset also free (SeaweedFS's admin worker dials admin.port + 10000)."""
+def _free_port_pair(offset: int = 10000, taken: set[int] | None = None) -> int:
+    """A port p with p + offset also free (SeaweedFS's admin worker dials admin.port + 10000),
+    neither of them in ``taken``."""
+    taken = set() if taken is None else taken
     for _ in range(200):
         p = random.randint(20000, 65535 - offset)
+        if p in taken or p + offset in taken:
+            continue
         if port_free(p) and port_free(p + offset):
+            taken.update((p, p + offset))
             return p
     raise ServiceError("s3 cannot start: no free pair of ports for the SeaweedFS admin server")
 
@@ -468,8 +473,19 @@ def _data_lock(sd: Path) -> Path:
 def _weed_cmd(sd: Path, port: int) -> list[str]:
     data = sd / "s3"
     data.mkdir(parents=True, exist_ok=True)
-    ports = {k: free_port() for k in ("master", "volume", "filer")}
-    grpc = {k: free_port() for k in ("master", "volume", "filer", "s3")}
+    # Nine distinct ports: the OS may hand out a just-released port again, and two SeaweedFS
+    # components on one port leave one of them dead after the health check passed.
+    taken = {port}
+
+    def distinct() -> int:
+        while True:
+            p = free_port()
+            if p not in taken:
+                taken.add(p)
+                return p
+
+    ports = {k: distinct() for k in ("master", "volume", "filer")}
+    grpc = {k: distinct() for k in ("master", "volume", "filer", "s3")}
     return [
         weed_binary(),
         "mini",
@@ -485,7 +501,7 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
         "-webdav=false",
         "-admin.ui=false",
         # The admin gRPC port is left implicit: its worker dials admin.port + 10000.
-        f"-admin.port={_free_port_pair()}",
+        f"-admin.port={_free_port_pair(taken=taken)}",
         f"-master.port={ports['master']}",
         f"-master.port.grpc={grpc['master']}",
         f"-volume.port={ports['volume']}",
