@@ -64,7 +64,6 @@ class CohortClient:
     indices: np.ndarray
     seed: int
     noise_var: float = 0.0
-    objective: Any = None  # Objective or a plain LossFn shared by every client
 
 
 def resolve_engine(
