@@ -32,7 +32,7 @@ def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> S
     out: StateDict = {}
     for key, ref in states[0].items():
         if ref.is_floating_point():
-            acc = torch.zeros(ref.shape, dtype=torch.float64)
+            acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
             for wk, s in zip(w, states, strict=True):
                 acc.add_(s[key].to(torch.float64), alpha=wk)
             out[key] = acc.to(ref.dtype)

@@ -13,6 +13,7 @@ update (``optimizer="adamw"``) is ``torch.optim.adam.adam`` with decoupled weigh
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -122,14 +123,29 @@ class ImageData:
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Gathered, converted and normalised where the images are (on the device when they
+        # were moved there with ``to``), then moved to ``device`` if that is elsewhere.
+        idx = idx.to(self.images.device)
         x = self.images.index_select(0, idx).to(torch.float32).div_(255.0)
         x = to_model_input(x, self.size, self.channels)
         x = (x - self._mean) / self._std  # (B, C, H, W)
         if noise_var > 0.0:
             # Seed 000 §IV feature skew: x^ = x + e, e ~ N(0, sigma*i/N), drawn per access
-            # as NIID-Bench's AddGaussianNoise transform does.
-            x = x + torch.randn(x.shape, generator=generator) * math.sqrt(noise_var)
+            # as NIID-Bench's AddGaussianNoise transform does. Drawn from the client's CPU
+            # generator wherever the images are, so the noise does not depend on the device.
+            e = torch.randn(x.shape, generator=generator) * math.sqrt(noise_var)
+            x = x + e.to(x.device)
         return x.to(device), self.labels.index_select(0, idx).to(device)
+
+    def to(self, device: torch.device | str) -> ImageData:
+        """The same data with the uint8 images, labels and statistics on ``device``
+        (itself when already there): batches are then gathered and normalised there."""
+        if self.images.device == torch.device(device):
+            return self
+        out = copy.copy(self)
+        out.images, out.labels = self.images.to(device), self.labels.to(device)
+        out._mean, out._std = self._mean.to(device), self._std.to(device)
+        return out
 
     def share_memory_(self) -> ImageData:
         self.images.share_memory_()

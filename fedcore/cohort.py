@@ -231,14 +231,16 @@ class FeatureCache:
     fill: Callable[[torch.Tensor], torch.Tensor]  # sample rows -> their features
 
     def ensure(self, rows: torch.Tensor, chunk: int = 256) -> None:
+        rows = rows.to(self.have.device)
         missing = rows[~self.have[rows]].unique()
         if not len(missing):
             return
         for part in missing.split(chunk):
-            self.store[part] = self.fill(part)
+            self.store[part.to(self.store.device)] = self.fill(part)
             self.have[part] = True
 
     def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = rows.to(self.store.device)
         return self.store.index_select(0, rows), self.labels.index_select(0, rows)
 
 
@@ -801,19 +803,21 @@ class CohortTrainer:
         if cfg.momentum != 0:
             if k not in mom:
                 mom[k] = torch.zeros((n, *p.shape[1:]), dtype=p.dtype, device=p.device)
-                started[k] = torch.zeros(n, dtype=torch.bool, device=p.device)
+                # On the host: which clients have a momentum buffer is bookkeeping, and a
+                # device tensor here would make every step wait for the device.
+                started[k] = torch.zeros(n, dtype=torch.bool)
             buf = mom[k] if sel is None else mom[k].index_select(0, sel)
-            was = started[k] if sel is None else started[k].index_select(0, sel)
+            was = started[k] if sel is None else started[k].index_select(0, sel.cpu())
             new = buf.mul(cfg.momentum).add_(d_p)  # buf * momentum + (1 - dampening) * d_p
             if not bool(was.all()):  # first step of a client: buf = d_p
                 shape = (-1,) + (1,) * (p.dim() - 1)
-                new = torch.where(was.view(shape), new, d_p)
+                new = torch.where(was.view(shape).to(p.device), new, d_p)
             if sel is None:
                 mom[k] = new
                 started[k].fill_(True)
             else:
                 mom[k].index_copy_(0, sel, new)
-                started[k].index_fill_(0, sel, True)
+                started[k].index_fill_(0, sel.cpu(), True)
             d_p = new
         p.add_(d_p, alpha=-lr)
 

@@ -36,3 +36,16 @@ def resolve_workers(workers: int | str, device: str, clients_per_round: int) -> 
         n = min(cores, clients_per_round)
         return n if n > 1 else 0
     return int(workers)
+
+
+def deterministic(device: str) -> None:
+    """Same configuration, same device, same numbers: on CUDA, cuDNN's deterministic
+    algorithms without autotuning and PyTorch's deterministic implementations (a warning,
+    not an error, for the few operations that have none). cuBLAS needs its workspace
+    setting before its first call to be deterministic; an explicit user value is kept."""
+    if not device.startswith("cuda"):
+        return  # CPU kernels are deterministic for a fixed thread count
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)

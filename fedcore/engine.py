@@ -43,6 +43,7 @@ from fedcore.algorithms.base import (
 )
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.cohort import CohortClient, CohortTrainer, check_batchable, shared_objective
+from fedcore.device import deterministic
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord, RoundRecord
 from fedcore.exits import begin_client, evaluate_exits, num_exits
@@ -177,7 +178,12 @@ def _eval_job(
     ctx: _Context, state_bytes: bytes, indices: np.ndarray
 ) -> tuple[int, float, int, tuple[int, ...]]:
     """(correct, summed loss, samples, correct per early exit: () without exits)."""
-    state = payload.decode(state_bytes)
+    return _eval_state(ctx, payload.decode(state_bytes), indices)
+
+
+def _eval_state(
+    ctx: _Context, state: StateDict, indices: np.ndarray
+) -> tuple[int, float, int, tuple[int, ...]]:
     if num_exits(ctx.model):
         return evaluate_exits(ctx.model, state, ctx.test, indices, device=ctx.device)
     return (*evaluate(ctx.model, state, ctx.test, indices, device=ctx.device), ())
@@ -229,6 +235,7 @@ class Simulation:
         self.noise_var = list(noise_var) if noise_var is not None else [0.0] * len(self.shards)
         self.local, self.schedule, self.cfg = local, lr_schedule, federation
         self.device = device
+        deterministic(device)
         # CUDA runs clients sequentially in-process; CPU fans out to single-thread workers.
         # The cohort engine trains in this process with every core (one batched computation).
         self.workers = 0 if device != "cpu" or engine == "cohort" else max(0, workers)
@@ -269,6 +276,9 @@ class Simulation:
         self._local_ctx: _Context | None = None
         self._pool: cf.ProcessPoolExecutor | None = None
         self._cohort: CohortTrainer | None = None
+        # The cohort engine keeps the data and the global model on its device for the run.
+        self._train_dev: ImageData = train
+        self._test_dev: ImageData = test
 
     def _label_distribution(self) -> np.ndarray:
         """p(y) over the union of the client shards (the federation's training data)."""
@@ -295,6 +305,15 @@ class Simulation:
                 self._cohort = CohortTrainer(
                     model, device=self.device, max_clients=self.cohort_size
                 )
+                # Device-resident: uint8 images and labels are moved once; batches are
+                # gathered, converted and normalised on the device, the global model stays
+                # there and aggregation and server optimisers run there. Nothing crosses to
+                # the host per round but byte counts (payload.encoded_size) and metrics.
+                to = getattr(self.train, "to", None)
+                self._train_dev = self.train.to(self.device) if to else self.train
+                to = getattr(self.test, "to", None)
+                self._test_dev = self.test.to(self.device) if to else self.test
+                self.global_state = {k: v.to(self.device) for k, v in self.global_state.items()}
 
     def _map(self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple]) -> list:
         if self._pool is not None:
@@ -313,23 +332,31 @@ class Simulation:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+        # Callers get the global model on the host, whatever device the run used.
+        self.global_state = {k: v.to("cpu") for k, v in self.global_state.items()}
+        self._train_dev, self._test_dev = self.train, self.test
 
     # ---- the round loop ----------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
         if self._cohort is not None:
             # Cached frozen features of the test set (head; the CLS history of lw_linear/lw_mlp).
             res = self._cohort.evaluate(
-                self.global_state, self.test, np.arange(len(self.test)), self.trainable
+                self.global_state, self._test_dev, np.arange(len(self.test)), self.trainable
             )
             if res is not None:
                 correct, loss, n, per_exit = res
                 self.exit_accuracy = [c / n for c in per_exit]
                 return correct / n, loss / n
-        blob = payload.encode(self.global_state)
         chunks = np.array_split(
             np.arange(len(self.test)), max(1, -(-len(self.test) // self.eval_chunk))
         )
-        parts = self._map(_eval_job, _worker_eval_job, [(blob, c) for c in chunks])
+        if self._cohort is not None:  # in this process, on the device-resident test set
+            assert self._local_ctx is not None
+            ctx = dataclasses.replace(self._local_ctx, test=self._test_dev)
+            parts = [_eval_state(ctx, self.global_state, c) for c in chunks]
+        else:
+            blob = payload.encode(self.global_state)
+            parts = self._map(_eval_job, _worker_eval_job, [(blob, c) for c in chunks])
         correct = sum(p[0] for p in parts)
         loss = sum(p[1] for p in parts)
         n = sum(p[2] for p in parts)
@@ -383,9 +410,13 @@ class Simulation:
             train = task.trainable if train is None else task.trainable & train
         return dataclasses.replace(task, download_keys=down, trainable=train, upload_keys=up)
 
-    def _downloads(self, tasks: list[ClientTask]) -> list[tuple[bytes, bytes | None]]:
-        """(download, held) payloads per task; identical plans share one encoding."""
-        cache: dict[tuple, tuple[bytes, bytes | None]] = {}
+    def _downloads(
+        self, tasks: list[ClientTask], encode: bool = True
+    ) -> list[tuple[bytes | None, bytes | None, int]]:
+        """(download, held, download bytes) per task; identical plans share one encoding.
+        ``encode=False`` (the cohort engine, whose clients read the global model in place):
+        no payload, only its size, ``len(encode(...))`` from ``payload.encoded_size``."""
+        cache: dict[tuple, tuple[bytes | None, bytes | None, int]] = {}
         out = []
         for t in tasks:
             key = (t.download_keys, tuple((k, id(v)) for k, v in t.message.items()))
@@ -394,6 +425,10 @@ class Simulation:
                 keys = list(g) if t.download_keys is None else list(t.download_keys)
                 sent = {k: g[k] for k in keys}
                 sent.update({_MESSAGE + k: v for k, v in t.message.items()})
+                if not encode:
+                    cache[key] = (None, None, payload.encoded_size(sent))
+                    out.append(cache[key])
+                    continue
                 held = None
                 if t.download_keys is not None:
                     sent_keys = set(keys)
@@ -404,7 +439,8 @@ class Simulation:
                         held = payload.encode({k: g[k] for k in held_keys})
                         if self.payload_keys is not None:
                             self._base_cache[held_keys] = held
-                cache[key] = (payload.encode(sent), held)
+                blob = payload.encode(sent)
+                cache[key] = (blob, held, len(blob))
             out.append(cache[key])
         return out
 
@@ -419,10 +455,10 @@ class Simulation:
         ]
         if self.payload_keys is not None:
             self._base_holders.update(t.client_id for t in tasks)  # first time: base download
-        payloads = self._downloads(tasks)
+        payloads = self._downloads(tasks, encode=self._cohort is None)
         jobs = [
             (t, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, t.client_id, slot), blob, held)
-            for slot, (t, (blob, held)) in enumerate(zip(tasks, payloads, strict=True))
+            for slot, (t, (blob, held, _)) in enumerate(zip(tasks, payloads, strict=True))
         ]
         if self._cohort is not None:
             results = self._cohort_round(tasks, lr, [j[2] for j in jobs])
@@ -435,7 +471,7 @@ class Simulation:
             ]
         updates: list[ClientUpdate] = []
         rejected = 0
-        for (cid, state, up_bytes, n, steps, loss, secs), (sent, _) in zip(
+        for (cid, state, up_bytes, n, steps, loss, secs), (_, _, down_bytes) in zip(
             results, payloads, strict=True
         ):
             ok = payload.is_finite(state)
@@ -445,7 +481,7 @@ class Simulation:
                 rejected += 1  # a NaN/Inf update never reaches the global model
             self._emit(
                 "on_client_end",
-                ClientRecord(r, cid, n, steps, loss, len(sent), up_bytes, secs, ok),
+                ClientRecord(r, cid, n, steps, loss, down_bytes, up_bytes, secs, ok),
             )
         extra: dict[str, float] = {}
         if updates:  # else the model and any server optimiser state stay as they were
@@ -457,7 +493,7 @@ class Simulation:
             else:
                 extra["nonfinite_global_rejected"] = 1.0
         extra.update(self.algorithm.round_extra(r, updates))
-        down = sum(len(p[0]) for p in payloads)
+        down = sum(p[2] for p in payloads)
         up = sum(res[2] for res in results)
         acc = test_loss = None
         if self.cfg.eval_every and (r % self.cfg.eval_every == 0 or r == self.cfg.rounds):
@@ -494,7 +530,7 @@ class Simulation:
         Every client starts from the global model (what it downloads plus what it holds is
         the global state), so a cohort shares one start state. Clients with a different plan
         (trained or uploaded keys: FedNILO) train in separate cohorts. Upload bytes are
-        ``len(payload.encode(upload))`` of each client's real upload.
+        ``len(payload.encode(upload))`` of each client's upload (``payload.encoded_size``).
         """
         assert self._cohort is not None
         ctx = self._local_ctx
@@ -516,13 +552,13 @@ class Simulation:
                 )
             fn, ctxs = shared_objective(self.algorithm.name, objectives)
             size = self._cohort.cohort_size(
-                self.global_state, self.train, clients, self.local, trainable
+                self.global_state, self._train_dev, clients, self.local, trainable
             )
             for lo in range(0, len(members), size):
                 part = slice(lo, lo + size)
                 results = self._cohort.train(
                     self.global_state,
-                    self.train,
+                    self._train_dev,
                     clients[part],
                     lr=lr,
                     cfg=self.local,
@@ -534,10 +570,10 @@ class Simulation:
                     up = (
                         res.state if upload_keys is None else {k: res.state[k] for k in upload_keys}
                     )
-                    # Own copies: a view into the stacked cohort tensors would serialise (and
-                    # keep alive) the whole stack.
-                    up = {k: v.detach().to("cpu", copy=True) for k, v in up.items()}
-                    size_bytes = len(payload.encode(up))
+                    # Own copies, on the device: a view into the stacked cohort tensors would
+                    # keep the whole stack alive (and on the host serialise all of it).
+                    up = {k: v.detach().clone() for k, v in up.items()}
+                    size_bytes = payload.encoded_size(up)
                     out[i] = (
                         tasks[i].client_id, up, size_bytes, res.num_samples, res.num_steps,
                         res.train_loss, res.seconds,

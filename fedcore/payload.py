@@ -28,6 +28,44 @@ def encode(state: Mapping[str, torch.Tensor]) -> bytes:
     return buf.getvalue()
 
 
+# len(encode(state)) depends on the keys, dtypes, shapes and storage sharing of the tensors,
+# never on their values: torch.save's zip stores each storage uncompressed at an aligned offset
+# and the pickle holds names, dtypes and shapes only. One real encoding per structure is
+# enough to know every later size (tests/test_payload.py checks it against real encodings).
+_SIZES: dict[tuple, int] = {}
+
+
+def _structure(state: Mapping[str, torch.Tensor]) -> tuple:
+    """What ``encode`` writes, less the values: per key the dtype and shape, and the storage
+    the tensor is saved from (its size, the tensor's offset in it, which earlier key shares
+    it). A CPU view is saved with its whole storage; a tensor on another device is copied
+    to a storage of its own first, exactly as ``encode`` does."""
+    owners: dict[int, int] = {}
+    out: list[tuple] = []
+    for k, v in state.items():
+        t = v.detach()
+        if t.device.type != "cpu" or not t.is_contiguous():
+            where: tuple = (t.numel() * t.element_size(), 0, -1)  # a fresh contiguous copy
+        else:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            shared = owners.setdefault(ptr, len(owners)) if storage.nbytes() else -1
+            where = (storage.nbytes(), t.storage_offset(), shared)
+        out.append((k, t.dtype, tuple(t.shape), where))
+    return tuple(out)
+
+
+def encoded_size(state: Mapping[str, torch.Tensor]) -> int:
+    """``len(encode(state))`` without serializing the values (the tensors may stay on their
+    device): the size is a function of the structure alone, encoded for real once per
+    structure and remembered."""
+    key = _structure(state)
+    size = _SIZES.get(key)
+    if size is None:
+        size = _SIZES[key] = len(encode(state))
+    return size
+
+
 def decode(data: bytes) -> StateDict:
     """Inverse of :func:`encode`; ``weights_only`` so a payload can never run code."""
     out = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -26,6 +26,7 @@ This module imports torch and numpy only: the tokenizer is passed in (``models.t
 
 from __future__ import annotations
 
+import copy
 import csv
 import hashlib
 import importlib.util
@@ -216,10 +217,19 @@ class TextData:
                 "Gaussian feature noise (partition gaussian_noise) applies to images, not to "
                 "token ids; choose another partition scheme for text datasets"
             )
+        idx = idx.to(self.tokens.device)
         x = self.tokens.index_select(0, idx)  # (B, max_length)
         # Right-padded rows: keep the columns up to the longest text of the batch.
         width = max(1, int((x != self.pad_id).sum(dim=1).max())) if len(x) else 1
         return x[:, :width].to(device), self.labels.index_select(0, idx).to(device)
+
+    def to(self, device: torch.device | str) -> TextData:
+        """The same data with the token ids and labels on ``device``."""
+        if self.tokens.device == torch.device(device):
+            return self
+        out = copy.copy(self)
+        out.tokens, out.labels = self.tokens.to(device), self.labels.to(device)
+        return out
 
     def share_memory_(self) -> TextData:
         self.tokens.share_memory_()

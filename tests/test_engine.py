@@ -130,19 +130,6 @@ def test_byte_accounting_matches_serialized_sizes():
     assert r2.cum_download_bytes == 6 * expected and hist.upload_bytes == 6 * expected
 
 
-def test_payload_overhead_is_measured_not_assumed():
-    lin = nn.Linear(3, 2)
-    state = lin.state_dict()
-    assert payload.tensor_nbytes(state) == (3 * 2 + 2) * 4  # hand-computed float32 bytes
-    blob = payload.encode(state)
-    assert len(blob) > payload.tensor_nbytes(state)  # container overhead exists...
-    decoded = payload.decode(blob)
-    assert all(torch.equal(decoded[k], state[k]) for k in state)  # ...and is lossless
-    big = tiny_cnn().state_dict()
-    overhead = len(payload.encode(big)) - payload.tensor_nbytes(big)
-    assert 0 < overhead < 2000 * len(big)  # a bounded per-tensor cost (README reports the figure)
-
-
 def test_deterministic_across_workers_and_order():
     shards = np.array_split(np.arange(400), 4)
     a = make_sim(shards, rounds=2, m=3, workers=0)
