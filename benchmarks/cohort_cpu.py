@@ -13,6 +13,8 @@ Each (workload, engine) runs in a fresh process, in turn, ``--repeats`` times; m
 
 Run:  .venv/bin/python benchmarks/cohort_cpu.py [--only resnet|pfl] [--repeats 1]
       (writes benchmarks/results/cohort_cpu.json)
+GPU:  .venv/bin/python benchmarks/cohort_cpu.py --device cuda --only pfl --rounds 1500
+      (the pfl-research benchmark end to end; writes benchmarks/results/cohort_gpu.json)
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _data(size: int, channels: int):  # type: ignore[no-untyped-def]
     return train, test
 
 
-def run(workload: str, engine: str, adapter: str) -> dict:
+def run(workload: str, engine: str, adapter: str, device: str = "cpu", rounds: int = 0) -> dict:
     import functools
     import os
 
@@ -82,13 +84,15 @@ def run(workload: str, engine: str, adapter: str) -> dict:
         model_fn = functools.partial(
             adapted_model, "resnet26", adapter, num_classes=10, in_channels=3, input_size=72
         )
-        local, lr, rounds, m, eval_every = LocalConfig(batch_size=32, momentum=0.9), 0.01, 2, 10, 0
+        local, lr, m, eval_every = LocalConfig(batch_size=32, momentum=0.9), 0.01, 10, 0
+        rounds = rounds or 2
     else:
         train, test = _data(32, 3)
         rows = rng.permutation(len(train))[: 1000 * 50]
         shards = np.array_split(rows, 1000)
         model_fn = PflCNN
-        local, lr, rounds, m, eval_every = LocalConfig(batch_size=10), 0.1, 20, 50, 10
+        local, lr, m, eval_every = LocalConfig(batch_size=10), 0.1, 50, 10
+        rounds = rounds or 20  # the pfl-research benchmark runs 1,500 (--rounds 1500 on a GPU)
     payload_keys = trainable = None
     if adapter != "full":
         method, model = get_adapter(adapter), model_fn()
@@ -104,6 +108,7 @@ def run(workload: str, engine: str, adapter: str) -> dict:
         lr_schedule=LRSchedule(lr=lr),
         federation=FederationConfig(rounds=rounds, clients_per_round=m, eval_every=eval_every),
         workers=os.cpu_count() or 1,
+        device=device,
         callbacks=[clock],
         engine=engine,
         payload_keys=payload_keys,
@@ -113,6 +118,9 @@ def run(workload: str, engine: str, adapter: str) -> dict:
     hist = sim.run()
     samples = sum(len(shards[c]) for c in hist.rounds[-1].clients)
     return {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "rounds": rounds,
+        "run_seconds": hist.wall_seconds,  # all rounds, evaluations included
         "round_seconds": clock.times,
         "samples_per_round": samples,
         "accuracy": hist.final_accuracy,
@@ -129,19 +137,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", choices=sorted(CASES))
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--rounds", type=int, default=0, help="0: the workload's default")
+    ap.add_argument("--engines", default="sequential,cohort")
     ap.add_argument("--child", nargs=3, metavar=("WORKLOAD", "ENGINE", "ADAPTER"))
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(run(*args.child)), flush=True)
+        print("RESULT " + json.dumps(run(*args.child, args.device, args.rounds)), flush=True)
         return
+    engines = args.engines.split(",")
     workloads = [args.only] if args.only else list(CASES)
     res: dict = {"threads": torch.get_num_threads(), "workloads": {}}
     for w in workloads:
-        recs: dict[str, list[dict]] = {f"{e}/{a}": [] for e, a in CASES[w]}
+        cases = [(e, a) for e, a in CASES[w] if e in engines]
+        recs: dict[str, list[dict]] = {f"{e}/{a}": [] for e, a in cases}
         for _ in range(args.repeats):
-            for e, a in CASES[w]:
+            for e, a in cases:
+                extra = ["--device", args.device, "--rounds", str(args.rounds)]
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--child", w, e, a],
+                    [sys.executable, __file__, "--child", w, e, a, *extra],
                     capture_output=True,
                     text=True,
                     check=True,
@@ -158,12 +172,15 @@ def main() -> None:
                 "median_round_s": med,
                 "samples_per_s": rs[0]["samples_per_round"] / med,
                 "final_accuracy": rs[0]["accuracy"],
+                "median_run_s": statistics.median(r["run_seconds"] for r in rs),
+                "rounds": rs[0]["rounds"],
+                "device": rs[0]["device"],
             }
         res["workloads"][w] = out
         print(json.dumps(out, indent=1), flush=True)
     from benchmarks.engine_throughput import save_result
 
-    save_result("cohort_cpu", res)
+    save_result("cohort_cpu" if args.device == "cpu" else "cohort_gpu", res)
 
 
 if __name__ == "__main__":
