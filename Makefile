@@ -4,7 +4,7 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test setup up down lint bench bench-pipeline mutate clean
+.PHONY: run test setup up down repro lint bench bench-pipeline mutate clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -18,6 +18,11 @@ up: setup
 
 down:
 	$(VENV)/bin/fedapt down
+
+# `dvc repro` with the venv's fedapt on PATH (dvc.yaml's stages call `fedapt` from the
+# environment, so an activated venv works the same: `. .venv/bin/activate && dvc repro`).
+repro: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/dvc repro $(ARGS)
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

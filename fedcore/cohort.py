@@ -52,6 +52,7 @@ from fedcore.client import (
 )
 from fedcore.errors import ConfigError
 from fedcore.payload import StateDict
+from fedcore.protocols import cls_index, exit_heads, exit_plan
 
 ENGINES = ("auto", "cohort", "sequential")
 
@@ -92,12 +93,8 @@ def resolve_engine(
         check_batchable(model)
     except ConfigError:
         return "sequential"
-    if getattr(model, "exit_plan", None) is not None:  # cached CLS history: lw_linear, lw_mlp
-        return (
-            "cohort"
-            if hasattr(getattr(model, "exit_method", None), "exit_head_path")
-            else "sequential"
-        )
+    if exit_plan(model) is not None:  # cached CLS history: lw_linear, lw_mlp
+        return "cohort" if exit_heads(model) is not None else "sequential"
     return "cohort" if _common_module(sorted(trainable)) else "sequential"
 
 
@@ -425,11 +422,9 @@ class CohortTrainer:
         whose exit ``l`` is one head reading the CLS state after block ``l`` of a frozen
         encoder (``exit_head_path``; not the Accumulator, whose token later blocks read)."""
         model = self.model
-        plan = getattr(model, "exit_plan", None)
-        method = getattr(model, "exit_method", None)
-        if plan is None or not hasattr(method, "exit_head_path") or not hasattr(data, "labels"):
+        plan, heads = exit_plan(model), exit_heads(model)
+        if plan is None or heads is None or not hasattr(data, "labels"):
             return None
-        heads = [method.exit_head_path(k) for k in range(plan.num_exits)]  # type: ignore[union-attr]
         if any(not any(k.startswith(h + ".") for h in heads) for k in train_keys):
             return None  # something besides the heads trains: the encoder is not frozen
         key = (id(data), tuple(train_keys), training, "history")
@@ -441,7 +436,7 @@ class CohortTrainer:
             return cache
         self._caches.pop(key, None)
         blocks = model.get_submodule(plan.blocks_path)
-        cls = int(getattr(model, "cls_index", 0))
+        cls = cls_index(model)
         params = {**frozen, **_params(work, train_keys)}
 
         def run(
@@ -524,7 +519,7 @@ class CohortTrainer:
         train_keys = [k for k in params if k in trainable]
         frozen = {k: v for k, v in params.items() if k not in trainable}
         idx = torch.as_tensor(indices, dtype=torch.int64)
-        plan = getattr(self.model, "exit_plan", None)
+        plan = exit_plan(self.model)
         if plan is not None:
             hist = self._history_cache(
                 work, train_keys, frozen, buffers, data, [idx], training=False
@@ -551,9 +546,9 @@ class CohortTrainer:
     def _evaluate_exits(
         self, cache: FeatureCache, work: StateDict, idx: torch.Tensor, plan: Any, batch: int = 500
     ) -> tuple[int, float, int, tuple[int, ...]]:
-        method: Any = getattr(self.model, "exit_method")  # noqa: B009 (not typed on nn.Module)
+        heads = exit_heads(self.model)
+        assert heads is not None  # the history cache exists only for declared exit heads
         chosen = plan.num_exits - 1 if plan.exit is None else plan.exit
-        heads = [method.exit_head_path(k) for k in range(plan.num_exits)]
         per_exit = [0] * plan.num_exits
         correct, loss_sum = 0, 0.0
         for pos in idx.split(batch):
@@ -633,7 +628,7 @@ class CohortTrainer:
         shards = [torch.as_tensor(c.indices, dtype=torch.int64) for c in clients]
         orders = [batch_order(len(s), cfg, g) for s, g in zip(shards, gens, strict=True)]
         steps = [len(o) for o in orders]
-        plan = getattr(model, "exit_plan", None)
+        plan = exit_plan(model)
         exits = (
             None
             if plan is None
@@ -647,6 +642,7 @@ class CohortTrainer:
         # path; its input per sample is computed once and reused (FeatureCache).
         cache = None
         history = False  # early exits whose heads read cached CLS states (lw_linear, lw_mlp)
+        heads = exit_heads(model)
         if all(c.noise_var == 0.0 for c in clients):
             if exits is None:
                 cache = self._feature_cache(work, train_keys, frozen, buffers, data, shards)
@@ -697,7 +693,8 @@ class CohortTrainer:
                 groups.setdefault((tuple(x.shape), tuple(y.shape), at), []).append(i)
             for (xshape, _, exit_k), idx in groups.items():
                 if history:  # this exit's head alone, on the cached CLS states
-                    path = model.exit_method.exit_head_path(exit_k)  # type: ignore[operator,union-attr]
+                    assert heads is not None
+                    path = heads[exit_k]
                     target, prefix = model.get_submodule(path), path + "."
                 self._group_step(
                     idx, n, batches, exit_k, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,

@@ -1,14 +1,12 @@
 """Early-exit models in the engine (seed 001 §5: anytime and multi-tier FL).
 
-A model with early exits carries an ``exit_plan`` (``models.adapters.exits.ExitPlan``): the
+A model with early exits carries an ``exit_plan`` (``fedcore.protocols.ExitPlan``): the
 engine tells it whose local training starts (:func:`begin_client`: the client's tier and its
 anytime stream, from the client's derived seed) and evaluates every exit in one pass
 (:func:`evaluate_exits`). Models without exits are untouched (FedAvg's path is unchanged).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,18 +15,16 @@ from torch.func import functional_call
 
 from fedcore.client import split_state
 from fedcore.payload import StateDict
-
-if TYPE_CHECKING:
-    from models.adapters.exits import ExitPlan
+from fedcore.protocols import exit_plan
 
 
 def num_exits(model: nn.Module) -> int:
-    plan = getattr(model, "exit_plan", None)
+    plan = exit_plan(model)
     return 0 if plan is None else int(plan.num_exits)
 
 
 def begin_client(model: nn.Module, client_id: int, seed: int) -> None:
-    plan = getattr(model, "exit_plan", None)
+    plan = exit_plan(model)
     if plan is not None:
         plan.begin_client(client_id, seed)
 
@@ -44,7 +40,8 @@ def evaluate_exits(
     device: torch.device | str = "cpu",
 ) -> tuple[int, float, int, tuple[int, ...]]:
     """(correct at the inference exit, its summed cross-entropy, samples, correct per exit)."""
-    plan: ExitPlan = getattr(model, "exit_plan")  # noqa: B009 (an attribute nn.Module does not type)
+    plan = exit_plan(model)
+    assert plan is not None, "evaluate_exits needs a model with early exits"
     model.eval()
     idx = torch.arange(len(data)) if indices is None else torch.as_tensor(indices)
     params, buffers = split_state(model, {k: v.to(device) for k, v in state.items()})

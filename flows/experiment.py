@@ -25,7 +25,7 @@ from fedcore.partition import list_partitioners, scheme_options
 from models import list_models
 from models.adapters import check_adapter, get_adapter
 from tasks import services
-from tasks.config import Params, load_params
+from tasks.config import Params, experiment_dir, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
 from tasks.pretrain import log_base_task, pretrain_task, source_split
 from tasks.report import (
@@ -41,11 +41,7 @@ from tasks.train import check_cell, model_factory, train_task
 from tasks.validate import validate_task
 
 
-def experiment_dir(params: Params) -> Path:
-    return Path(params.experiment.reports_dir) / params.experiment.name
-
-
-def validate(params: Params) -> None:
+def check_names(params: Params) -> None:
     """Names and options that need no data: dataset, model, algorithms, adapters, device,
     partition scheme."""
     get_dataset_info(params.data.dataset)
@@ -83,7 +79,7 @@ def preflight(
     ``storage=False`` for the DVC stages: their outputs go to the DVC remote (``dvc push``),
     not to ``storage.bucket``, so they need no S3 server.
     """
-    validate(params)
+    check_names(params)
     if params.runtime.tracking:
         check_tracking_server()
     if storage and params.storage.bucket:

@@ -12,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from fedcore.errors import ConfigError
-from models.vit import ViTConfig
+from models.vit_arch import ViTConfig
 
 DOWNLOAD_TIMEOUT_S = 30.0  # per socket operation: an unreachable hub must not hang a run
 

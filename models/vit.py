@@ -27,7 +27,7 @@ ImageNet mean/std for DeiT; read from timm's config, no download).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -35,17 +35,7 @@ from torch import nn
 from fedcore.errors import ConfigError
 from fedcore.inputs import InputSpec
 from models.registry import register_model
-
-
-@dataclass(frozen=True)
-class ViTConfig:
-    timm_name: str | None  # timm architecture whose ImageNet weights load (None: none)
-    embed_dim: int
-    depth: int
-    num_heads: int
-    patch_size: int = 16
-    mlp_ratio: float = 4.0
-
+from models.vit_arch import ViTConfig
 
 ARCHS = {
     "vit_small": ViTConfig("vit_small_patch16_224", 384, 12, 6),

@@ -8,9 +8,20 @@ DEST=data/raw/FashionMNIST/raw
 SRC=/usr/share/datasets/fashion-mnist
 FILES="train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte"
 
+# DVC tracks data/ (data.dvc): its content goes into the project's DVC cache once, so that
+# `dvc exp run --temp` (a fresh copy of the repository) can check it out.
+cache_data() {
+    local md5 dvc=${VENV:-.venv}/bin/dvc
+    md5=$(sed -n 's/^- md5: \([0-9a-f]*\)\.dir$/\1/p' data.dvc)
+    [ -n "$md5" ] && [ -x "$dvc" ] || return 0
+    [ -f ".dvc/cache/files/md5/${md5:0:2}/${md5:2}.dir" ] && return 0
+    DVC_NO_ANALYTICS=1 "$dvc" commit --force --quiet data.dvc \
+        || echo "fedapt: could not put data/ into the DVC cache (dvc exp run --temp needs it)" >&2
+}
+
 have_all=1
 for f in $FILES; do [ -s "$DEST/$f" ] || have_all=0; done
-[ "$have_all" = 1 ] && exit 0
+if [ "$have_all" = 1 ]; then cache_data; exit 0; fi
 
 if [ ! -s "$SRC/train-images-idx3-ubyte.gz" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -31,3 +42,4 @@ for f in $FILES; do gunzip -c "$SRC/$f.gz" > "$tmp/$f"; done
 mkdir -p "$DEST"
 for f in $FILES; do mv -f "$tmp/$f" "$DEST/$f"; done
 echo "fedapt: FashionMNIST placed in $DEST" >&2
+cache_data

@@ -266,6 +266,11 @@ class Params(_Section):
         return out
 
 
+def experiment_dir(params: Params) -> Path:
+    """Where a run of the experiment writes its outputs: reports_dir/name."""
+    return Path(params.experiment.reports_dir) / params.experiment.name
+
+
 # ---- loading ------------------------------------------------------------------------------
 
 

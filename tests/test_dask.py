@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.experiment import experiment_dir, experiment_flow, grid_task_runner
+    from flows.experiment import experiment_flow, grid_task_runner
+    from tasks.config import experiment_dir
     from tasks.data import load_experiment_data, load_partition
     from tasks.train import train_cell
 

@@ -1,8 +1,10 @@
 """`dvc repro` in a temporary copy of the repository: exact reruns, no-op second run,
-and a param change that reruns only the stages depending on it."""
+and a param change that reruns only the stages depending on it; `dvc exp run --temp`; and
+every stage's deps against the code its command imports."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -13,12 +15,79 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.test_layers import GRAPH, modules
+
 REPO = Path(__file__).resolve().parents[1]
 DVC = str(Path(sys.executable).parent / "dvc")
+# Stages call `fedapt` from the environment, as in an activated venv.
+PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+# The function behind each stage's command.
+STAGE_COMMANDS = {
+    "prepare": "flows/cli/stages.py",
+    "partition": "flows/cli/experiment.py",
+    "validate": "flows/cli/stages.py",
+    "pretrain": "flows/cli/stages.py",
+    "train": "flows/cli/stages.py",
+    "report": "flows/cli/stages.py",
+}
+
+
+def code_of(stage: str) -> set[str]:
+    """Files of the project modules a stage's command runs: those imported by its function
+    and by its module, and everything they import (the whole CLI package is imported by
+    `fedapt`)."""
+    mods = modules()
+    cli = {m for m in mods if m == "flows.cli" or m.startswith("flows.cli.")}
+
+    def imported(nodes: list[ast.stmt]) -> set[str]:
+        out: set[str] = set()
+        for node in nodes:
+            for n in ast.walk(node):
+                if isinstance(n, ast.ImportFrom) and n.module:
+                    subs = {f"{n.module}.{a.name}" for a in n.names} & set(mods)
+                    out |= subs or {n.module}
+                elif isinstance(n, ast.Import):
+                    out |= {a.name for a in n.names}
+        return out & set(mods)
+
+    # `fedapt` imports every CLI module; a command's other imports run inside its function.
+    start = set(cli)
+    for m in cli:
+        body = ast.parse(modules()[m].read_text()).body
+        start |= imported([n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))])
+    tree = ast.parse((REPO / STAGE_COMMANDS[stage]).read_text())
+    start |= imported([n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == stage])
+    seen: set[str] = set(cli)
+    todo = sorted(start - cli)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(GRAPH[m])
+    return {str(mods[m].relative_to(REPO)) for m in seen}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_COMMANDS))
+def test_stage_deps_list_the_code_it_runs(stage):
+    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
+    deps = [d.rstrip("/") for d in spec["deps"]]
+    missing = sorted(
+        f for f in code_of(stage) if not any(f == d or f.startswith(d + "/") for d in deps)
+    )
+    assert missing == [], f"dvc.yaml stage {stage!r} runs code its deps leave out"
+    cmd = spec["cmd"]
+    assert cmd.split()[0] == "fedapt", "stages call fedapt from the environment, not a venv path"
+
+
+def test_the_deps_check_sees_missing_code():
+    assert "tasks/train.py" in code_of("train")
+    assert "fedcore/engine.py" in code_of("train")
+    assert "tasks/report.py" in code_of("report") and "fedcore/engine.py" not in code_of("report")
 
 
 def sh(*cmd: str, cwd: Path) -> str:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DO_NOT_TRACK": "true"}
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DO_NOT_TRACK": "true", "PATH": PATH}
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout + res.stderr
@@ -133,3 +202,27 @@ def test_committed_lock_reproduces_the_data_stages(tmp_path):
         want = {o["path"]: o["md5"] for o in committed[stage]["outs"]}
         got = {o["path"]: o["md5"] for o in rebuilt[stage]["outs"]}
         assert got == want, stage
+
+
+@pytest.mark.slow
+def test_dvc_exp_run_temp_with_a_param_override(repo_copy):
+    """`dvc exp run --temp -S key=value` runs the pipeline in DVC's temporary copy of the
+    repository (no venv there: the stages call `fedapt` from the environment) and records
+    the experiment's metrics."""
+    sh(DVC, "commit", "--force", "data.dvc", cwd=repo_copy)  # the data into this copy's cache
+    sh("git", "add", "-A", cwd=repo_copy)
+    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base", cwd=repo_copy)
+    out = sh(DVC, "exp", "run", "--temp", "-S", "federation.rounds=1", cwd=repo_copy)
+    assert "Running stage 'train@fedavg-full'" in out
+    shown = json.loads(sh(DVC, "exp", "show", "--json", cwd=repo_copy))
+    exps = [
+        e
+        for commit in shown
+        for e in (commit.get("experiments") or [])
+        for e in (e.get("revs") or [])
+    ]
+    assert exps, shown
+    data = exps[0]["data"]
+    assert data["params"]["params.yaml"]["data"]["federation"]["rounds"] == 1
+    metrics = data["metrics"]["artifacts/runs/fedavg-full/metrics.json"]["data"]
+    assert metrics["rounds"] == 1 and metrics["final_accuracy"] is not None

@@ -150,7 +150,8 @@ def test_flow_pretrains_once_and_federates_from_the_base(tmp_path, monkeypatch):
     reuses it by fingerprint."""
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.experiment import experiment_dir, experiment_flow
+    from flows.experiment import experiment_flow
+    from tasks.config import experiment_dir
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

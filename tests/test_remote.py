@@ -25,7 +25,7 @@ def sh(*cmd: str, cwd: Path) -> str:
 
 @pytest.mark.slow
 def test_dvc_push_pull_round_trip(tmp_path, monkeypatch):
-    from flows.service_commands import configure_dvc_remote
+    from flows.cli.services import configure_dvc_remote
     from tasks import services
 
     for var in services.USER_S3_VARS:

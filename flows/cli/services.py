@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli import _guard, app, out
+from flows.cli.common import app, guard, out
 
 ServiceArg = Annotated[
     list[str] | None,
@@ -59,7 +59,7 @@ def up(services: ServiceArg = None) -> None:
             out.print(f"Prefect worker: runs the deployments of work pool {svc.WORK_POOL}")
         out.print("fedapt run now tracks to these services; stop them with: fedapt down")
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -71,7 +71,7 @@ def down(services: ServiceArg = None) -> None:
 
         out.print(_table(svc.down(services or None)))
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -83,7 +83,7 @@ def status() -> None:
 
         out.print(_table(svc.status()))
 
-    _guard(body)
+    guard(body)
 
 
 def configure_dvc_remote(endpoint: str, repo: Path | None = None) -> None:

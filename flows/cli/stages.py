@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli import ParamsOpt, SetOpt, _guard, _load, app, out, results_table
+from flows.cli.common import ParamsOpt, SetOpt, app, guard, load, out, results_table
 
 
 @app.command()
@@ -31,7 +31,7 @@ def prepare(
         from tasks.data import dataset_card, load_experiment_data
         from tasks.io import atomic_write_json
 
-        p = _load(params, set_)
+        p = load(params, set_)
         card = dataset_card(p, load_experiment_data(p))
         path = atomic_write_json(out_dir / "dataset.json", card)
         out.print(
@@ -40,7 +40,7 @@ def prepare(
         )
         out.print(f"dataset card: {path}")
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -62,13 +62,13 @@ def validate(
         from tasks.data import load_partition
         from tasks.validate import validate_partition
 
-        p = _load(params, set_)
+        p = load(params, set_)
         load_partition(partition_dir)  # a missing or altered manifest -> one line
         num_classes = get_dataset_info(p.data.dataset).num_classes
         path = validate_partition(partition_dir, num_classes, p.validation.min_shard_size, report)
         out.print(f"shards valid: {partition_dir} ({path})")
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -86,10 +86,10 @@ def pretrain(
     base.pt + base.json; with another model.base, only a card saying it is unused."""
 
     def body() -> None:
-        from flows.experiment import validate as check_names
+        from flows.experiment import check_names
         from tasks.pretrain import run_pretrain, source_split
 
-        p = _load(params, set_)
+        p = load(params, set_)
         check_names(p)
         if p.model.base == "pretrain":
             source_split(p)  # bad source -> one line before any training
@@ -104,7 +104,7 @@ def pretrain(
         )
         out.print(f"base: {out_dir / 'base.pt'} (sha256 {card['base_sha256'][:12]})")
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -135,7 +135,7 @@ def train(
 
         extra = [f"runtime.device={device}"] if device else []
         extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
-        p = _load(params, set_, extra)
+        p = load(params, set_, extra)
         preflight(p, partition_dir, storage=False)
         _require_valid(partition_dir)
         require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
@@ -154,7 +154,7 @@ def train(
         out.print(results_table([record]))
         out.print(f"metrics: {cell_dir / 'metrics.json'}")
 
-    _guard(body)
+    guard(body)
 
 
 def _require_valid(partition_dir: Path) -> None:
@@ -186,14 +186,14 @@ def report(
     def body() -> None:
         from tasks.report import write_report
 
-        p = _load(params, set_)
+        p = load(params, set_)
         records = collect_records(p, runs_dir, timing_dir)
         paths = write_report(p, records, out_dir, runs_dir)
         out.print(results_table(records))
         for path in paths:
             out.print(f"wrote {path}")
 
-    _guard(body)
+    guard(body)
 
 
 def collect_records(

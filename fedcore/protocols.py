@@ -1,0 +1,89 @@
+"""What the engine and the algorithms may ask of a model: its declared capabilities.
+
+``fedcore`` imports nothing above it; ``models`` implements these (structurally: a backbone
+or adapter method has the attributes, no base class is required). Everything here is
+optional: a plain ``nn.Module`` classifier trains with every algorithm and adapter-free
+method. fedcore reads a capability only through the accessors below, never by scattered
+``getattr`` calls.
+
+* :class:`Classifier`: ``classifier_name``, the attribute path of the final classifier
+  (the ``head`` adapter trains it; personalization fine-tunes it).
+* :class:`LayerGrouped`: ``layer_groups()``, the model's layers from input to output as
+  state-dict key prefixes (FedNILO freezes them front to back).
+* :class:`ClsEncoder`: a transformer whose CLS state after every block can be read
+  (``blocks``, ``cls_index``, ``hidden_size``): the early-exit methods build on it.
+* :class:`MultiExit`: a model with early exits (seed 001 §5). ``exit_plan`` decides which exit
+  a forward call ends at; the engine tells it whose local training starts, the cohort
+  engine forces an exit per group of clients and asks which exits a client's steps take.
+  :class:`ExitHeads`: the exit heads read nothing but the CLS states (cacheable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from torch import nn
+
+
+@runtime_checkable
+class Classifier(Protocol):
+    classifier_name: str
+
+
+@runtime_checkable
+class LayerGrouped(Protocol):
+    def layer_groups(self) -> Sequence[Sequence[str]]: ...
+
+
+@runtime_checkable
+class ClsEncoder(Protocol):
+    blocks: nn.Module
+    cls_index: int
+    hidden_size: int
+
+
+class ExitPlan(Protocol):
+    """Which exit a forward call ends at (``models.adapters.exits.ExitPlan``)."""
+
+    num_exits: int
+    exit: int | None  # the inference exit (None: the last)
+    output: str  # "one": the chosen exit's logits (B, C); "all": every exit's (E, B, C)
+    forced: int | None  # set by the cohort engine: the exit every training call ends at
+    blocks_path: str  # the encoder's block list in the model
+
+    def begin_client(self, client_id: int, seed: int) -> None: ...
+
+    def client_exits(self, client_id: int, seed: int, steps: int) -> Sequence[int]: ...
+
+
+class ExitHeads(Protocol):
+    """An early-exit method whose exit ``k`` is one head module reading the CLS state after
+    block ``k`` and nothing else (``lw_linear``, ``lw_mlp``; not the Accumulator, whose token
+    later blocks read): the cohort engine caches those CLS states."""
+
+    def exit_head_path(self, k: int) -> str: ...
+
+
+@runtime_checkable
+class MultiExit(Protocol):
+    exit_plan: ExitPlan
+
+
+def exit_plan(model: nn.Module) -> ExitPlan | None:
+    """The model's exit plan; None for a model without early exits."""
+    return getattr(model, "exit_plan", None)
+
+
+def exit_heads(model: nn.Module) -> list[str] | None:
+    """Paths of the exit heads, first exit first, when the model's early-exit method declares
+    them (:class:`ExitHeads`); else None."""
+    plan, method = exit_plan(model), getattr(model, "exit_method", None)
+    if plan is None or not callable(getattr(method, "exit_head_path", None)):
+        return None
+    return [method.exit_head_path(k) for k in range(plan.num_exits)]  # type: ignore[union-attr]
+
+
+def cls_index(model: nn.Module) -> int:
+    """Position of the CLS token in a :class:`ClsEncoder`'s sequence (0 when undeclared)."""
+    return int(getattr(model, "cls_index", 0))

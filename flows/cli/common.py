@@ -1,0 +1,146 @@
+"""What every ``fedapt`` command shares: the Typer app, consoles, options, the one-line error
+guard, params loading and the results table. Heavy imports happen inside commands."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+# Offline and quiet by default; the project keeps its own Prefect home (DESIGN.md).
+_ROOT = Path(__file__).resolve().parents[2]
+for _key, _value in {
+    "PREFECT_HOME": str(_ROOT / ".prefect"),
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="fedapt: communication-efficient federated learning with parameter-efficient adapters.",
+)
+out = Console(width=140) if not sys.stdout.isatty() else Console()
+err = Console(stderr=True)
+
+ParamsOpt = Annotated[
+    Path | None, typer.Option("--params", "-p", help="params file (default: params.yaml)")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="override a parameter, e.g. --set federation.rounds=5"),
+]
+
+
+class _NoTracebackForFedaptErrors(logging.Filter):
+    """Prefect logs task/flow failures with tracebacks; a FedaptError is a user-facing
+    message, so its records keep the message and lose the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from fedcore.errors import FedaptError
+
+        if record.exc_info and isinstance(record.exc_info[1], FedaptError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_prefect_tracebacks() -> None:
+    flt = _NoTracebackForFedaptErrors()
+    names = ["prefect", *(n for n in logging.Logger.manager.loggerDict if n.startswith("prefect"))]
+    for name in names:
+        for handler in logging.getLogger(name).handlers:
+            if flt not in handler.filters:
+                handler.addFilter(flt)
+
+
+def guard(fn: Callable[[], Any]) -> Any:
+    """Run a command body; a FedaptError becomes one line on stderr and exit code 2."""
+    from fedcore.errors import FedaptError
+
+    try:
+        return fn()
+    except FedaptError as exc:
+        err.print(f"[red]fedapt: error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err.print("fedapt: interrupted")
+        raise typer.Exit(130) from None
+
+
+def load(params: Path | None, overrides: list[str] | None, extra: list[str] | None = None) -> Any:
+    from tasks.config import load_params
+
+    return load_params(params, [*(overrides or []), *(extra or [])])
+
+
+def results_table(records: list[dict[str, Any]]) -> Table:
+    """One row per run; accuracy in %, traffic in MiB (2**20 bytes) per round and in total."""
+    from fedcore.payload import mib
+
+    t = Table(title="fedapt results (MiB = 2^20 bytes)")
+    cols = (
+        "run",
+        "partition",
+        "rounds",
+        "final acc",
+        "mean acc last L",
+        "up MiB/rnd",
+        "down MiB/rnd",
+        "up MiB",
+        "down MiB",
+        "s",
+    )
+    exits = any(r.get("final_accuracy_exits") for r in records)  # early-exit methods
+    if exits:
+        cols = (*cols, "acc per exit")
+    personal = any(r.get("personalization") for r in records)  # seed 001 Table 4
+    if personal:
+        cols = (*cols, "personalized % (gain)")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("run", "partition") else "right")
+    for r in records:
+        per_exit = " ".join(f"{100 * a:.1f}" for a in r.get("final_accuracy_exits") or [])
+        t.add_row(
+            f"{r['algorithm']}/{r['adapter']}",
+            r["partition"],
+            str(r["rounds"]),
+            _pct(r["final_accuracy"]),
+            f"{_pct(r['mean_accuracy_last_L'])} L={r['last_rounds_L']}",
+            f"{mib(r['upload_bytes_per_round']):.2f}",
+            f"{mib(r['download_bytes_per_round']):.2f}",
+            f"{mib(r['upload_bytes']):.1f}",
+            f"{mib(r['download_bytes']):.1f}",
+            f"{r['wall_seconds']:.0f}" if "wall_seconds" in r else "-",
+            *([per_exit or "-"] if exits else []),
+            *([_personal(r.get("personalization") or {})] if personal else []),
+        )
+    return t
+
+
+def _personal(by_scope: dict[str, Any]) -> str:
+    """Mean personalized accuracy and its gain over the global model, per scope."""
+    return (
+        " ".join(
+            f"{scope.removeprefix('client_')} {100 * r['mean_accuracy_after']:.1f} "
+            f"({100 * r['mean_gain']:+.1f})"
+            for scope, r in by_scope.items()
+            if r.get("mean_gain") is not None
+        )
+        or "-"
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"

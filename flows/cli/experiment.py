@@ -1,0 +1,197 @@
+"""``fedapt run``, ``fedapt partition`` and ``fedapt models``: the experiment commands."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from flows.cli.common import (
+    ParamsOpt,
+    SetOpt,
+    app,
+    guard,
+    load,
+    out,
+    quiet_prefect_tracebacks,
+    results_table,
+)
+
+
+@app.command()
+def run(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
+    workers: Annotated[str | None, typer.Option(help="CPU worker processes: auto or N")] = None,
+    partition_dir: Annotated[
+        Path | None,
+        typer.Option("--partition", help="use the manifest in this folder (from fedapt partition)"),
+    ] = None,
+) -> None:
+    """Run the experiment grid in params.yaml and print the results table."""
+
+    def body() -> None:
+        from tasks import services
+
+        extra = []
+        if device is not None:
+            extra.append(f"runtime.device={device}")
+        if workers is not None:
+            extra.append(f"runtime.workers={workers}")
+        p = load(params, set_, extra)
+        # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
+        # before Prefect is imported, which reads its settings once.
+        with services.patched_environ(services.env_for_clients()):
+            from flows.experiment import check_names, experiment_flow, preflight
+            from tasks.config import experiment_dir
+
+            check_names(p)  # bad names stop here, before any server starts
+            with services.run_environment(need_s3=bool(p.storage.bucket)):
+                preflight(p, partition_dir)
+                quiet_prefect_tracebacks()
+                records = experiment_flow(
+                    params=p.model_dump(mode="json"),
+                    partition_dir=str(partition_dir) if partition_dir else None,
+                )
+            where = _where_results(p)
+        out.print(results_table(records))
+        out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
+        for line in where:
+            out.print(line)
+
+    guard(body)
+
+
+def _where_results(params: Any) -> list[str]:
+    import os
+
+    lines = []
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if params.runtime.tracking:
+        lines.append(
+            f"MLflow: {uri}"
+            if uri and uri.startswith("http")
+            else "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
+            "--backend-store-uri sqlite:///mlruns/mlflow.db`)"
+        )
+    if params.storage.bucket:
+        lines.append(
+            f"outputs: s3://{params.storage.bucket}/{params.storage.prefix}/{params.experiment.name}/"
+        )
+    return lines
+
+
+@app.command()
+def partition(
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
+) -> None:
+    """Partition the dataset; write manifest.csv + stats.json and print a label histogram."""
+
+    def body() -> None:
+        from tasks.config import experiment_dir
+        from tasks.data import build_partition, load_experiment_data, write_partition
+
+        p = load(params, set_)
+        data = load_experiment_data(p)
+        part = build_partition(p, data)
+        target = out_dir or experiment_dir(p) / "partition"
+        manifest, stats = write_partition(p, data, part, target)
+        counts = part.label_counts(data.train.labels.numpy(), data.train.info.num_classes)
+        t = Table(title=f"{part.scheme} {part.params}  hash {part.content_hash()[:12]}")
+        t.add_column("client", justify="right")
+        t.add_column("size", justify="right")
+        for k in range(counts.shape[1]):
+            t.add_column(str(k), justify="right")
+        if any(v > 0 for v in part.noise_var):
+            t.add_column("noise var", justify="right")
+        for i, row in enumerate(counts):
+            cells = [str(i), str(int(row.sum())), *(str(int(v)) for v in row)]
+            if any(v > 0 for v in part.noise_var):
+                cells.append(f"{part.noise_var[i]:.4f}")
+            t.add_row(*cells)
+        out.print(t)
+        out.print(f"manifest: {manifest}\nstats: {stats}")
+
+    guard(body)
+
+
+@app.command()
+def models(
+    num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
+    input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "3,32,32",
+    model: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="only these backbones")
+    ] = None,
+) -> None:
+    """Backbones x adapter methods: parameters, payload bytes per round, ratio to full."""
+
+    def body() -> None:
+        from fedcore.errors import ConfigError, UnknownNameError
+        from fedcore.payload import mib
+        from models import get_model, list_models
+        from models.adapters import adapt, get_adapter, list_adapters
+
+        try:
+            c, h, w = (int(x) for x in input_shape.split(","))
+        except ValueError:
+            raise ConfigError(f"--input-shape expects C,H,W (got {input_shape!r})") from None
+        if h != w:
+            raise ConfigError(f"--input-shape: square inputs only (got {h}x{w})")
+        names = model or list_models()
+        for name in names:
+            if name not in list_models():
+                raise UnknownNameError("model", name, list_models())
+        t = Table(
+            title=f"backbones x adapter methods, input {c}x{h}x{w}, {num_classes} classes "
+            "(payload = one client's upload per round; MiB = 2^20 bytes)"
+        )
+        cols = (
+            "model",
+            "adapter",
+            "total params",
+            "trainable params",
+            "payload bytes",
+            "payload MiB",
+            "model MiB",
+            "full / payload",
+        )
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("model", "adapter") else "right")
+        skipped = []
+        for name in names:
+            full_bytes = None
+            try:  # built once (initialising ViT-B takes seconds), copied for each method
+                plain = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
+            except ConfigError as exc:  # e.g. text_hf needs hf_name and the network
+                skipped.append(f"{name} ({exc})")
+                continue
+            for adapter in ["full", *(a for a in list_adapters() if a != "full")]:
+                base = copy.deepcopy(plain)
+                method = get_adapter(adapter)
+                reason = method.applies_to(base)
+                if reason is not None:
+                    skipped.append(f"{name}/{adapter} ({reason})")
+                    continue
+                n = method.counts(adapt(base, adapter))
+                full_bytes = full_bytes or n.payload_bytes
+                t.add_row(
+                    name,
+                    adapter,
+                    f"{n.total_params:,}",
+                    f"{n.trainable_params:,}",
+                    f"{n.payload_bytes:,}",
+                    f"{mib(n.payload_bytes):.3f}",
+                    f"{mib(n.model_bytes):.3f}",
+                    f"{full_bytes / n.payload_bytes:.2f}",
+                )
+        out.print(t)
+        if skipped:
+            out.print("not applicable: " + "; ".join(skipped), highlight=False)
+
+    guard(body)
