@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
@@ -111,6 +112,75 @@ class ServiceStatus:
 def state_dir(path: str | os.PathLike[str] | None = None) -> Path:
     """The state directory: ``path``, else ``$FEDAPT_STATE_DIR``, else ``<repo>/.fedapt``."""
     return Path(path or os.environ.get("FEDAPT_STATE_DIR") or ROOT / ".fedapt").resolve()
+
+
+MLFLOW_CONFIG = ROOT / "mlflow" / "server.toml"
+_MLFLOW_KEYS: dict[str, type] = {
+    "backend_store_uri": str,
+    "artifacts_destination": str,
+    "workers": int,
+    "extra_args": list,
+}
+_MLFLOW_OWN_FLAGS = ("--host", "--port", "--backend-store-uri", "--artifacts-destination")
+
+
+def mlflow_config(sd: Path, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The tracking server's settings from ``mlflow/server.toml`` (or ``path``, or
+    ``$FEDAPT_MLFLOW_CONFIG``), placeholders filled; a bad file is one ConfigError line."""
+    where = Path(path or os.environ.get("FEDAPT_MLFLOW_CONFIG") or MLFLOW_CONFIG)
+    try:
+        raw = tomllib.loads(where.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{where}: the MLflow server configuration is missing "
+            "(restore it with: git checkout mlflow/server.toml)"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+    server = raw.get("server")
+    if set(raw) != {"server"} or not isinstance(server, dict):
+        raise ConfigError(f"{where}: expected one [server] table (got {', '.join(raw) or 'none'})")
+    for key, value in server.items():
+        want = _MLFLOW_KEYS.get(key)
+        if want is None:
+            raise ConfigError(
+                f"{where}: unknown key server.{key}; allowed: {', '.join(_MLFLOW_KEYS)}"
+            )
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ConfigError(f"{where}: server.{key} must be a {want.__name__} (got {value!r})")
+    missing = [k for k in ("backend_store_uri", "artifacts_destination") if k not in server]
+    if missing:
+        raise ConfigError(f"{where}: server.{missing[0]} is required")
+    workers = server.get("workers", 1)
+    if workers < 1:
+        raise ConfigError(f"{where}: server.workers must be >= 1 (got {workers})")
+    extra = server.get("extra_args", [])
+    if not all(isinstance(a, str) for a in extra):
+        raise ConfigError(f"{where}: server.extra_args must be a list of strings")
+    own = [a for a in extra if a.split("=")[0] in _MLFLOW_OWN_FLAGS]
+    if own:
+        raise ConfigError(
+            f"{where}: server.extra_args sets {own[0]}, which fedapt sets itself "
+            f"({', '.join(_MLFLOW_OWN_FLAGS)})"
+        )
+    fill = {"home": str(sd / "mlflow"), "bucket": DEFAULT_BUCKET}
+    out: dict[str, Any] = {"workers": workers, "extra_args": list(extra)}
+    for key in ("backend_store_uri", "artifacts_destination"):
+        try:
+            out[key] = server[key].format(**fill)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"{where}: server.{key} has an unknown placeholder {exc}; "
+                f"allowed: {', '.join('{' + k + '}' for k in fill)}"
+            ) from None
+    return out
+
+
+def artifact_bucket(destination: str) -> str | None:
+    """The bucket of an ``s3://bucket/...`` artifact destination (None: not on S3)."""
+    if not destination.startswith("s3://"):
+        return None
+    return destination[len("s3://") :].split("/", 1)[0] or None
 
 
 def port_env_var(name: str) -> str:
@@ -597,7 +667,8 @@ def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tupl
     if name == "s3":
         return _weed_cmd(sd, port), env, sd / "s3"
     bindir = Path(sys.executable).parent
-    if name == "mlflow":
+    if name == "mlflow":  # configured in mlflow/server.toml
+        conf = mlflow_config(sd)
         home = sd / "mlflow"
         home.mkdir(parents=True, exist_ok=True)
         env.update(s3_client_env(records["s3"]["url"]))
@@ -609,11 +680,12 @@ def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tupl
             "--port",
             str(port),
             "--workers",
-            "1",
+            str(conf["workers"]),
             "--backend-store-uri",
-            f"sqlite:///{home / 'mlflow.db'}",
+            conf["backend_store_uri"],
             "--artifacts-destination",
-            f"s3://{DEFAULT_BUCKET}/mlflow",
+            conf["artifacts_destination"],
+            *conf["extra_args"],
         ]
         return cmd, env, home
     if name == "worker":
@@ -735,6 +807,11 @@ def up(
     sd = state_dir(state)
     names = _with_dependencies(_names(services))
     wanted = resolve_ports(ports)
+    buckets = list(buckets)
+    if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
+        bucket = artifact_bucket(mlflow_config(sd)["artifacts_destination"])
+        if bucket and "s3" in names and bucket not in buckets:
+            buckets.append(bucket)  # the artifact store's bucket, on fedapt's S3
     with _locked(sd):
         records = read_state(sd)
         for n in list(records):

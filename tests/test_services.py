@@ -180,6 +180,72 @@ def test_worker_runs_the_pool_of_fedapt_deploy_in_this_checkout(sd, monkeypatch)
         S._command("worker", sd, 4243, records)
 
 
+def test_mlflow_server_is_configured_by_mlflow_server_toml(sd, monkeypatch, tmp_path):
+    """`fedapt up` starts the tracking server from mlflow/server.toml (the repository's, or
+    the file FEDAPT_MLFLOW_CONFIG names)."""
+    records = {"s3": {"url": "http://127.0.0.1:8333"}}
+    cmd, env, cwd = S._command("mlflow", sd, 5055, records)
+    assert cmd[1] == "server" and cwd == sd / "mlflow"
+    assert cmd[cmd.index("--backend-store-uri") + 1] == f"sqlite:///{sd / 'mlflow' / 'mlflow.db'}"
+    assert cmd[cmd.index("--artifacts-destination") + 1] == f"s3://{S.DEFAULT_BUCKET}/mlflow"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "5055"
+    assert env["MLFLOW_S3_ENDPOINT_URL"] == "http://127.0.0.1:8333"
+    own = tmp_path / "server.toml"
+    own.write_text(
+        "[server]\n"
+        'backend_store_uri = "sqlite:///{home}/other.db"\n'
+        'artifacts_destination = "s3://team-bucket/runs"\n'
+        "workers = 2\n"
+        'extra_args = ["--gunicorn-opts", "--timeout 120"]\n'
+    )
+    monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(own))
+    cmd, _, _ = S._command("mlflow", sd, 5055, records)
+    assert cmd[cmd.index("--backend-store-uri") + 1].endswith("mlflow/other.db")
+    assert cmd[cmd.index("--artifacts-destination") + 1] == "s3://team-bucket/runs"
+    assert cmd[cmd.index("--workers") + 1] == "2"
+    assert cmd[-2:] == ["--gunicorn-opts", "--timeout 120"]
+    assert S.artifact_bucket("s3://team-bucket/runs") == "team-bucket"
+    assert S.artifact_bucket("/srv/mlartifacts") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[server]\nbackend = 'x'\n", "unknown key server.backend; allowed: backend_store_uri"),
+        ("[server]\nbackend_store_uri = 1\nartifacts_destination = 'a'\n", "must be a str"),
+        ("[server]\nartifacts_destination = 'a'\n", "server.backend_store_uri is required"),
+        (
+            "[server]\nbackend_store_uri = 'b'\nartifacts_destination = 'a'\n"
+            "extra_args = ['--port=1']\n",
+            "sets --port=1, which fedapt sets itself",
+        ),
+        (
+            "[server]\nbackend_store_uri = '{nowhere}/db'\nartifacts_destination = 'a'\n",
+            "unknown placeholder 'nowhere'",
+        ),
+        ("[server]\nbackend_store_uri = 'b'\nartifacts_destination = 'a'\nworkers = 0\n", ">= 1"),
+        ("[server\n", "not valid TOML"),
+        ("", "expected one \\[server\\] table"),
+    ],
+)
+def test_bad_mlflow_config_is_one_line_before_anything_starts(
+    sd, monkeypatch, tmp_path, text, match
+):
+    bad = tmp_path / "server.toml"
+    bad.write_text(text)
+    monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(bad))
+    with pytest.raises(ConfigError, match=match) as exc:
+        S.up(["mlflow"], state=sd)
+    assert str(bad) in str(exc.value) and "\n" not in str(exc.value)
+    assert S.read_state(sd) == {}  # nothing was started (not even s3)
+
+
+def test_missing_mlflow_config_says_how_to_restore_it(sd, monkeypatch, tmp_path):
+    monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(tmp_path / "absent.toml"))
+    with pytest.raises(ConfigError, match="git checkout mlflow/server.toml"):
+        S.mlflow_config(sd)
+
+
 def test_prefect_server_gets_its_server_settings_not_client_settings(sd, monkeypatch):
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "2")
     monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:1/api")
