@@ -262,9 +262,9 @@ def test_bad_engine_and_unbatchable_objective_are_one_line():
 
 
 def test_a_cohort_that_cannot_fit_stops_before_training(monkeypatch):
-    import fedcore.cohort as cohort
+    from fedcore.cohort import trainer
 
-    monkeypatch.setattr(cohort, "available_memory", lambda device: 1000)
+    monkeypatch.setattr(trainer, "available_memory", lambda device: 1000)
     with pytest.raises(ConfigError, match="one client needs about .* MiB"):
         simulate("cohort", "fedavg", "full", rounds=1)
 
@@ -276,21 +276,21 @@ def test_cached_frozen_features_equal_recomputed_and_sequential(adapter, kind, m
     """head: everything below the classifier is frozen and the input is noise-free, so its
     output per sample is computed once (FeatureCache). Cached, recomputed (cache too large for
     its memory share) and sequential training agree."""
-    import fedcore.cohort as cohort
+    from fedcore.cohort import features
 
     kw = {"kind": kind, "noise": False, "rounds": 3}
     trainers: list = []
-    original = cohort.CohortTrainer._feature_cache
+    original = features.FeatureCaches.features
 
     def spy(self, *a, **k):
         out = original(self, *a, **k)
         trainers.append(out)
         return out
 
-    monkeypatch.setattr(cohort.CohortTrainer, "_feature_cache", spy)
+    monkeypatch.setattr(features.FeatureCaches, "features", spy)
     cached = simulate("cohort", "fedprox", adapter, **kw)
     assert any(c is not None for c in trainers) == (adapter == "head")
-    monkeypatch.setattr(cohort, "FEATURE_CACHE_SHARE", 0.0)
+    monkeypatch.setattr(features, "FEATURE_CACHE_SHARE", 0.0)
     trainers.clear()
     recomputed = simulate("cohort", "fedprox", adapter, **kw)
     assert all(c is None for c in trainers)
@@ -353,21 +353,21 @@ def test_cached_cls_history_for_early_exits(adapter, options, cached, monkeypatc
     """lw_linear/lw_mlp on a frozen encoder: the CLS state after every block is computed once
     per sample (training and test sets); cached, recomputed and sequential runs agree, the
     accuracy at every exit included."""
-    import fedcore.cohort as cohort
+    from fedcore.cohort import features
 
     kw = {"options": options, "noise": False, "rounds": 3}
     built: list = []
-    original = cohort.CohortTrainer._history_cache
+    original = features.FeatureCaches.history
 
     def spy(self, *a, **k):
         out = original(self, *a, **k)
         built.append(out)
         return out
 
-    monkeypatch.setattr(cohort.CohortTrainer, "_history_cache", spy)
+    monkeypatch.setattr(features.FeatureCaches, "history", spy)
     fast = simulate("cohort", "fedir", adapter, **kw)
     assert any(c is not None for c in built) == cached
-    monkeypatch.setattr(cohort, "FEATURE_CACHE_SHARE", 0.0)
+    monkeypatch.setattr(features, "FEATURE_CACHE_SHARE", 0.0)
     built.clear()
     slow = simulate("cohort", "fedir", adapter, **kw)
     assert all(c is None for c in built)
