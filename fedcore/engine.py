@@ -26,7 +26,7 @@ import dataclasses
 import multiprocessing as mp
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,20 +41,27 @@ from fedcore.algorithms.base import (
     FederatedAlgorithm,
     FederationSetup,
 )
-from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
+from fedcore.client import ImageData, LocalConfig
 from fedcore.cohort import CohortClient, CohortTrainer, check_batchable, shared_objective
 from fedcore.device import deterministic
 from fedcore.errors import ConfigError
-from fedcore.events import Callback, ClientRecord, RoundRecord
-from fedcore.exits import begin_client, evaluate_exits, num_exits
+from fedcore.events import Callback, ClientRecord, History, RoundRecord
+from fedcore.jobs import (
+    Context,
+    client_job,
+    eval_job,
+    eval_state,
+    init_worker,
+    worker_client_job,
+    worker_eval_job,
+)
 from fedcore.payload import StateDict
 from fedcore.sampling import CLIENT_STREAM as _CLIENT_STREAM
 from fedcore.sampling import derive_seed, sample_clients
 from fedcore.schedules import LRSchedule
+from fedcore.wire import downloads, restrict
 
 __all__ = ["FederationConfig", "History", "Simulation", "derive_seed", "sample_clients"]
-
-_MESSAGE = "__message__."  # key prefix of server -> client extras inside a download payload
 
 
 @dataclass(frozen=True)
@@ -67,136 +74,6 @@ class FederationConfig:
     eval_every: int = 1  # 0: never evaluate (benchmarks)
     last_rounds: int = 5  # L of "mean accuracy of the last L rounds" (seed 004 §6.1.5)
     seed: int = 0
-
-
-@dataclass
-class History:
-    rounds: list[RoundRecord] = field(default_factory=list)
-    wall_seconds: float = 0.0
-    last_rounds: int = 5
-    stop_reason: str = "rounds"  # or the algorithm's budget that ended the run early
-    base_bytes: int = 0  # one download of the frozen base (0: the whole model travels)
-    base_download_bytes: int = 0  # base_bytes x clients that downloaded it (once each)
-
-    @property
-    def evaluated(self) -> list[RoundRecord]:
-        return [r for r in self.rounds if r.accuracy is not None]
-
-    @property
-    def final_accuracy(self) -> float | None:
-        ev = self.evaluated
-        return ev[-1].accuracy if ev else None
-
-    @property
-    def mean_accuracy_last(self) -> float | None:
-        ev = self.evaluated[-self.last_rounds :]
-        return float(np.mean([r.accuracy for r in ev])) if ev else None
-
-    @property
-    def upload_bytes(self) -> int:
-        return self.rounds[-1].cum_upload_bytes if self.rounds else 0
-
-    @property
-    def download_bytes(self) -> int:
-        return self.rounds[-1].cum_download_bytes if self.rounds else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "final_accuracy": self.final_accuracy,
-            "mean_accuracy_last_L": self.mean_accuracy_last,
-            "last_rounds_L": self.last_rounds,
-            "upload_bytes": self.upload_bytes,
-            "download_bytes": self.download_bytes,
-            "base_bytes": self.base_bytes,
-            "base_download_bytes": self.base_download_bytes,
-            "wall_seconds": self.wall_seconds,
-            "stop_reason": self.stop_reason,
-            "rounds": [r.to_dict() for r in self.rounds],
-        }
-
-
-# ---- the work a client or an evaluator does; runs in this process or in a worker ----------
-
-
-@dataclass
-class _Context:
-    model: nn.Module
-    algorithm: FederatedAlgorithm
-    train: ImageData
-    test: ImageData
-    shards: Sequence[np.ndarray]
-    noise_var: Sequence[float]
-    local: LocalConfig
-    device: str
-
-
-_WORKER: _Context | None = None
-
-
-def _init_worker(model_fn: Callable[[], nn.Module], *args: Any) -> None:
-    global _WORKER
-    torch.set_num_threads(1)
-    _WORKER = _Context(model_fn(), *args)
-
-
-def _client_job(
-    ctx: _Context, task: ClientTask, lr: float, seed: int, download: bytes, held: bytes | None
-) -> tuple[int, bytes, int, int, float, float]:
-    """Decode the download, train locally, encode the upload: the wire on both sides.
-
-    ``held`` is what the client already holds from earlier rounds (FedNILO's frozen layers):
-    it never crosses the wire this round, so its bytes are not counted.
-    """
-    received = payload.decode(download)
-    message = {k[len(_MESSAGE) :]: v for k, v in received.items() if k.startswith(_MESSAGE)}
-    state = {k: v for k, v in received.items() if not k.startswith(_MESSAGE)}
-    if held is not None:
-        merged = {**payload.decode(held), **state}
-        state = {k: merged[k] for k in ctx.model.state_dict()}  # the model's key order
-    own = torch.as_tensor(ctx.shards[task.client_id], dtype=torch.int64)
-    view = ClientView(labels=ctx.train.labels.index_select(0, own), message=message)
-    begin_client(ctx.model, task.client_id, seed)  # early exits: tier, anytime stream
-    res = train_locally(
-        ctx.model,
-        state,
-        ctx.train,
-        task.indices,
-        lr=lr,
-        cfg=ctx.local,
-        seed=seed,
-        noise_var=ctx.noise_var[task.client_id],
-        loss_fn=ctx.algorithm.client_objective(state, view),
-        device=ctx.device,
-        trainable=task.trainable,
-    )
-    out = res.state if task.upload_keys is None else {k: res.state[k] for k in task.upload_keys}
-    upload = payload.encode(out)
-    return task.client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds
-
-
-def _eval_job(
-    ctx: _Context, state_bytes: bytes, indices: np.ndarray
-) -> tuple[int, float, int, tuple[int, ...]]:
-    """(correct, summed loss, samples, correct per early exit: () without exits)."""
-    return _eval_state(ctx, payload.decode(state_bytes), indices)
-
-
-def _eval_state(
-    ctx: _Context, state: StateDict, indices: np.ndarray
-) -> tuple[int, float, int, tuple[int, ...]]:
-    if num_exits(ctx.model):
-        return evaluate_exits(ctx.model, state, ctx.test, indices, device=ctx.device)
-    return (*evaluate(ctx.model, state, ctx.test, indices, device=ctx.device), ())
-
-
-def _worker_client_job(*args: Any) -> tuple[int, bytes, int, int, float, float]:
-    assert _WORKER is not None
-    return _client_job(_WORKER, *args)
-
-
-def _worker_eval_job(*args: Any) -> tuple[int, float, int, tuple[int, ...]]:
-    assert _WORKER is not None
-    return _eval_job(_WORKER, *args)
 
 
 class Simulation:
@@ -273,7 +150,7 @@ class Simulation:
             base = {k: v for k, v in self.global_state.items() if k not in sent}
             self.base_bytes = len(payload.encode(base)) if base else 0
         self._ctx_args = (algorithm, train, test, self.shards, self.noise_var, local, device)
-        self._local_ctx: _Context | None = None
+        self._local_ctx: Context | None = None
         self._pool: cf.ProcessPoolExecutor | None = None
         self._cohort: CohortTrainer | None = None
         # The cohort engine keeps the data and the global model on its device for the run.
@@ -295,12 +172,12 @@ class Simulation:
             self._pool = cf.ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=mp.get_context("spawn"),
-                initializer=_init_worker,
+                initializer=init_worker,
                 initargs=(self.model_fn, *self._ctx_args),
             )
         else:
             model = self.model_fn().to(self.device)
-            self._local_ctx = _Context(model, *self._ctx_args)
+            self._local_ctx = Context(model, *self._ctx_args)
             if self.engine == "cohort":
                 self._cohort = CohortTrainer(
                     model, device=self.device, max_clients=self.cohort_size
@@ -353,10 +230,10 @@ class Simulation:
         if self._cohort is not None:  # in this process, on the device-resident test set
             assert self._local_ctx is not None
             ctx = dataclasses.replace(self._local_ctx, test=self._test_dev)
-            parts = [_eval_state(ctx, self.global_state, c) for c in chunks]
+            parts = [eval_state(ctx, self.global_state, c) for c in chunks]
         else:
             blob = payload.encode(self.global_state)
-            parts = self._map(_eval_job, _worker_eval_job, [(blob, c) for c in chunks])
+            parts = self._map(eval_job, worker_eval_job, [(blob, c) for c in chunks])
         correct = sum(p[0] for p in parts)
         loss = sum(p[1] for p in parts)
         n = sum(p[2] for p in parts)
@@ -393,69 +270,24 @@ class Simulation:
         self._emit("on_fit_end", history)
         return history
 
-    def _restrict(self, task: ClientTask) -> ClientTask:
-        """Narrow a task to the adapter's payload: only it is downloaded, trained, uploaded."""
-        if self.payload_keys is None:
-            return task
-        keys = self.payload_keys
-        sent = set(keys)
-        down = (
-            keys
-            if task.download_keys is None
-            else tuple(k for k in task.download_keys if k in sent)
-        )
-        up = keys if task.upload_keys is None else tuple(k for k in task.upload_keys if k in sent)
-        train = self.trainable
-        if task.trainable is not None:
-            train = task.trainable if train is None else task.trainable & train
-        return dataclasses.replace(task, download_keys=down, trainable=train, upload_keys=up)
-
-    def _downloads(
-        self, tasks: list[ClientTask], encode: bool = True
-    ) -> list[tuple[bytes | None, bytes | None, int]]:
-        """(download, held, download bytes) per task; identical plans share one encoding.
-        ``encode=False`` (the cohort engine, whose clients read the global model in place):
-        no payload, only its size, ``len(encode(...))`` from ``payload.encoded_size``."""
-        cache: dict[tuple, tuple[bytes | None, bytes | None, int]] = {}
-        out = []
-        for t in tasks:
-            key = (t.download_keys, tuple((k, id(v)) for k, v in t.message.items()))
-            if key not in cache:
-                g = self.global_state
-                keys = list(g) if t.download_keys is None else list(t.download_keys)
-                sent = {k: g[k] for k in keys}
-                sent.update({_MESSAGE + k: v for k, v in t.message.items()})
-                if not encode:
-                    cache[key] = (None, None, payload.encoded_size(sent))
-                    out.append(cache[key])
-                    continue
-                held = None
-                if t.download_keys is not None:
-                    sent_keys = set(keys)
-                    held_keys = tuple(k for k in g if k not in sent_keys)
-                    # Under an adapter the held part is the frozen base: encoded once per run.
-                    held = self._base_cache.get(held_keys)
-                    if held is None:
-                        held = payload.encode({k: g[k] for k in held_keys})
-                        if self.payload_keys is not None:
-                            self._base_cache[held_keys] = held
-                blob = payload.encode(sent)
-                cache[key] = (blob, held, len(blob))
-            out.append(cache[key])
-        return out
-
     def _round(self, r: int, cum_down: int, cum_up: int) -> RoundRecord:
         t0 = time.perf_counter()
         lr = self.schedule.at(r)
         clients = self.algorithm.select_clients(self.cfg, [len(s) for s in self.shards], r)
         self._emit("on_round_start", r, clients, lr)
         tasks = [
-            self._restrict(t)
+            restrict(t, self.payload_keys, self.trainable)
             for t in self.algorithm.plan_round(r, clients, self.shards, self.cfg.seed)
         ]
         if self.payload_keys is not None:
             self._base_holders.update(t.client_id for t in tasks)  # first time: base download
-        payloads = self._downloads(tasks, encode=self._cohort is None)
+        payloads = downloads(
+            self.global_state,
+            tasks,
+            encode=self._cohort is None,
+            # the frozen base of an adapter never changes: encoded once per run
+            base_cache=self._base_cache if self.payload_keys is not None else None,
+        )
         jobs = [
             (t, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, t.client_id, slot), blob, held)
             for slot, (t, (blob, held, _)) in enumerate(zip(tasks, payloads, strict=True))
@@ -466,7 +298,7 @@ class Simulation:
             results = [
                 (cid, payload.decode(upload), len(upload), n, steps, loss, secs)
                 for cid, upload, n, steps, loss, secs in self._map(
-                    _client_job, _worker_client_job, jobs
+                    client_job, worker_client_job, jobs
                 )
             ]
         updates: list[ClientUpdate] = []
@@ -525,7 +357,7 @@ class Simulation:
         self, tasks: list[ClientTask], lr: float, seeds: list[int]
     ) -> list[tuple[int, StateDict, int, int, int, float, float]]:
         """The round's clients trained as cohorts: (client, upload, upload bytes, samples,
-        steps, loss, seconds) per task, in task order, as ``_client_job`` would return them.
+        steps, loss, seconds) per task, in task order, as ``client_job`` would return them.
 
         Every client starts from the global model (what it downloads plus what it holds is
         the global state), so a cohort shares one start state. Clients with a different plan

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ClientRecord:
@@ -43,6 +45,52 @@ class RoundRecord:
         d = asdict(self)
         d["clients"] = list(self.clients)
         return d
+
+
+@dataclass
+class History:
+    rounds: list[RoundRecord] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    last_rounds: int = 5
+    stop_reason: str = "rounds"  # or the algorithm's budget that ended the run early
+    base_bytes: int = 0  # one download of the frozen base (0: the whole model travels)
+    base_download_bytes: int = 0  # base_bytes x clients that downloaded it (once each)
+
+    @property
+    def evaluated(self) -> list[RoundRecord]:
+        return [r for r in self.rounds if r.accuracy is not None]
+
+    @property
+    def final_accuracy(self) -> float | None:
+        ev = self.evaluated
+        return ev[-1].accuracy if ev else None
+
+    @property
+    def mean_accuracy_last(self) -> float | None:
+        ev = self.evaluated[-self.last_rounds :]
+        return float(np.mean([r.accuracy for r in ev])) if ev else None
+
+    @property
+    def upload_bytes(self) -> int:
+        return self.rounds[-1].cum_upload_bytes if self.rounds else 0
+
+    @property
+    def download_bytes(self) -> int:
+        return self.rounds[-1].cum_download_bytes if self.rounds else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "final_accuracy": self.final_accuracy,
+            "mean_accuracy_last_L": self.mean_accuracy_last,
+            "last_rounds_L": self.last_rounds,
+            "upload_bytes": self.upload_bytes,
+            "download_bytes": self.download_bytes,
+            "base_bytes": self.base_bytes,
+            "base_download_bytes": self.base_download_bytes,
+            "wall_seconds": self.wall_seconds,
+            "stop_reason": self.stop_reason,
+            "rounds": [r.to_dict() for r in self.rounds],
+        }
 
 
 class Callback:

@@ -1,0 +1,72 @@
+"""What travels each round: a task narrowed to the adapter's payload, and the downloads.
+
+A download is the global model's entries a task names (all of them by default) plus the
+server's message to the client (``MESSAGE``-prefixed keys); what the client already holds
+(FedNILO's frozen layers, an adapter's frozen base) is not sent again and not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedcore import payload
+from fedcore.algorithms.base import ClientTask
+from fedcore.payload import StateDict
+
+MESSAGE = "__message__."  # key prefix of server -> client extras inside a download payload
+
+
+def restrict(
+    task: ClientTask, payload_keys: tuple[str, ...] | None, trainable: frozenset[str] | None
+) -> ClientTask:
+    """Narrow a task to the adapter's payload: only it is downloaded, trained, uploaded."""
+    if payload_keys is None:
+        return task
+    keys = payload_keys
+    sent = set(keys)
+    down = keys if task.download_keys is None else tuple(k for k in task.download_keys if k in sent)
+    up = keys if task.upload_keys is None else tuple(k for k in task.upload_keys if k in sent)
+    train = trainable
+    if task.trainable is not None:
+        train = task.trainable if train is None else task.trainable & train
+    return dataclasses.replace(task, download_keys=down, trainable=train, upload_keys=up)
+
+
+def downloads(
+    global_state: StateDict,
+    tasks: list[ClientTask],
+    *,
+    encode: bool = True,
+    base_cache: dict[tuple[str, ...], bytes] | None = None,
+) -> list[tuple[bytes | None, bytes | None, int]]:
+    """(download, held, download bytes) per task; identical plans share one encoding.
+    ``encode=False`` (the cohort engine, whose clients read the global model in place):
+    no payload, only its size, ``len(encode(...))`` from ``payload.encoded_size``.
+    ``base_cache``: the frozen base's encodings under an adapter (they never change)."""
+    cache: dict[tuple, tuple[bytes | None, bytes | None, int]] = {}
+    out = []
+    for t in tasks:
+        key = (t.download_keys, tuple((k, id(v)) for k, v in t.message.items()))
+        if key not in cache:
+            g = global_state
+            keys = list(g) if t.download_keys is None else list(t.download_keys)
+            sent = {k: g[k] for k in keys}
+            sent.update({MESSAGE + k: v for k, v in t.message.items()})
+            if not encode:
+                cache[key] = (None, None, payload.encoded_size(sent))
+                out.append(cache[key])
+                continue
+            held = None
+            if t.download_keys is not None:
+                sent_keys = set(keys)
+                held_keys = tuple(k for k in g if k not in sent_keys)
+                # Under an adapter the held part is the frozen base: encoded once per run.
+                held = None if base_cache is None else base_cache.get(held_keys)
+                if held is None:
+                    held = payload.encode({k: g[k] for k in held_keys})
+                    if base_cache is not None:
+                        base_cache[held_keys] = held
+            blob = payload.encode(sent)
+            cache[key] = (blob, held, len(blob))
+        out.append(cache[key])
+    return out
