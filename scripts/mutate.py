@@ -48,6 +48,7 @@ TARGETS: dict[str, list[str]] = {
     "fedcore/algorithms/fedprox.py": ["test_algorithms"],
     "fedcore/algorithms/fedvc.py": ["test_algorithms_data"],
     "fedcore/partition.py": ["test_pinned_edges", "test_partition", "test_pinned_core"],
+    "fedcore/manifest.py": ["test_partition", "test_validate"],
     "fedcore/payload.py": ["test_engine", "test_pinned_core", "test_algorithms_fednilo"],
     "fedcore/schedules.py": ["test_pinned_core", "test_engine", "test_config"],
     "models/adapters/residual.py": ["test_pinned_edges", "test_adapters"],

@@ -16,13 +16,10 @@ from fedcore.client import ImageData
 from fedcore.datasets import ArrayDataset, load_dataset
 from fedcore.errors import ConfigError
 from fedcore.inputs import ModelInput
+from fedcore.manifest import partition_stats, read_manifest, write_manifest, write_stats
 from fedcore.partition import (
     Partition,
     make_partition,
-    partition_stats,
-    read_manifest,
-    write_manifest,
-    write_stats,
 )
 from fedcore.text import TextData, TextDataset, tokenize
 from tasks.config import Params

@@ -14,16 +14,13 @@ import numpy as np
 import pytest
 
 from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.manifest import partition_stats, read_manifest, write_manifest, write_stats
 from fedcore.partition import (
     Partition,
     client_sizes,
     list_partitioners,
     make_partition,
-    partition_stats,
-    read_manifest,
     scheme_options,
-    write_manifest,
-    write_stats,
 )
 
 LABELS = np.repeat(np.arange(10), 600)  # 6,000 samples, class k at indices 600k .. 600k+599

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from fedcore.partition import make_partition, partition_stats, write_manifest, write_stats
+from fedcore.manifest import partition_stats, write_manifest, write_stats
+from fedcore.partition import make_partition
 from tasks.validate import ShardValidationError, validate_partition
 
 LABELS = np.repeat(np.arange(10), 100)
