@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/pipeline_overhead.json"))
     args = ap.parse_args()
 
-    from tasks import services
+    from flows import services
 
     work = Path(tempfile.mkdtemp(prefix="fedapt-bench-"))
     state = work / "state"

@@ -40,6 +40,7 @@ from fedcore.algorithms.base import (
     ClientView,
     FederatedAlgorithm,
     FederationSetup,
+    RunSpec,
 )
 from fedcore.client import ImageData, LocalConfig
 from fedcore.cohort import CohortClient, CohortTrainer, check_batchable, shared_objective
@@ -137,12 +138,10 @@ class Simulation:
         self.base_bytes = 0
         self._base_holders: set[int] = set()
         self._base_cache: dict[tuple[str, ...], bytes] = {}
+        # The algorithm's own rules (FedNILO: the whole model only; FedNova: SGD only).
+        adapter = "full" if self.payload_keys is None else "adapter"
+        algorithm.check(RunSpec(adapter=adapter, optimizer=local.optimizer))
         if self.payload_keys is not None:
-            if getattr(algorithm, "whole_model_only", False):
-                raise ConfigError(
-                    f"{algorithm.name} freezes layers of the whole model and runs only with "
-                    "adapter method 'full'"
-                )
             missing = sorted(set(self.payload_keys) - set(self.global_state))
             if missing:
                 raise ConfigError(f"payload keys not in the model: {', '.join(missing[:4])}")

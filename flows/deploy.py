@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedcore.errors import ConfigError
-from tasks import services
+from flows import services
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/experiment.py:experiment_flow"

@@ -22,9 +22,9 @@ from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.partition import list_partitioners, scheme_options
+from flows import services
 from models import list_models
 from models.adapters import check_adapter, get_adapter
-from tasks import services
 from tasks.config import Params, experiment_dir, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
 from tasks.pretrain import log_base_task, pretrain_task, source_split
@@ -49,17 +49,12 @@ def check_names(params: Params) -> None:
         raise UnknownNameError("model", params.model.name, list_models())
     for algorithm in params.grid.algorithms:
         build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
-        if algorithm == "fednova" and params.client.optimizer != "sgd":
-            raise ConfigError(
-                "fednova normalises by local SGD steps (seed 004): it needs client.optimizer "
-                f"sgd, not {params.client.optimizer}"
-            )
     for adapter, options in params.grid.adapter_options.items():
         get_adapter(adapter, options)  # unknown method, option or value -> one line
     for adapter in params.grid.adapters:
         check_adapter(adapter)
         for algorithm in params.grid.algorithms:
-            check_cell(algorithm, adapter)  # e.g. fednilo runs with adapter full only
+            check_cell(params, algorithm, adapter)  # the algorithm's own rules (check hook)
     resolve_device(params.runtime.device)
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
     scheme_options(params.partition.scheme)  # unknown scheme -> the valid names

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
 from fedcore import payload
-from fedcore.algorithms import ALGORITHMS, build_algorithm
+from fedcore.algorithms import RunSpec, build_algorithm
 from fedcore.client import LocalConfig
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
@@ -78,14 +78,11 @@ def require_base(params: Params, base_path: str | Path | None) -> str | None:
     return str(path)
 
 
-def check_cell(algorithm: str, adapter: str) -> None:
-    """A grid cell whose algorithm and adapter method cannot run together -> one line."""
+def check_cell(params: Params, algorithm: str, adapter: str) -> None:
+    """A grid cell the algorithm refuses (its ``check`` hook) -> one line, before any data."""
     check_adapter(adapter)
-    if adapter != "full" and ALGORITHMS[algorithm].whole_model_only:
-        raise ConfigError(
-            f"grid cell {algorithm}/{adapter}: {algorithm} freezes layers of the whole model and "
-            f"runs only with adapter 'full'; run it in a grid with grid.adapters: [full]"
-        )
+    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+    algo.check(RunSpec(adapter=adapter, optimizer=params.client.optimizer))
 
 
 def cell_name(algorithm: str, adapter: str) -> str:

@@ -304,7 +304,10 @@ def test_every_algorithm_runs_on_the_residual_payload(algorithm):
         trainable=m.trainable_keys(model),
     )
     if algorithm == "fednilo":
-        with pytest.raises(ConfigError, match="runs only with adapter method 'full'"):
+        with pytest.raises(
+            ConfigError,
+            match="fednilo freezes layers of the whole model and runs only with adapter 'full'",
+        ):
             Simulation(**kwargs)
         return
     sim = Simulation(**kwargs)
@@ -319,12 +322,14 @@ def test_every_algorithm_runs_on_the_residual_payload(algorithm):
 
 
 def test_fednilo_with_an_adapter_is_a_config_error_before_training():
+    from tasks.config import Params
     from tasks.train import check_cell
 
-    check_cell("fednilo", "full")
-    check_cell("fedprox", "residual")
+    p = Params()
+    check_cell(p, "fednilo", "full")
+    check_cell(p, "fedprox", "residual")
     with pytest.raises(ConfigError, match="grid cell fednilo/residual: fednilo freezes"):
-        check_cell("fednilo", "residual")
+        check_cell(p, "fednilo", "residual")
 
 
 def test_adapter_runs_are_deterministic():

@@ -25,8 +25,8 @@ def sh(*cmd: str, cwd: Path) -> str:
 
 @pytest.mark.slow
 def test_dvc_push_pull_round_trip(tmp_path, monkeypatch):
+    from flows import services
     from flows.cli.services import configure_dvc_remote
-    from tasks import services
 
     for var in services.USER_S3_VARS:
         monkeypatch.delenv(var, raising=False)

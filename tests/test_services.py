@@ -1,4 +1,4 @@
-"""Local services (tasks/services.py): fast tests of the bookkeeping, slow tests with the real
+"""Local services (flows/services/): fast tests of the bookkeeping, slow tests with the real
 SeaweedFS, MLflow and Prefect servers (each started once, stopped in a finally)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from fedcore.errors import ConfigError, FedaptError
-from tasks import services as S
+from flows import services as S
+from flows.services import clients, config, procs, supervisor
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -30,7 +31,8 @@ def no_spawn(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a server process was started")
 
-    monkeypatch.setattr(S, "_spawn", fail)
+    for module in (supervisor, clients):  # where up and embedded_s3 look _spawn up
+        monkeypatch.setattr(module, "_spawn", fail)
 
 
 @pytest.fixture
@@ -73,7 +75,7 @@ def _gone(pid: int) -> bool:
         os.killpg(pid, 0)
     except ProcessLookupError:
         return True
-    return not S._any_member_alive(pid)
+    return not procs._any_member_alive(pid)
 
 
 # ----------------------------------------------------------------------------- fast tests
@@ -163,7 +165,7 @@ def test_worker_runs_the_pool_of_fedapt_deploy_in_this_checkout(sd, monkeypatch)
     monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")
     monkeypatch.setenv("FEDAPT_WORKER_LIMIT", "2")
     records = {"prefect": {"api_url": "http://127.0.0.1:4242/api"}}
-    cmd, env, cwd = S._command("worker", sd, 4243, records)
+    cmd, env, cwd = supervisor._command("worker", sd, 4243, records)
     assert cmd[1:3] == ["worker", "start"]
     assert cmd[cmd.index("--pool") + 1] == S.WORK_POOL
     assert cmd[cmd.index("--type") + 1] == "process"
@@ -177,14 +179,14 @@ def test_worker_runs_the_pool_of_fedapt_deploy_in_this_checkout(sd, monkeypatch)
     assert env["MLFLOW_TRACKING_URI"] == "sqlite:////tmp/x.db"
     monkeypatch.setenv("FEDAPT_WORKER_LIMIT", "0")
     with pytest.raises(ConfigError, match="FEDAPT_WORKER_LIMIT"):
-        S._command("worker", sd, 4243, records)
+        supervisor._command("worker", sd, 4243, records)
 
 
 def test_mlflow_server_is_configured_by_mlflow_server_toml(sd, monkeypatch, tmp_path):
     """`fedapt up` starts the tracking server from mlflow/server.toml (the repository's, or
     the file FEDAPT_MLFLOW_CONFIG names)."""
     records = {"s3": {"url": "http://127.0.0.1:8333"}}
-    cmd, env, cwd = S._command("mlflow", sd, 5055, records)
+    cmd, env, cwd = supervisor._command("mlflow", sd, 5055, records)
     assert cmd[1] == "server" and cwd == sd / "mlflow"
     assert cmd[cmd.index("--backend-store-uri") + 1] == f"sqlite:///{sd / 'mlflow' / 'mlflow.db'}"
     assert cmd[cmd.index("--artifacts-destination") + 1] == f"s3://{S.DEFAULT_BUCKET}/mlflow"
@@ -199,7 +201,7 @@ def test_mlflow_server_is_configured_by_mlflow_server_toml(sd, monkeypatch, tmp_
         'extra_args = ["--gunicorn-opts", "--timeout 120"]\n'
     )
     monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(own))
-    cmd, _, _ = S._command("mlflow", sd, 5055, records)
+    cmd, _, _ = supervisor._command("mlflow", sd, 5055, records)
     assert cmd[cmd.index("--backend-store-uri") + 1].endswith("mlflow/other.db")
     assert cmd[cmd.index("--artifacts-destination") + 1] == "s3://team-bucket/runs"
     assert cmd[cmd.index("--workers") + 1] == "2"
@@ -250,7 +252,7 @@ def test_prefect_server_gets_its_server_settings_not_client_settings(sd, monkeyp
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "2")
     monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:1/api")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/x.db")
-    cmd, env, _ = S._command("prefect", sd, 4242, {})
+    cmd, env, _ = supervisor._command("prefect", sd, 4242, {})
     assert cmd[1:3] == ["server", "start"]
     assert env["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] == "2"
     assert "PREFECT_API_URL" not in env and "MLFLOW_TRACKING_URI" not in env
@@ -275,7 +277,7 @@ def test_state_file_is_written_atomically(sd, monkeypatch):
         fh.write('{"services": {"s3": ')  # half written, then the writer dies
         raise OSError("disk full")
 
-    monkeypatch.setattr(S.json, "dump", broken_dump)
+    monkeypatch.setattr(procs.json, "dump", broken_dump)
     with pytest.raises(OSError, match="disk full"):
         S.write_state(sd, {"s3": _record("s3", 456)})
     monkeypatch.undo()
@@ -297,7 +299,7 @@ def _healthy(monkeypatch, names=("s3", "mlflow", "prefect")):
             for n in S.SERVICES
         }
 
-    monkeypatch.setattr(S, "status", fake_status)
+    monkeypatch.setattr(clients, "status", fake_status)  # env_for_clients looks it up
 
 
 def test_env_for_clients_gives_what_is_up(monkeypatch):
@@ -343,9 +345,9 @@ def test_run_environment_applies_and_restores(monkeypatch):
 def test_server_that_dies_reports_service_and_log(tmp_path):
     log = tmp_path / "logs" / "mlflow.log"
     cmd = [sys.executable, "-c", "import sys; print('Error: no such option --wrong'); sys.exit(3)"]
-    pid = S._spawn(cmd, os.environ, tmp_path, log)
+    pid = procs._spawn(cmd, os.environ, tmp_path, log)
     with pytest.raises(S.ServiceError) as info:
-        S._wait_healthy("mlflow", pid, S.free_port(), log, time.monotonic() + 30)
+        supervisor._wait_healthy("mlflow", pid, S.free_port(), log, time.monotonic() + 30)
     msg = str(info.value)
     assert "\n" not in msg
     assert msg.startswith("mlflow exited during start (code 3)")
@@ -355,34 +357,34 @@ def test_server_that_dies_reports_service_and_log(tmp_path):
 
 def test_server_that_never_answers_is_stopped(tmp_path):
     log = tmp_path / "prefect.log"
-    pid = S._spawn(
+    pid = procs._spawn(
         [sys.executable, "-c", "import time; time.sleep(120)"], os.environ, tmp_path, log
     )
     try:
         with pytest.raises(S.ServiceError, match=r"prefect did not answer .*/api/health in time"):
-            S._wait_healthy("prefect", pid, S.free_port(), log, time.monotonic() + 1.0)
+            supervisor._wait_healthy("prefect", pid, S.free_port(), log, time.monotonic() + 1.0)
         assert _gone(pid)
     finally:
-        S._signal_group(pid, signal.SIGKILL)
+        procs._signal_group(pid, signal.SIGKILL)
 
 
 def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path):
     script = "trap '' TERM; sleep 120 & sleep 120"  # ignores SIGTERM, has a child
-    pid = S._spawn(["sh", "-c", script], os.environ, tmp_path, tmp_path / "x.log")
+    pid = procs._spawn(["sh", "-c", script], os.environ, tmp_path, tmp_path / "x.log")
     try:
         time.sleep(0.3)
         t = time.monotonic()
-        S._terminate(pid, timeout=0.5)
+        procs._terminate(pid, timeout=0.5)
         assert time.monotonic() - t < 5
         assert _gone(pid)
     finally:
-        S._signal_group(pid, signal.SIGKILL)
+        procs._signal_group(pid, signal.SIGKILL)
 
 
 def test_credentials_stay_out_of_reprs():
     info = S.EmbeddedS3("http://127.0.0.1:1", S.s3_client_env("http://127.0.0.1:1"), True, 1)
-    assert S._S3_SECRET_KEY not in repr(info) and S._S3_ACCESS_KEY not in repr(info)
-    assert S._S3_SECRET_KEY not in repr(S.ServiceStatus("s3", "running", True, 1, 1, "u"))
+    assert config._S3_SECRET_KEY not in repr(info) and config._S3_ACCESS_KEY not in repr(info)
+    assert config._S3_SECRET_KEY not in repr(S.ServiceStatus("s3", "running", True, 1, 1, "u"))
 
 
 # ----------------------------------------------------------------------------- slow tests
@@ -445,7 +447,7 @@ def test_up_status_mlflow_artifact_in_seaweedfs_down(sd, monkeypatch):
         print(f"down: {time.monotonic() - t:.1f} s")
         for pid in pids:
             if not _gone(pid):
-                S._signal_group(pid, signal.SIGKILL)
+                procs._signal_group(pid, signal.SIGKILL)
     assert all(s.state == "stopped" for s in stopped.values())
     assert all(_gone(pid) for pid in pids)
     assert S.read_state(sd) == {}
@@ -476,7 +478,7 @@ def test_embedded_s3_round_trip_and_cleanup(sd, monkeypatch):
         assert _gone(pid)
     finally:
         if pid and not _gone(pid):
-            S._signal_group(pid, signal.SIGKILL)
+            procs._signal_group(pid, signal.SIGKILL)
 
 
 def _tree(base: Path) -> Path:

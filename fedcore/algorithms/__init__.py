@@ -12,6 +12,7 @@ from fedcore.algorithms.base import (
     FedAvg,
     FederatedAlgorithm,
     FederationSetup,
+    RunSpec,
 )
 from fedcore.algorithms.fedir import FedIR
 from fedcore.algorithms.fednilo import FedNILO
@@ -71,6 +72,7 @@ __all__ = [
     "FedAvg",
     "FederatedAlgorithm",
     "FederationSetup",
+    "RunSpec",
     "algorithm_options",
     "build_algorithm",
     "list_algorithms",

@@ -82,6 +82,17 @@ class FederationSetup:
 
 
 @dataclass(frozen=True)
+class RunSpec:
+    """What an algorithm may refuse to run with, known before any data is loaded: the
+    adapter method of the cell (``full``: the whole model trains and travels) and the
+    clients' optimiser. Preflight and the Simulation both ask :meth:`FederatedAlgorithm.check`.
+    """
+
+    adapter: str = "full"
+    optimizer: str = "sgd"
+
+
+@dataclass(frozen=True)
 class FederatedAlgorithm:
     """FedAvg; subclasses override the hooks that differ."""
 
@@ -89,6 +100,16 @@ class FederatedAlgorithm:
     # True for an algorithm that decides itself which layers train and travel (FedNILO):
     # it cannot run with an adapter method other than "full".
     whole_model_only: ClassVar[bool] = False
+
+    def check(self, run: RunSpec) -> None:
+        """Raise a one-line ConfigError when this algorithm cannot run ``run``; each algorithm
+        owns its rules (FedNILO: the whole model only; FedNova: SGD only)."""
+        if self.whole_model_only and run.adapter != "full":
+            raise ConfigError(
+                f"grid cell {self.name}/{run.adapter}: {self.name} freezes layers of the whole "
+                f"model and runs only with adapter 'full'; run it in a grid with "
+                "grid.adapters: [full]"
+            )
 
     # ---- server state (main process only) -----------------------------------------------
     @property

@@ -14,13 +14,22 @@ from typing import ClassVar
 import numpy as np
 
 from fedcore.aggregate import normalized_average, normalized_weights, sgd_normalizer
-from fedcore.algorithms.base import ClientUpdate, FederatedAlgorithm, FederationSetup
+from fedcore.algorithms.base import ClientUpdate, FederatedAlgorithm, FederationSetup, RunSpec
+from fedcore.errors import ConfigError
 from fedcore.payload import StateDict
 
 
 @dataclass(frozen=True)
 class FedNova(FederatedAlgorithm):
     name: ClassVar[str] = "fednova"
+
+    def check(self, run: RunSpec) -> None:
+        super().check(run)
+        if run.optimizer != "sgd":  # a_i counts SGD steps; AdamW's are not comparable
+            raise ConfigError(
+                "fednova normalises by local SGD steps (seed 004): it needs client.optimizer "
+                f"sgd, not {run.optimizer}"
+            )
 
     def setup(self, fed: FederationSetup) -> None:
         super().setup(fed)

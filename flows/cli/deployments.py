@@ -29,7 +29,7 @@ def deploy(
 
     def body() -> None:
         from flows.deploy import check_cron, check_pool_type
-        from tasks.services import WORK_POOL
+        from flows.services import WORK_POOL
 
         pool = work_pool or WORK_POOL
         from flows.deploy import deploy as do_deploy

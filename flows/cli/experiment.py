@@ -35,7 +35,7 @@ def run(
     """Run the experiment grid in params.yaml and print the results table."""
 
     def body() -> None:
-        from tasks import services
+        from flows import services
 
         extra = []
         if device is not None:

