@@ -51,14 +51,9 @@ def main() -> None:
         os.environ.update(env)  # before Prefect is imported: it reads its settings once
         t = time.perf_counter()
         import flows.experiment as fx
-        from fedcore.algorithms import build_algorithm
-        from fedcore.client import LocalConfig
-        from fedcore.device import resolve_device, resolve_workers
-        from fedcore.engine import FederationConfig, Simulation
-        from fedcore.schedules import LRSchedule
+        from tasks.cell import build_simulation
         from tasks.config import load_params
-        from tasks.data import build_partition, load_experiment_data, shards_of
-        from tasks.train import clients_per_round, model_factory
+        from tasks.data import build_partition, load_experiment_data
 
         import_seconds = time.perf_counter() - t
         p = load_params(
@@ -74,39 +69,15 @@ def main() -> None:
         # 1. the full pipeline: Prefect flow on the Prefect server, validation, MLflow server
         #    tracking and registry (artifacts in S3), outputs uploaded to S3.
         t = time.perf_counter()
-        records = fx.experiment_flow(params=p.model_dump(mode="json"))
+        records = fx.experiment_flow(params=p)
         pipeline_seconds = time.perf_counter() - t
 
         # 2. the same training through the engine alone: same data, partition, model, seed.
         t = time.perf_counter()
         data = load_experiment_data(p)
         part = build_partition(p, data)
-        device = resolve_device(p.runtime.device)
-        c, s, m = p.client, p.lr_schedule, clients_per_round(p)
-        sim = Simulation(
-            model_fn=model_factory(p, data),
-            algorithm=build_algorithm("fedavg"),
-            train=data.image_data("train"),
-            test=data.image_data("test"),
-            shards=shards_of(part),
-            noise_var=part.noise_var,
-            local=LocalConfig(
-                c.local_epochs, c.batch_size, c.momentum, c.weight_decay, c.max_steps
-            ),
-            lr_schedule=LRSchedule(
-                kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
-            ),
-            federation=FederationConfig(
-                rounds=p.federation.rounds,
-                clients_per_round=m,
-                sampling=p.federation.sampling,
-                eval_every=p.federation.eval_every,
-                last_rounds=p.federation.last_rounds,
-                seed=p.experiment.seed,
-            ),
-            workers=resolve_workers(p.runtime.workers, device, m),
-            device=device,
-        )
+        # the cell exactly as the flow's training task configures it (tasks.cell)
+        sim = build_simulation(p, data, part, "fedavg", "full").sim
         history = sim.run()
         engine_seconds = time.perf_counter() - t
     finally:

@@ -25,6 +25,7 @@ from fedcore.partition import list_partitioners, scheme_options
 from flows import services
 from models import list_models
 from models.adapters import check_adapter, get_adapter
+from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
 from tasks.pretrain import log_base_task, pretrain_task, source_split
@@ -37,7 +38,7 @@ from tasks.report import (
 )
 from tasks.storage import ensure_bucket
 from tasks.tracking import check_tracking_server
-from tasks.train import check_cell, model_factory, train_task
+from tasks.train import train_task
 from tasks.validate import validate_task
 
 
@@ -127,64 +128,65 @@ def grid_task_runner(params: Params) -> Any:
     )
 
 
-def cell_spec(params: Params) -> dict[str, Any]:
+def cell_params(params: Params) -> Params:
     """The params each training task gets. On a LocalCluster the cells share this machine's
     cores, so ``workers: auto`` becomes an equal share per Dask worker (results do not depend
     on it: clients always train single-threaded)."""
-    spec = params.model_dump(mode="json")
     rt = params.runtime
     if rt.task_runner == "dask" and not rt.dask_address and rt.workers == "auto":
         share = (os.cpu_count() or 1) // rt.dask_workers
-        spec["runtime"]["workers"] = share if share > 1 else 0
-    return spec
+        runtime = rt.model_copy(update={"workers": share if share > 1 else 0})
+        return params.model_copy(update={"runtime": runtime})
+    return params
 
 
 @flow(name="fedapt-train-grid")
 def train_grid_flow(
-    spec: dict[str, Any],
+    params: Params,
     partition_dir: str,
     runs_dir: str,
     parent_run_id: str | None = None,
     base_path: str | None = None,
 ) -> list[dict[str, Any]]:
     """One training task per (algorithm, adapter) cell, on the configured task runner."""
-    p = Params.model_validate(spec)
     futures = [
         train_task.submit(
-            spec, partition_dir, algorithm, adapter, runs_dir, parent_run_id, base_path
+            params, partition_dir, algorithm, adapter, runs_dir, parent_run_id, base_path
         )
-        for algorithm in p.grid.algorithms
-        for adapter in p.grid.adapters
+        for algorithm in params.grid.algorithms
+        for adapter in params.grid.adapters
     ]
     return [f.result() for f in futures]  # in grid order, whatever order they finish in
 
 
 @flow(name="fedapt-experiment", task_runner=ThreadPoolTaskRunner(max_workers=1))
 def experiment_flow(
-    params: dict[str, Any] | None = None,
+    params: Params | None = None,
     params_file: str = "params.yaml",
     overrides: list[str] | None = None,
     partition_dir: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the experiment grid of params.yaml (or of ``params``) and write its summary."""
-    p = Params.model_validate(params) if params is not None else load_params(params_file, overrides)
+    """Run the experiment grid of params.yaml (or of ``params``) and write its summary.
+
+    Parameters are typed once (``tasks.config``): a deployment's JSON ``params`` become a
+    ``Params`` through Prefect's validation, and every task receives that object."""
+    p = params if params is not None else load_params(params_file, overrides)
     # Deployment runs get the same environment as `fedapt run`: the services that are up,
     # else an embedded S3 for the outputs (a no-op when the CLI already set it up).
     with services.run_environment(need_s3=bool(p.storage.bucket)):
-        spec = p.model_dump(mode="json")
         out = experiment_dir(p)
         parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
-        part_dir = partition_dir or partition_task(spec, str(out / "partition"))
+        part_dir = partition_dir or partition_task(p, str(out / "partition"))
         num_classes = get_dataset_info(p.data.dataset).num_classes
         validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
         base = None
         if p.model.base == "pretrain":  # the frozen base, trained once and reused (cached)
-            base = pretrain_task(spec, str(out / "pretrain"))
+            base = pretrain_task(p, str(out / "pretrain"))
             if parent is not None:
                 log_base_task(parent, base)
         grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
-        records = grid(cell_spec(p), part_dir, str(out / "runs"), parent, base)
-        summary_task(spec, records, str(out / "summary.json"), str(out / "runs"))
+        records = grid(cell_params(p), part_dir, str(out / "runs"), parent, base)
+        summary_task(p, records, str(out / "summary.json"), str(out / "runs"))
         if p.storage.bucket:
             prefix = f"{p.storage.prefix}/{p.experiment.name}"
             upload_task(str(out), p.storage.bucket, prefix)

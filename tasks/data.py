@@ -164,9 +164,8 @@ def load_partition(partition_dir: str | Path) -> Partition:
 
 
 @task(name="partition", cache_policy=NO_CACHE)
-def partition_task(spec: dict, out_dir: str) -> str:
+def partition_task(params: Params, out_dir: str) -> str:
     """Partition the training data into client shards; write manifest.csv + stats.json."""
-    params = Params.model_validate(spec)
     data = load_experiment_data(params)
     write_partition(params, data, build_partition(params, data), out_dir)
     return out_dir

@@ -219,9 +219,8 @@ def cached_card(params: Params, out: Path) -> dict[str, Any] | None:
 
 
 @task(name="pretrain", cache_policy=NO_CACHE, retries=0)
-def pretrain_task(spec: dict, out_dir: str) -> str:
+def pretrain_task(params: Params, out_dir: str) -> str:
     """Train (or reuse) the frozen base on the pretrain source; returns the base.pt path."""
-    params = Params.model_validate(spec)
     run_pretrain(params, out_dir, reuse=True)
     return str(Path(out_dir) / BASE_FILE)
 

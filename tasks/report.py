@@ -108,10 +108,9 @@ def write_report(
 
 @task(name="summary", cache_policy=NO_CACHE)
 def summary_task(
-    spec: dict[str, Any], records: list[dict[str, Any]], path: str, runs_dir: str
+    params: Params, records: list[dict[str, Any]], path: str, runs_dir: str
 ) -> list[str]:
     """Write summary.json and the communication-cost report (comm_cost.md/.json) beside it."""
-    params = Params.model_validate(spec)
     summary = write_summary(params, records, path)
     return [summary, *map(str, write_comm_cost(params, runs_dir, Path(path).parent))]
 

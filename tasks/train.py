@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
 import os
 import platform
@@ -17,76 +16,22 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
 from fedcore import payload
-from fedcore.algorithms import RunSpec, build_algorithm
 from fedcore.client import LocalConfig
-from fedcore.cohort import resolve_engine
-from fedcore.device import resolve_device, resolve_workers
-from fedcore.engine import FederationConfig, History, Simulation
-from fedcore.errors import ConfigError
+from fedcore.engine import History, Simulation
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, summarize
-from fedcore.schedules import LRSchedule
-from models.adapters import check_adapter, get_adapter
+from models.adapters import get_adapter
 from models.serving import ImageServing
 from tasks import tracking
-from tasks.backbone import backbone_options, build_backbone, model_input
+from tasks.backbone import model_input
+from tasks.cell import build_simulation, cell_name, clients_per_round, model_factory
 from tasks.config import Params
-from tasks.data import ExperimentData, load_experiment_data, load_partition, shards_of
+from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.progress import RichProgress
 
 _err = Console(stderr=True)
-
-
-def clients_per_round(params: Params) -> int:
-    f = params.federation
-    return max(1, round(f.participation * params.partition.num_clients))
-
-
-def model_factory(
-    params: Params, data: ExperimentData, adapter: str = "full", base_path: str | None = None
-) -> functools.partial:
-    """A picklable builder of the backbone (its input as ``model_input`` says, the pretrain
-    base copied in when ``base_path`` is given) with ``adapter`` injected (worker processes
-    construct their own copy)."""
-    info = data.train.info
-    inp = model_input(params, info)
-    return functools.partial(
-        build_backbone,
-        params.model.name,
-        adapter,
-        base_path,
-        params.grid.adapter_options.get(adapter),
-        num_classes=info.num_classes,
-        in_channels=inp.channels,
-        input_size=inp.size,
-        **backbone_options(params),
-    )
-
-
-def require_base(params: Params, base_path: str | Path | None) -> str | None:
-    """The base file the cell starts from: needed exactly when ``model.base`` is pretrain."""
-    if params.model.base != "pretrain":
-        return None
-    path = Path(base_path) if base_path else None
-    if path is None or not path.is_file():
-        raise ConfigError(
-            f"model.base: pretrain: no pretrain base at {path or 'artifacts/pretrain/base.pt'}; "
-            f"run: fedapt pretrain (or dvc repro pretrain)"
-        )
-    return str(path)
-
-
-def check_cell(params: Params, algorithm: str, adapter: str) -> None:
-    """A grid cell the algorithm refuses (its ``check`` hook) -> one line, before any data."""
-    check_adapter(adapter)
-    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
-    algo.check(RunSpec(adapter=adapter, optimizer=params.client.optimizer))
-
-
-def cell_name(algorithm: str, adapter: str) -> str:
-    return f"{algorithm}-{adapter}"
 
 
 def train_cell(
@@ -101,58 +46,14 @@ def train_cell(
     base_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Simulate one grid cell; writes its outputs (see write_cell_outputs), returns its record."""
-    method = get_adapter(check_adapter(adapter), params.grid.adapter_options.get(adapter))
-    base = require_base(params, base_path)
-    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
-    device = resolve_device(params.runtime.device)
-    m = clients_per_round(params)
-    c, s = params.client, params.lr_schedule
-    model_fn = model_factory(params, data, adapter, base)
-    inp = model_input(params, data.train.info)
-    adapted = model_fn()
-    sizes = method.counts(adapted)
     timer = LocalTrainingTime()
-    whole = adapter == "full"  # the whole model travels: the engine's default path
-    sim = Simulation(
-        model_fn=model_fn,
-        algorithm=algo,
-        train=data.image_data("train", inp),
-        test=data.image_data("test", inp),
-        shards=shards_of(part),
-        noise_var=part.noise_var,
-        local=LocalConfig(
-            local_epochs=c.local_epochs,
-            batch_size=c.batch_size,
-            momentum=c.momentum,
-            weight_decay=c.weight_decay,
-            max_steps=c.max_steps,
-            optimizer=c.optimizer,
-        ),
-        lr_schedule=LRSchedule(
-            kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
-        ),
-        federation=FederationConfig(
-            rounds=params.federation.rounds,
-            clients_per_round=m,
-            sampling=params.federation.sampling,
-            eval_every=params.federation.eval_every,
-            last_rounds=params.federation.last_rounds,
-            seed=params.experiment.seed,
-        ),
-        workers=resolve_workers(params.runtime.workers, device, m),
-        device=device,
-        callbacks=[*callbacks, timer],
-        payload_keys=None if whole else method.payload_keys(adapted),
-        trainable=None if whole else method.trainable_keys(adapted),
-        engine=resolve_engine(
-            params.runtime.engine,
-            device,
-            adapted,
-            None if whole else method.trainable_keys(adapted),
-            part.noise_var or (),
-        ),
-        cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
+    cell = build_simulation(
+        params, data, part, algorithm, adapter, base_path, callbacks=[*callbacks, timer]
     )
+    sim, method, model_fn, adapted, device = (
+        cell.sim, cell.method, cell.model_fn, cell.adapted, cell.device
+    )  # fmt: skip
+    sizes = method.counts(adapted)
     history = sim.run()
     record = summary_record(params, algorithm, adapter, part, history, device)
     if params.personalize.enabled:
@@ -398,7 +299,7 @@ def run_cell(
 
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(
-    spec: dict,
+    params: Params,
     partition_dir: str,
     algorithm: str,
     adapter: str,
@@ -407,7 +308,6 @@ def train_task(
     base_path: str | None = None,
 ) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record."""
-    params = Params.model_validate(spec)
     cell_dir = Path(runs_dir) / cell_name(algorithm, adapter)
     return run_cell(
         params, partition_dir, algorithm, adapter, cell_dir, parent_run_id, base_path=base_path

@@ -94,3 +94,20 @@ def test_report_baseline_is_a_grid_cell():
     bad = load_params(REPO / "params.yaml", [*grid, "report.baseline=fedyogi-full"])
     with pytest.raises(ConfigError, match="report.baseline 'fedyogi-full' is not a grid cell; "):
         report_baseline(bad)
+
+
+def test_params_are_typed_once():
+    """params.yaml + --set become a Params in tasks/config.py alone; tasks and flows receive
+    that object (Prefect validates a deployment's JSON into it), never a dict to re-validate."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for pkg in ("tasks", "flows", "benchmarks")
+        for path in sorted((root / pkg).rglob("*.py"))
+        if path != root / "tasks/config.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "Params.model_validate" in line
+    ]
+    assert found == []

@@ -42,7 +42,7 @@ def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
     assert type(runner).__name__ == "DaskTaskRunner"
     assert runner.cluster_kwargs["n_workers"] == 2
     with prefect_test_harness(server_startup_timeout=180):
-        records = experiment_flow(params=p.model_dump(mode="json"))
+        records = experiment_flow(params=p)
     assert [(r["algorithm"], r["adapter"]) for r in records] == [("fedavg", "full")]
 
     # The same cell trained here, without Prefect or Dask: identical numbers.

@@ -21,6 +21,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _typed(params) -> dict:
+    """What a task received: a typed Params (never a dict to re-validate), as JSON here."""
+    from tasks.config import Params
+
+    assert isinstance(params, Params), type(params)
+    return params.model_dump(mode="json")
+
+
 class FlowSpy:
     """Stands in for the flow's tasks and grid subflow; records what the flow passes on."""
 
@@ -35,7 +43,7 @@ class FlowSpy:
         import flows.experiment as fe
 
         def partition_task(spec, out):
-            self.partition_spec, self.partition_dir = spec, out
+            self.partition_spec, self.partition_dir = _typed(spec), out
             return out
 
         spy = self
@@ -46,11 +54,11 @@ class FlowSpy:
                 return self
 
             def __call__(self, spec, part_dir, runs_dir, parent, base):
-                spy.grid_spec = spec
-                return [{"algorithm": a} for a in spec["grid"]["algorithms"]]
+                spy.grid_spec = _typed(spec)
+                return [{"algorithm": a} for a in spy.grid_spec["grid"]["algorithms"]]
 
         def summary_task(spec, records, path, runs_dir):
-            self.summary_spec = spec
+            self.summary_spec = _typed(spec)
 
         env = types.SimpleNamespace(run_environment=lambda **_: contextlib.nullcontext({}))
         monkeypatch.setattr(fe, "services", env)  # no S3, no service lookup

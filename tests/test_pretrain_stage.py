@@ -13,10 +13,10 @@ import torch
 from fedcore import payload
 from fedcore.errors import ConfigError
 from tasks.backbone import backbone_options, load_base, model_input
+from tasks.cell import model_factory, require_base
 from tasks.config import load_params
 from tasks.data import load_experiment_data
 from tasks.pretrain import run_pretrain, source_split
-from tasks.train import model_factory, require_base
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = [
@@ -164,11 +164,11 @@ def test_flow_pretrains_once_and_federates_from_the_base(tmp_path, monkeypatch):
         "storage.bucket=null",
     )
     with prefect_test_harness(server_startup_timeout=180):
-        records = experiment_flow(params=p.model_dump(mode="json"))
+        records = experiment_flow(params=p)
         base = experiment_dir(p) / "pretrain/base.pt"
         first = base.read_bytes()
         mtime = base.stat().st_mtime_ns
-        experiment_flow(params=p.model_dump(mode="json"))
+        experiment_flow(params=p)
     assert records[0]["final_accuracy"] is not None
     assert base.read_bytes() == first and base.stat().st_mtime_ns == mtime  # reused, not retrained
     logged = sorted((tmp_path / "artifacts").glob("**/artifacts/pretrain/*"))

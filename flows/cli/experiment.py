@@ -54,7 +54,7 @@ def run(
                 preflight(p, partition_dir)
                 quiet_prefect_tracebacks()
                 records = experiment_flow(
-                    params=p.model_dump(mode="json"),
+                    params=p,
                     partition_dir=str(partition_dir) if partition_dir else None,
                 )
             where = _where_results(p)

@@ -131,7 +131,8 @@ def train(
 
     def body() -> None:
         from flows.experiment import preflight
-        from tasks.train import cell_name, require_base, run_cell
+        from tasks.cell import cell_name, require_base
+        from tasks.train import run_cell
 
         extra = [f"runtime.device={device}"] if device else []
         extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
@@ -201,7 +202,7 @@ def collect_records(
 ) -> list[dict[str, Any]]:
     """The grid's records in grid order; a missing cell is an error, not a silent gap."""
     from fedcore.errors import ConfigError
-    from tasks.train import cell_name
+    from tasks.cell import cell_name
 
     records = []
     for algorithm in params.grid.algorithms:

@@ -1,0 +1,156 @@
+"""A grid cell as fedcore sees it: the one place that maps typed params to the engine's
+configuration (``build_simulation``), used by the training task, the DVC stage and the
+benchmarks alike."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from fedcore.algorithms import RunSpec, build_algorithm
+from fedcore.client import LocalConfig
+from fedcore.cohort import resolve_engine
+from fedcore.device import resolve_device, resolve_workers
+from fedcore.engine import FederationConfig, Simulation
+from fedcore.errors import ConfigError
+from fedcore.events import Callback
+from fedcore.partition import Partition
+from fedcore.schedules import LRSchedule
+from models.adapters import AdapterMethod, check_adapter, get_adapter
+from tasks.backbone import backbone_options, build_backbone, model_input
+from tasks.config import Params
+from tasks.data import ExperimentData, shards_of
+
+
+def clients_per_round(params: Params) -> int:
+    f = params.federation
+    return max(1, round(f.participation * params.partition.num_clients))
+
+
+def model_factory(
+    params: Params, data: ExperimentData, adapter: str = "full", base_path: str | None = None
+) -> functools.partial:
+    """A picklable builder of the backbone (its input as ``model_input`` says, the pretrain
+    base copied in when ``base_path`` is given) with ``adapter`` injected (worker processes
+    construct their own copy)."""
+    info = data.train.info
+    inp = model_input(params, info)
+    return functools.partial(
+        build_backbone,
+        params.model.name,
+        adapter,
+        base_path,
+        params.grid.adapter_options.get(adapter),
+        num_classes=info.num_classes,
+        in_channels=inp.channels,
+        input_size=inp.size,
+        **backbone_options(params),
+    )
+
+
+def require_base(params: Params, base_path: str | Path | None) -> str | None:
+    """The base file the cell starts from: needed exactly when ``model.base`` is pretrain."""
+    if params.model.base != "pretrain":
+        return None
+    path = Path(base_path) if base_path else None
+    if path is None or not path.is_file():
+        raise ConfigError(
+            f"model.base: pretrain: no pretrain base at {path or 'artifacts/pretrain/base.pt'}; "
+            f"run: fedapt pretrain (or dvc repro pretrain)"
+        )
+    return str(path)
+
+
+def check_cell(params: Params, algorithm: str, adapter: str) -> None:
+    """A grid cell the algorithm refuses (its ``check`` hook) -> one line, before any data."""
+    check_adapter(adapter)
+    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+    algo.check(RunSpec(adapter=adapter, optimizer=params.client.optimizer))
+
+
+def cell_name(algorithm: str, adapter: str) -> str:
+    return f"{algorithm}-{adapter}"
+
+
+@dataclass
+class Cell:
+    """A cell ready to run: ``sim.run()`` trains it."""
+
+    sim: Simulation
+    method: AdapterMethod  # the adapter method, with the cell's options
+    model_fn: functools.partial  # builds the adapted model (picklable)
+    adapted: nn.Module  # one instance of it (sizes, payload and trainable keys)
+    device: str
+
+
+def local_config(params: Params) -> LocalConfig:
+    c = params.client
+    return LocalConfig(
+        local_epochs=c.local_epochs,
+        batch_size=c.batch_size,
+        momentum=c.momentum,
+        weight_decay=c.weight_decay,
+        max_steps=c.max_steps,
+        optimizer=c.optimizer,
+    )
+
+
+def build_simulation(
+    params: Params,
+    data: ExperimentData,
+    part: Partition,
+    algorithm: str = "fedavg",
+    adapter: str = "full",
+    base_path: str | Path | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> Cell:
+    """The Simulation of one (algorithm, adapter) cell on ``part``, configured from ``params``
+    (client optimiser, LR schedule, federation, device, workers, engine, cohort size)."""
+    method = get_adapter(check_adapter(adapter), params.grid.adapter_options.get(adapter))
+    base = require_base(params, base_path)
+    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+    device = resolve_device(params.runtime.device)
+    m = clients_per_round(params)
+    c, s = params.client, params.lr_schedule
+    model_fn = model_factory(params, data, adapter, base)
+    inp = model_input(params, data.train.info)
+    adapted = model_fn()
+    whole = adapter == "full"  # the whole model travels: the engine's default path
+    sim = Simulation(
+        model_fn=model_fn,
+        algorithm=algo,
+        train=data.image_data("train", inp),
+        test=data.image_data("test", inp),
+        shards=shards_of(part),
+        noise_var=part.noise_var,
+        local=local_config(params),
+        lr_schedule=LRSchedule(
+            kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
+        ),
+        federation=FederationConfig(
+            rounds=params.federation.rounds,
+            clients_per_round=m,
+            sampling=params.federation.sampling,
+            eval_every=params.federation.eval_every,
+            last_rounds=params.federation.last_rounds,
+            seed=params.experiment.seed,
+        ),
+        workers=resolve_workers(params.runtime.workers, device, m),
+        device=device,
+        callbacks=list(callbacks),
+        payload_keys=None if whole else method.payload_keys(adapted),
+        trainable=None if whole else method.trainable_keys(adapted),
+        engine=resolve_engine(
+            params.runtime.engine,
+            device,
+            adapted,
+            None if whole else method.trainable_keys(adapted),
+            part.noise_var or (),
+        ),
+        cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
+    )
+    return Cell(sim, method, model_fn, adapted, device)
