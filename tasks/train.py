@@ -14,6 +14,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
+from torch import nn
 
 from fedcore import payload
 from fedcore.client import LocalConfig
@@ -25,7 +26,7 @@ from models.adapters import get_adapter
 from models.serving import ImageServing
 from tasks import tracking
 from tasks.backbone import model_input
-from tasks.cell import build_simulation, cell_name, clients_per_round, model_factory
+from tasks.cell import build_simulation, cell_name, clients_per_round
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -46,6 +47,25 @@ def train_cell(
     base_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Simulate one grid cell; writes its outputs (see write_cell_outputs), returns its record."""
+    record, _ = train_cell_model(
+        params, data, part, algorithm, adapter, out_dir, callbacks, timing_file, base_path
+    )
+    return record
+
+
+def train_cell_model(
+    params: Params,
+    data: ExperimentData,
+    part: Partition,
+    algorithm: str,
+    adapter: str,
+    out_dir: str | Path,
+    callbacks: Sequence[Callback] = (),
+    timing_file: str | Path | None = None,
+    base_path: str | Path | None = None,
+) -> tuple[dict[str, Any], nn.Module]:
+    """``train_cell``, and the trained (adapted) model in memory: the cell's one model
+    instance with the final global state loaded (what registration logs)."""
     timer = LocalTrainingTime()
     cell = build_simulation(
         params, data, part, algorithm, adapter, base_path, callbacks=[*callbacks, timer]
@@ -73,7 +93,8 @@ def train_cell(
         }
     )
     write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file)
-    return record
+    adapted.load_state_dict(sim.global_state)
+    return record, adapted
 
 
 def personalize_cell(
@@ -266,14 +287,12 @@ def run_cell(
         callbacks.append(tracking.MlflowRounds(run_id))
     started = time.perf_counter()
     try:
-        record = train_cell(
+        record, model = train_cell_model(
             params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file, base_path
         )
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
-            model = model_factory(params, data, adapter)()
-            model.load_state_dict(payload.decode((Path(cell_dir) / "model.pt").read_bytes()))
             # The registry holds the merged plain model (adapters folded into the backbone)
             # where the method allows it, else the adapted model.
             method = get_adapter(adapter, params.grid.adapter_options.get(adapter))
