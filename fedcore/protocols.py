@@ -87,3 +87,29 @@ def exit_heads(model: nn.Module) -> list[str] | None:
 def cls_index(model: nn.Module) -> int:
     """Position of the CLS token in a :class:`ClsEncoder`'s sequence (0 when undeclared)."""
     return int(getattr(model, "cls_index", 0))
+
+
+def classifier_name(model: nn.Module) -> str | None:
+    """The attribute path of the model's final classifier when it declares one
+    (:class:`Classifier`); None when it does not."""
+    name = getattr(model, "classifier_name", None)
+    return name if isinstance(name, str) and name else None
+
+
+def layer_groups(model: nn.Module) -> list[list[str]] | None:
+    """The model's layers from input to output (:class:`LayerGrouped`); None if undeclared."""
+    fn = getattr(model, "layer_groups", None)
+    return None if fn is None else [list(g) for g in fn()]
+
+
+def cls_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
+    """The block list of a :class:`ClsEncoder` (ModuleList or Sequential); None if the model
+    is not one (a CNN may have ``blocks`` too, ResNet26's stages: no ``cls_index`` there)."""
+    blocks = getattr(model, "blocks", None)
+    ok = isinstance(blocks, nn.ModuleList | nn.Sequential) and hasattr(model, "cls_index")
+    return blocks if ok else None
+
+
+def hidden_size(model: nn.Module, default: int) -> int:
+    """The width of a :class:`ClsEncoder`'s CLS state (``default`` when undeclared)."""
+    return int(getattr(model, "hidden_size", default))

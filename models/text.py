@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.protocols import cls_blocks, cls_index
 
 _TOKENIZERS: dict[str, Callable[..., TextTokenizer]] = {}
 
@@ -110,10 +111,10 @@ def check_tokenizer(tokenizer: TextTokenizer, vocab_size: int, pad_id: int | Non
 
 def cls_states(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(B, num_blocks, H): the CLS hidden state after each of ``model.blocks`` (module docstring)."""
-    blocks = getattr(model, "blocks", None)  # ModuleList (BERT) or Sequential (timm ViT)
-    if not isinstance(blocks, nn.ModuleList | nn.Sequential):
+    blocks = cls_blocks(model)  # ModuleList (BERT) or Sequential (timm ViT)
+    if blocks is None:
         raise ConfigError(f"{type(model).__name__} has no ``blocks`` list of transformer blocks")
-    cls = int(getattr(model, "cls_index", 0))
+    cls = cls_index(model)
     states: list[torch.Tensor] = []
 
     def grab(module: nn.Module, args: Any, out: Any) -> None:

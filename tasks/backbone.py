@@ -17,6 +17,7 @@ from fedcore import payload
 from fedcore.datasets import DatasetInfo
 from fedcore.errors import ConfigError
 from fedcore.inputs import ModelInput, resolve_input
+from fedcore.protocols import classifier_name
 from models import get_model, input_spec, list_models, model_options
 from models.adapters import adapt
 from models.text import is_text_model
@@ -72,7 +73,7 @@ def load_base(model: nn.Module, path: str | Path, model_name: str = "model") -> 
             f"model.base: pretrain: no base at {path}; run: fedapt pretrain (or dvc repro pretrain)"
         )
     state = payload.decode(path.read_bytes())
-    head = getattr(model, "classifier_name", "")
+    head = classifier_name(model) or ""
 
     def is_head(key: str) -> bool:
         return bool(head) and key.startswith(head + ".")

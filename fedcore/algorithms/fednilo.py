@@ -30,6 +30,7 @@ from fedcore.algorithms.base import (
 )
 from fedcore.errors import ConfigError
 from fedcore.events import RoundRecord
+from fedcore.protocols import layer_groups
 
 
 def freeze_index(round_: int, K: int, F: int, num_layers: int) -> int:
@@ -75,13 +76,13 @@ class FedNILO(FederatedAlgorithm):
 
     def setup(self, fed: FederationSetup) -> None:
         super().setup(fed)
-        groups_fn = getattr(fed.model, "layer_groups", None)
-        if groups_fn is None:
+        groups = layer_groups(fed.model)
+        if groups is None:
             raise ConfigError(
                 f"fednilo needs a model with layer_groups(); {type(fed.model).__name__} has none"
             )
         state = fed.model.state_dict()
-        layers = layer_keys(list(state), groups_fn())
+        layers = layer_keys(list(state), groups)
         self.server.update(
             keys=tuple(state),
             layers=layers,

@@ -36,12 +36,13 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedcore import payload
 from fedcore.errors import ConfigError
+from fedcore.protocols import classifier_name
 
 
 def head_name(model: nn.Module) -> str | None:
     """The classifier's module name: ``model.classifier_name``, else the last ``nn.Linear``."""
-    name = getattr(model, "classifier_name", None)
-    if isinstance(name, str) and isinstance(model.get_submodule(name), nn.Linear):
+    name = classifier_name(model)
+    if name is not None and isinstance(model.get_submodule(name), nn.Linear):
         return name
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     return linears[-1] if linears else None

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.protocols import cls_blocks
 from models.adapters.base import AdapterMethod, head_name
 
 
@@ -116,10 +117,8 @@ def _block_kind(block: nn.Module) -> str | None:
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList | nn.Sequential) or not hasattr(model, "cls_index"):
-        return []
-    return list(blocks)
+    blocks = cls_blocks(model)
+    return [] if blocks is None else list(blocks)
 
 
 def _out_features(module: nn.Module, path: str) -> int:

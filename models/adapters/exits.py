@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.protocols import cls_blocks, cls_index, hidden_size
 from models.adapters.base import AdapterMethod, head_name
 
 EXIT_MODES = ("last", "anytime", "multitier")
@@ -123,7 +124,7 @@ def check_exit_options(
 
 def block_container(model: nn.Module) -> tuple[str, nn.Module]:
     """(module path, module) of ``model.blocks`` inside ``model``."""
-    blocks = getattr(model, "blocks", None)
+    blocks = cls_blocks(model)
     for path, module in model.named_modules():
         if module is blocks and path:
             return path, model.get_submodule(path)
@@ -159,8 +160,7 @@ class ExitMethod(AdapterMethod):
         return cls(**options)
 
     def applies_to(self, model: nn.Module) -> str | None:
-        blocks = getattr(model, "blocks", None)
-        if not isinstance(blocks, nn.ModuleList | nn.Sequential) or not hasattr(model, "cls_index"):
+        if cls_blocks(model) is None:
             return "it is not a transformer with CLS plumbing (blocks, cls_index)"
         if head_name(model) is None:
             return "it has no nn.Linear classifier"
@@ -191,7 +191,7 @@ class ExitMethod(AdapterMethod):
         self.check_depth(depth)
         head = model.get_submodule(head_name(model) or "")
         assert isinstance(head, nn.Linear)
-        hidden = int(getattr(model, "hidden_size", head.in_features))
+        hidden = hidden_size(model, head.in_features)
         self.build(model, hidden, head.out_features, depth)
         path, _ = block_container(model)
         model.exit_plan = ExitPlan(  # type: ignore[assignment]
@@ -243,7 +243,7 @@ def _after_block(index: int, block: nn.Module, args: Any, out: Any) -> Any:
     model = _ACTIVE[-1]
     plan: ExitPlan = model.exit_plan  # type: ignore[assignment]
     method: ExitMethod = model.exit_method  # type: ignore[assignment]
-    cls = int(getattr(model, "cls_index", 0))
+    cls = cls_index(model)
     hidden_states = out[0] if isinstance(out, tuple) else out  # (B, T, H)
     z = hidden_states[:, cls]  # (B, H)
     plan._cls.append(z)

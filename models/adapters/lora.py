@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.protocols import cls_blocks
 from models.adapters.base import AdapterMethod, head_name
 from models.adapters.bn_head import bn_and_head
 
@@ -91,8 +92,7 @@ class LoraOptions:
 def is_transformer(model: nn.Module) -> bool:
     """An encoder classifier with the CLS plumbing of ``models/text.py`` (``blocks``,
     ``hidden_size``, ``cls_index``); a CNN may have ``blocks`` too (ResNet26's stages)."""
-    blocks = getattr(model, "blocks", None)
-    return isinstance(blocks, nn.ModuleList | nn.Sequential) and hasattr(model, "cls_index")
+    return cls_blocks(model) is not None
 
 
 def _pointwise(m: nn.Module) -> bool:
