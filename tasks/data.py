@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,10 +95,19 @@ def text_tokenizer_for(params: Params, dataset: Any) -> Any:
     return text_tokenizer(name, **params.model.options) if text else None
 
 
+@functools.lru_cache(maxsize=4)
+def _split(name: str, root: Path, split: str, download: bool) -> Any:
+    return load_dataset(name, root, split, download=download)
+
+
 def load_experiment_data(params: Params) -> ExperimentData:
+    """The experiment's data. A split is read once per process and shared (preflight, the
+    partition task and every training cell of a run use the same tensors; nothing writes to
+    them); the subsets and the tokenizer are derived per call."""
     d = params.data
-    train = load_dataset(d.dataset, d.root, "train", download=d.download)
-    test = load_dataset(d.dataset, d.root, "test", download=d.download)
+    root = Path(d.root).resolve()
+    train = _split(d.dataset, root, "train", d.download)
+    test = _split(d.dataset, root, "test", d.download)
     seed = params.experiment.seed
     return ExperimentData(
         train=train,
