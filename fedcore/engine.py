@@ -216,7 +216,7 @@ class Simulation:
     def evaluate(self) -> tuple[float, float]:
         if self._cohort is not None:
             # Cached frozen features of the test set (head; the CLS history of lw_linear/lw_mlp).
-            res = self._cohort.evaluate(
+            res = self._cohort.caches.evaluate(
                 self.global_state, self._test_dev, np.arange(len(self.test)), self.trainable
             )
             if res is not None:

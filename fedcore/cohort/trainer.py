@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
@@ -88,17 +87,6 @@ class CohortTrainer:
         size = fits if self.max_clients is None else min(self.max_clients, fits)
         self.peak_clients = max(self.peak_clients, min(size, len(clients)))
         return int(size)
-
-    def evaluate(
-        self,
-        state: StateDict,
-        data: Any,
-        indices: np.ndarray,
-        trainable: frozenset[str] | None,
-    ) -> tuple[int, float, int, tuple[int, ...]] | None:
-        """Evaluation from cached frozen features (``FeatureCaches.evaluate``); None where the
-        frozen part is not cacheable."""
-        return self.caches.evaluate(state, data, indices, trainable)
 
     # -- probes --------------------------------------------------------------------------
     def _probe(
