@@ -25,12 +25,14 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, TypeVar
 
 import numpy as np
 from numpy.random import Generator
 
 from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.options import signature_options
 
 MANIFEST_HEADER = "client_id,sample_index,label"
 MAX_TRIES = 1000  # redraws allowed for a min_size constraint before giving up
@@ -364,6 +366,15 @@ def scheme_options(scheme: str) -> list[str]:
         raise UnknownNameError("partition scheme", scheme, PARTITIONERS)
     skip = {"labels", "num_clients", "seed"}
     return [p for p in inspect.signature(PARTITIONERS[scheme]).parameters if p not in skip]
+
+
+@cache
+def scheme_options_type(scheme: str) -> type[Any]:
+    """The frozen options dataclass of ``scheme`` (from its keyword-only parameters)."""
+    scheme_options(scheme)
+    return signature_options(
+        PARTITIONERS[scheme], f"{scheme}_options", skip=("labels", "num_clients", "seed")
+    )
 
 
 def make_partition(

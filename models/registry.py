@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from torch import nn
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.inputs import InputSpec
+from fedcore.options import signature_options
 
 Builder = Callable[..., nn.Module]
 # A backbone's input needs, fixed or as a function of its options (e.g. ``pretrained``).
@@ -45,6 +47,13 @@ def model_options(name: str) -> list[str]:
         raise UnknownNameError("model", name, _MODELS)
     sig = inspect.signature(_MODELS[name])
     return [p for p in sig.parameters if p not in _COMMON]
+
+
+@cache
+def model_options_type(name: str) -> type[Any]:
+    """The frozen options dataclass of backbone ``name`` (from its builder's keyword options)."""
+    model_options(name)
+    return signature_options(_MODELS[name], f"{name}_options", skip=_COMMON)
 
 
 def input_spec(name: str, **options: Any) -> InputSpec:

@@ -1,8 +1,12 @@
-"""Registry of federated algorithms, one file each."""
+"""Registry of federated algorithms, one file each.
+
+Adding one: a file here with a ``FederatedAlgorithm`` subclass (its options are its annotated
+dataclass fields, its rules its ``check``), and its class in ``ALGORITHMS`` below.
+"""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from collections.abc import Mapping
 from typing import Any
 
 from fedcore.algorithms.base import (
@@ -20,7 +24,8 @@ from fedcore.algorithms.fednova import FedNova
 from fedcore.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedcore.algorithms.fedprox import FedProx
 from fedcore.algorithms.fedvc import FedVC
-from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.errors import UnknownNameError
+from fedcore.options import dump, option_names, parse
 
 ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
     cls.name: cls
@@ -47,21 +52,18 @@ def algorithm_options(name: str) -> list[str]:
     """The options (hyper-parameters) an algorithm takes."""
     if name not in ALGORITHMS:
         raise UnknownNameError("algorithm", name, ALGORITHMS)
-    return [f.name for f in fields(ALGORITHMS[name]) if f.init]
+    return option_names(ALGORITHMS[name])
 
 
-def build_algorithm(name: str, **options: Any) -> FederatedAlgorithm:
-    """Instantiate an algorithm by name; options must be fields of its hyper-parameters.
-
-    Values are checked by the algorithm's ``__post_init__`` (ConfigError, one line).
-    """
-    allowed = algorithm_options(name)
-    extra = sorted(set(options) - set(allowed))
-    if extra:
-        raise ConfigError(
-            f"algorithm {name!r} takes no option {extra[0]!r}; allowed: {', '.join(allowed) or 'none'}"
-        )
-    return ALGORITHMS[name](**options)
+def build_algorithm(
+    name: str, options: FederatedAlgorithm | Mapping[str, Any] | None = None, **kwargs: Any
+) -> FederatedAlgorithm:
+    """A fresh algorithm ``name`` with ``options`` (``grid.algorithm_options[name]``: a mapping,
+    or the typed options ``tasks.config`` parsed) and/or keyword options; a bad key or value
+    raises one line naming ``grid.algorithm_options.<name>.<option>``."""
+    algorithm_options(name)  # an unknown name -> one line listing the known ones
+    raw = dump(options) if isinstance(options, FederatedAlgorithm) else dict(options or {})
+    return parse(ALGORITHMS[name], {**raw, **kwargs}, f"grid.algorithm_options.{name}")
 
 
 __all__ = [

@@ -5,8 +5,9 @@ only the hooks that differ: FedProx the client objective, FedNova the aggregatio
 server step, FedVC the selection and the samples, FedIR the objective and the server message,
 FedNILO the round plan (what each client downloads, trains and uploads).
 
-Hyper-parameters are frozen dataclass fields, validated in ``__post_init__``, so an algorithm
-object can be pickled to worker processes. Server-side mutable state (FedOpt's moments,
+An algorithm is the frozen dataclass of its hyper-parameters (its options): their annotations
+say the allowed values, and ``build_algorithm`` validates them through ``fedcore.options``'
+one pydantic path. An algorithm object can be pickled to worker processes. Server-side mutable state (FedOpt's moments,
 FedNILO's holder map) lives in ``self.server``, a dict of the main process: it is reset by
 ``setup``, saved by ``state_dict`` and never pickled, so workers see hyper-parameters only.
 
@@ -30,14 +31,9 @@ from fedcore.aggregate import weighted_average
 from fedcore.client import LocalConfig, LossFn, cross_entropy
 from fedcore.errors import ConfigError
 from fedcore.events import RoundRecord
+from fedcore.options import FORBID_EXTRA
 from fedcore.payload import StateDict
 from fedcore.sampling import SamplingConfig, sample_clients
-
-
-def check_option(ok: bool, algorithm: str, key: str, allowed: str, value: object) -> None:
-    """Raise the one-line ConfigError of a bad hyper-parameter value."""
-    if not ok:
-        raise ConfigError(f"{algorithm} option {key!r} must be {allowed} (got {value!r})")
 
 
 @dataclass
@@ -96,6 +92,7 @@ class RunSpec:
 class FederatedAlgorithm:
     """FedAvg; subclasses override the hooks that differ."""
 
+    __pydantic_config__ = FORBID_EXTRA  # an unknown option is an error (fedcore.options)
     name: ClassVar[str] = "fedavg"
     # True for an algorithm that decides itself which layers train and travel (FedNILO):
     # it cannot run with an adapter method other than "full".

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
+from annotated_types import Ge, Gt
 
 from fedcore import payload
 from fedcore.algorithms.base import (
@@ -26,10 +27,10 @@ from fedcore.algorithms.base import (
     ClientUpdate,
     FederatedAlgorithm,
     FederationSetup,
-    check_option,
 )
 from fedcore.errors import ConfigError
 from fedcore.events import RoundRecord
+from fedcore.options import Float, Int
 from fedcore.protocols import layer_groups
 
 
@@ -60,19 +61,12 @@ class FedNILO(FederatedAlgorithm):
     # payload the clients exchange.
     whole_model_only: ClassVar[bool] = True
 
-    K: int = 350  # kick-start: rounds of full training before the first layer freezes
-    F: int = 25  # period: rounds between two freezes (seed 004 grid: K 350-500, F 25-75)
-    comm_budget_cr: float | None = None  # stop at this many communication rounds (§6.1.4)
-
-    def __post_init__(self) -> None:
-        check_option(
-            isinstance(self.K, int) and self.K >= 0, self.name, "K", "an integer >= 0", self.K
-        )
-        check_option(
-            isinstance(self.F, int) and self.F >= 1, self.name, "F", "an integer >= 1", self.F
-        )
-        b = self.comm_budget_cr
-        check_option(b is None or b > 0, self.name, "comm_budget_cr", "null or > 0", b)
+    K: Annotated[Int, Ge(0)] = 350  # kick-start: rounds of full training before the first freeze
+    F: Annotated[Int, Ge(1)] = (
+        25  # period: rounds between two freezes (seed 004: K 350-500, F 25-75)
+    )
+    # stop at this many communication rounds (§6.1.4); null: no budget
+    comm_budget_cr: Annotated[Float, Gt(0)] | None = None
 
     def setup(self, fed: FederationSetup) -> None:
         super().setup(fed)

@@ -20,11 +20,13 @@ and round-trip through ``state_dict`` / ``load_state_dict`` with the checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
+from annotated_types import Ge, Gt, Lt
 
-from fedcore.algorithms.base import FederatedAlgorithm, check_option
+from fedcore.algorithms.base import FederatedAlgorithm
+from fedcore.options import Float
 from fedcore.payload import StateDict
 
 
@@ -69,12 +71,8 @@ class _ServerOptimizer(FederatedAlgorithm):
 class FedAvgM(_ServerOptimizer):
     name: ClassVar[str] = "fedavgm"
 
-    server_lr: float = 1.0
-    momentum: float = 0.9
-
-    def __post_init__(self) -> None:
-        check_option(self.server_lr > 0, self.name, "server_lr", "> 0", self.server_lr)
-        check_option(0 <= self.momentum < 1, self.name, "momentum", "in [0, 1)", self.momentum)
+    server_lr: Annotated[Float, Gt(0)] = 1.0
+    momentum: Annotated[Float, Ge(0), Lt(1)] = 0.9
 
     def step(self, key: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         m = self.server.setdefault("m", {})
@@ -86,14 +84,9 @@ class FedAvgM(_ServerOptimizer):
 class FedAdagrad(_ServerOptimizer):
     name: ClassVar[str] = "fedadagrad"
 
-    server_lr: float = 0.01
-    beta1: float = 0.9
-    tau: float = 1e-3
-
-    def __post_init__(self) -> None:
-        check_option(self.server_lr > 0, self.name, "server_lr", "> 0", self.server_lr)
-        check_option(0 <= self.beta1 < 1, self.name, "beta1", "in [0, 1)", self.beta1)
-        check_option(self.tau > 0, self.name, "tau", "> 0", self.tau)
+    server_lr: Annotated[Float, Gt(0)] = 0.01
+    beta1: Annotated[Float, Ge(0), Lt(1)] = 0.9
+    tau: Annotated[Float, Gt(0)] = 1e-3
 
     def second_moment(self, v: torch.Tensor, delta2: torch.Tensor) -> torch.Tensor:
         return v + delta2
@@ -111,11 +104,7 @@ class FedAdagrad(_ServerOptimizer):
 class FedAdam(FedAdagrad):
     name: ClassVar[str] = "fedadam"
 
-    beta2: float = 0.99
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_option(0 <= self.beta2 < 1, self.name, "beta2", "in [0, 1)", self.beta2)
+    beta2: Annotated[Float, Ge(0), Lt(1)] = 0.99
 
     def second_moment(self, v: torch.Tensor, delta2: torch.Tensor) -> torch.Tensor:
         return self.beta2 * v + (1.0 - self.beta2) * delta2

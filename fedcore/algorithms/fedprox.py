@@ -8,12 +8,14 @@ objective; aggregation and the server step are FedAvg's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
+from annotated_types import Ge
 
-from fedcore.algorithms.base import ClientView, FederatedAlgorithm, check_option
+from fedcore.algorithms.base import ClientView, FederatedAlgorithm
 from fedcore.client import Objective, cross_entropy
+from fedcore.options import Float
 from fedcore.payload import StateDict
 
 
@@ -29,10 +31,7 @@ def proximal_term(params: StateDict, anchor: StateDict) -> torch.Tensor:
 class FedProx(FederatedAlgorithm):
     name: ClassVar[str] = "fedprox"
 
-    mu: float = 0.01  # NIID-Bench's grid: 0.001, 0.01, 0.1, 1 (seed 000 §IV)
-
-    def __post_init__(self) -> None:
-        check_option(self.mu >= 0, self.name, "mu", ">= 0", self.mu)
+    mu: Annotated[Float, Ge(0)] = 0.01  # NIID-Bench's grid: 0.001, 0.01, 0.1, 1 (seed 000 §IV)
 
     def client_objective(self, global_state: StateDict, client: ClientView) -> Objective:
         anchor = {k: v.detach() for k, v in global_state.items()}

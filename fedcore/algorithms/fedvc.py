@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
+from annotated_types import Ge
 
-from fedcore.algorithms.base import FederatedAlgorithm, check_option
+from fedcore.algorithms.base import FederatedAlgorithm
+from fedcore.options import Int
 from fedcore.sampling import (
     VIRTUAL_CLIENT_STREAM,
     SamplingConfig,
@@ -28,11 +30,7 @@ from fedcore.sampling import (
 class FedVC(FederatedAlgorithm):
     name: ClassVar[str] = "fedvc"
 
-    n_vc: int = 256  # N_VC; seed 002 gives no value, tune it to the shard sizes
-
-    def __post_init__(self) -> None:
-        ok = isinstance(self.n_vc, int) and self.n_vc >= 1
-        check_option(ok, self.name, "n_vc", "an integer >= 1", self.n_vc)
+    n_vc: Annotated[Int, Ge(1)] = 256  # N_VC; seed 002 gives no value, tune it to the shards
 
     def select_clients(
         self, cfg: SamplingConfig, shard_sizes: Sequence[int], round_: int

@@ -36,6 +36,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedcore import payload
 from fedcore.errors import ConfigError
+from fedcore.options import FORBID_EXTRA
 from fedcore.protocols import classifier_name
 
 
@@ -74,6 +75,13 @@ def unfreeze_norm_stats(model: nn.Module) -> None:
             del hooks[key]
         if isinstance(m, _BatchNorm):
             m.training = model.training
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a method that takes none."""
+
+    __pydantic_config__ = FORBID_EXTRA
 
 
 @dataclass(frozen=True)
