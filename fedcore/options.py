@@ -71,7 +71,10 @@ def dump(options: Any) -> dict[str, Any]:
 
 def signature_options(fn: Callable[..., Any], name: str, skip: Iterable[str] = ()) -> type[Any]:
     """A frozen options dataclass from ``fn``'s parameters with defaults (minus ``skip``):
-    their annotations (:data:`Int`, :data:`Float`, ``Literal``, ...) are the allowed values."""
+    their annotations (:data:`Int`, :data:`Float`, ``Literal``, ...) are the allowed values.
+
+    It becomes ``fn.Options`` (its qualified name says so), so that it pickles by reference
+    as long as ``fn`` is a module-level function whose registry derives it at import."""
     hints = typing.get_type_hints(fn, include_extras=True)
     params = inspect.signature(fn).parameters.values()
     spec = [
@@ -82,20 +85,29 @@ def signature_options(fn: Callable[..., Any], name: str, skip: Iterable[str] = (
     cls = dataclasses.make_dataclass(name, spec, frozen=True)
     cls.__pydantic_config__ = FORBID_EXTRA  # type: ignore[attr-defined]
     cls.__module__ = getattr(fn, "__module__", __name__)
+    cls.__qualname__ = f"{getattr(fn, '__qualname__', name)}.Options"
+    fn.Options = cls  # type: ignore[attr-defined]
     return cls
 
 
 # ---- the one error formatter ----------------------------------------------------------------
 
 
-def describe(err: ValidationError, root: type[Any], prefix: str = "") -> str:
+def describe(
+    err: ValidationError,
+    root: type[Any],
+    prefix: str = "",
+    sections: Callable[[tuple[Any, ...]], list[str]] | None = None,
+) -> str:
     """Pydantic's first error as one line: ``key: must be ... (got value)``, or
-    ``unknown key 'key'; allowed: ...`` (the keys of the section at that place in ``root``)."""
+    ``unknown key 'key'; allowed: ...`` (the keys of the section at that place in ``root``,
+    or as ``sections`` says for a section typed at run time)."""
     e = err.errors()[0]
     loc = location(e)
     key = ".".join([prefix, *map(str, loc)] if prefix else map(str, loc))
     if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-        allowed = ", ".join(fields_at(root, loc[:-1])) or "none"
+        keys = (sections or (lambda where: fields_at(root, where)))(loc[:-1])
+        allowed = ", ".join(keys) or "none"
         return f"unknown key {key!r}; allowed: {allowed}"
     msg = e["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
     got = e.get("input")

@@ -16,27 +16,34 @@ The two Dirichlet schemes are different experiments and are named apart:
 
 Feature skew (``gaussian_noise``, seed 000 §IV) is a per-client noise variance, applied by
 ``fedcore.client``.
+
+A scheme's options are its keyword-only parameters, their annotations the allowed values
+(``beta: Annotated[Float, Gt(0)] = 0.5``); ``_register`` derives ``<scheme>.Options`` from them
+and wraps the scheme so that options, given directly or through :func:`make_partition`, pass
+:func:`fedcore.options.parse`. Only data-dependent bounds (``min_size <= n // num_clients``,
+``m <=`` the number of classes) are checked in the scheme.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast, get_args
 
 import numpy as np
+from annotated_types import Ge, Gt
 from numpy.random import Generator
 
 from fedcore.errors import ConfigError, UnknownNameError
-from fedcore.options import signature_options
+from fedcore.options import Float, Int, dump, option_names, parse, signature_options
 
 MANIFEST_HEADER = "client_id,sample_index,label"
 MAX_TRIES = 1000  # redraws allowed for a min_size constraint before giving up
-SIZE_KINDS = ("equal", "normal", "dirichlet")
+SizeKind = Literal["equal", "normal", "dirichlet"]
+SIZE_KINDS: tuple[str, ...] = get_args(SizeKind)
 
 
 @dataclass(frozen=True, eq=False)  # arrays make == ambiguous: compare content_hash()
@@ -81,19 +88,23 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _number(key: str, value: Any, rule: str, low: float, high: float | None = None) -> Any:
-    """``value`` checked against ``rule``: ">" or ">=" ``low`` for a finite float, "int" for an
-    integer in [low, high]; the one-line error names the parameter ``key`` and the range."""
-    if rule == "int":
-        ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
-        ok = ok and low <= value and (high is None or value <= high)
-        bound = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
-        _check(ok, f"{key} must be an integer {bound} (got {value!r})")
-        return int(value)
-    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
-    ok = ok and bool(np.isfinite(value)) and (value > low if rule == ">" else value >= low)
-    _check(ok, f"{key} must be a finite number {rule} {low:g} (got {value!r})")
-    return float(value)
+def _integer(key: str, value: Any, low: int, high: int | None = None) -> int:
+    """``num_clients`` or ``seed`` (not options: every scheme has them) in [low, high]."""
+    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    ok = ok and low <= value and (high is None or value <= high)
+    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+    _check(ok, f"{key}: must be an integer {bound} (got {value!r})")
+    return int(value)
+
+
+def _check_min_size(key: str, min_size: int, n: int, num_clients: int) -> None:
+    """The data-dependent bound on a ``min_size`` option (its type says only >= 0 or >= 1)."""
+    high = n // num_clients
+    _check(
+        min_size <= high,
+        f"{key}.min_size: must be less than or equal to {high} = {n} samples // "
+        f"{num_clients} clients (got {min_size})",
+    )
 
 
 def _as_labels(labels: Any) -> np.ndarray:
@@ -112,9 +123,9 @@ def _setup(
     """Checks shared by every scheme; returns labels, num_clients, seed and the scheme's RNG."""
     labels = _as_labels(labels)
     n = len(labels)
-    num_clients = _number("partition.num_clients", num_clients, "int", 1, max(n, 1))
+    num_clients = _integer("partition.num_clients", num_clients, 1, max(n, 1))
     _check(n > 0, f"partition.{scheme}: no samples to partition")
-    seed = _number("partition.seed", seed, "int", 0)
+    seed = _integer("partition.seed", seed, 0)
     return labels, num_clients, seed, np.random.default_rng(seed)
 
 
@@ -147,10 +158,7 @@ def client_sizes(
     client back under it). ``dirichlet`` (NIID-Bench ``iid-diff-quantity``): shares ~
     Dir_N(spread), redrawn until every client has >= ``min_size``.
     """
-    _check(
-        min_size * num_clients <= n,
-        f"{key}.min_size must be <= {n // num_clients} for {num_clients} clients and {n} samples (got {min_size})",
-    )
+    _check_min_size(key, min_size, n, num_clients)
     if kind == "equal":
         return _largest_remainder(np.ones(num_clients), n)
     if kind == "normal":
@@ -171,13 +179,26 @@ def client_sizes(
 
 # ---- schemes -------------------------------------------------------------------------------
 
-PARTITIONERS: dict[str, Callable[..., Partition]] = {}
+PARTITIONERS: dict[str, Callable[..., Partition]] = {}  # name -> the wrapped scheme
+_OPTIONS: dict[str, type[Any]] = {}  # name -> its options dataclass
+_NOT_OPTIONS = ("labels", "num_clients", "seed")
 _F = TypeVar("_F", bound=Callable[..., Partition])
 
 
 def _register(fn: _F) -> _F:
-    PARTITIONERS[fn.__name__] = fn
-    return fn
+    """Register ``fn`` wrapped so that its keyword options pass :func:`parse` against its
+    options dataclass, derived here from ``fn``'s signature and annotations (``wraps`` keeps
+    both visible) and set as ``<scheme>.Options`` on the wrapper, where pickle finds it."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def scheme(labels: Any, num_clients: Any, seed: Any, **options: Any) -> Partition:
+        valid = parse(_OPTIONS[name], options, f"partition.{name}")
+        return fn(labels, num_clients, seed, **dump(valid))
+
+    _OPTIONS[name] = signature_options(scheme, f"{name}_options", skip=_NOT_OPTIONS)
+    PARTITIONERS[name] = scheme
+    return cast(_F, scheme)
 
 
 @_register
@@ -191,7 +212,12 @@ def iid(labels: np.ndarray, num_clients: int, seed: int) -> Partition:
 
 @_register
 def dirichlet_classwise(
-    labels: np.ndarray, num_clients: int, seed: int, *, beta: float = 0.5, min_size: int = 10
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    *,
+    beta: Annotated[Float, Gt(0)] = 0.5,
+    min_size: Annotated[Int, Ge(0)] = 10,
 ) -> Partition:
     """Class-wise Dirichlet, NIID-Bench ``noniid-labeldir`` (seed 000 §IV "p_k ~ Dir_N(beta),
     allocate p_k,j of class k to client j"; seed 004 §6.1.3 LDA): for each class k draw
@@ -201,8 +227,7 @@ def dirichlet_classwise(
     scheme = "dirichlet_classwise"
     labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
     n = len(labels)
-    beta = _number(f"partition.{scheme}.beta", beta, ">", 0)
-    min_size = _number(f"partition.{scheme}.min_size", min_size, "int", 0, n // num_clients)
+    _check_min_size(f"partition.{scheme}", min_size, n, num_clients)
     by_class = [np.flatnonzero(labels == k) for k in np.unique(labels)]
     for _ in range(MAX_TRIES):
         parts: list[list[int]] = [[] for _ in range(num_clients)]
@@ -230,10 +255,10 @@ def dirichlet_clientwise(
     num_clients: int,
     seed: int,
     *,
-    alpha: float = 1.0,
-    sizes: str = "equal",
-    size_rel_std: float = 0.3,
-    size_beta: float = 1.0,
+    alpha: Annotated[Float, Gt(0)] = 1.0,
+    sizes: SizeKind = "equal",
+    size_rel_std: Annotated[Float, Ge(0)] = 0.3,
+    size_beta: Annotated[Float, Gt(0)] = 1.0,
 ) -> Partition:
     """Client-wise Dirichlet (Hsu et al. 2019; seed 002 §4 "for each client we draw a class
     distribution q ~ Dir(p alpha)", p the global class prior).
@@ -248,15 +273,8 @@ def dirichlet_clientwise(
     """
     scheme = "dirichlet_clientwise"
     labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
-    key = f"partition.{scheme}"
-    alpha = _number(f"{key}.alpha", alpha, ">", 0)
-    size_rel_std = _number(f"{key}.size_rel_std", size_rel_std, ">=", 0)
-    size_beta = _number(f"{key}.size_beta", size_beta, ">", 0)
-    _check(
-        sizes in SIZE_KINDS, f"{key}.sizes must be one of {', '.join(SIZE_KINDS)} (got {sizes!r})"
-    )
     spread = size_beta if sizes == "dirichlet" else size_rel_std
-    quota = client_sizes(len(labels), num_clients, rng, sizes, spread, 1, key)
+    quota = client_sizes(len(labels), num_clients, rng, sizes, spread, 1, f"partition.{scheme}")
     classes, counts = np.unique(labels, return_counts=True)
     pools = [rng.permutation(np.flatnonzero(labels == k)) for k in classes]
     left = counts.astype(np.int64)  # pools[k][len - left[k]:] are still free
@@ -280,7 +298,9 @@ def dirichlet_clientwise(
 
 
 @_register
-def labels_per_client(labels: np.ndarray, num_clients: int, seed: int, *, m: int = 2) -> Partition:
+def labels_per_client(
+    labels: np.ndarray, num_clients: int, seed: int, *, m: Annotated[Int, Ge(1)] = 2
+) -> Partition:
     """NIID-Bench ``noniid-#label{m}`` (seed 000 §IV, "#M" classes per client): client i holds
     class i mod C plus m-1 distinct other classes drawn at random; each class is split evenly
     (``np.array_split``) over the clients that hold it. A class held by nobody (possible when
@@ -289,7 +309,10 @@ def labels_per_client(labels: np.ndarray, num_clients: int, seed: int, *, m: int
     labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
     classes, counts = np.unique(labels, return_counts=True)
     C = len(classes)
-    m = _number(f"partition.{scheme}.m", m, "int", 1, C)
+    _check(
+        m <= C,
+        f"partition.{scheme}.m: must be less than or equal to {C}, the number of classes (got {m})",
+    )
     held = []  # client i: class i mod C plus m-1 distinct others
     for i in range(num_clients):
         held.append({i % C, *rng.permutation(np.delete(np.arange(C), i % C))[: m - 1].tolist()})
@@ -312,26 +335,22 @@ def labels_per_client(labels: np.ndarray, num_clients: int, seed: int, *, m: int
 
 @_register
 def gaussian_noise(
-    labels: np.ndarray, num_clients: int, seed: int, *, sigma: float = 0.1
+    labels: np.ndarray, num_clients: int, seed: int, *, sigma: Annotated[Float, Ge(0)] = 0.1
 ) -> Partition:
     """Noise-based feature skew (seed 000 §IV; NIID-Bench ``noise``): the ``iid`` split for
     the same seed, and client i (0-based) of N gets x^ ~ Gau(sigma * i / N), "mean 0 and
     variance sigma * i / N" -- ``noise_var[i] = sigma * i / N`` is a variance, not a std."""
     base = iid(labels, num_clients, seed)
-    sigma = _number("partition.gaussian_noise.sigma", sigma, ">=", 0)
     noise = tuple(sigma * i / base.num_clients for i in range(base.num_clients))
     return Partition("gaussian_noise", {**base.params, "sigma": sigma}, base.client_indices, noise)
 
 
 def _quantity(
-    scheme: str, labels: Any, num_clients: Any, seed: Any, option: str, value: Any, min_size: Any
+    scheme: str, labels: Any, num_clients: Any, seed: Any, option: str, value: float, min_size: int
 ) -> Partition:
     """Quantity skew: sizes from :func:`client_sizes`, labels iid within each client."""
     labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
-    key = f"partition.{scheme}"
-    value = _number(f"{key}.{option}", value, ">" if option == "beta" else ">=", 0)
-    min_size = _number(f"{key}.min_size", min_size, "int", 1)
-    kind = "dirichlet" if option == "beta" else "normal"
+    kind, key = ("dirichlet" if option == "beta" else "normal"), f"partition.{scheme}"
     sizes = client_sizes(len(labels), num_clients, rng, kind, value, min_size, key)
     parts = np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])
     params = {"num_clients": num_clients, "seed": seed, option: value, "min_size": min_size}
@@ -340,7 +359,12 @@ def _quantity(
 
 @_register
 def quantity_normal(
-    labels: np.ndarray, num_clients: int, seed: int, *, rel_std: float = 0.3, min_size: int = 1
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    *,
+    rel_std: Annotated[Float, Ge(0)] = 0.3,
+    min_size: Annotated[Int, Ge(1)] = 1,
 ) -> Partition:
     """Seed 002 §4 quantity skew: sizes ~ Normal(n/N, rel_std * n/N), clipped at ``min_size``,
     rescaled to sum to n (largest remainder); labels iid within each client."""
@@ -349,7 +373,12 @@ def quantity_normal(
 
 @_register
 def quantity_dirichlet(
-    labels: np.ndarray, num_clients: int, seed: int, *, beta: float = 0.5, min_size: int = 1
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    *,
+    beta: Annotated[Float, Gt(0)] = 0.5,
+    min_size: Annotated[Int, Ge(1)] = 1,
 ) -> Partition:
     """NIID-Bench ``iid-diff-quantity``: sizes proportional to Dir_N(beta), redrawn until every
     client has >= ``min_size``; labels iid within each client."""
@@ -360,32 +389,33 @@ def list_partitioners() -> list[str]:
     return sorted(PARTITIONERS)
 
 
-def scheme_options(scheme: str) -> list[str]:
-    """The option names ``scheme`` accepts besides labels, num_clients and seed."""
+def scheme_options_type(scheme: str) -> type[Any]:
+    """The frozen options dataclass of ``scheme`` (``<scheme>.Options``; see ``_register``)."""
     if scheme not in PARTITIONERS:
         raise UnknownNameError("partition scheme", scheme, PARTITIONERS)
-    skip = {"labels", "num_clients", "seed"}
-    return [p for p in inspect.signature(PARTITIONERS[scheme]).parameters if p not in skip]
+    return _OPTIONS[scheme]
 
 
-@cache
-def scheme_options_type(scheme: str) -> type[Any]:
-    """The frozen options dataclass of ``scheme`` (from its keyword-only parameters)."""
-    scheme_options(scheme)
-    return signature_options(
-        PARTITIONERS[scheme], f"{scheme}_options", skip=("labels", "num_clients", "seed")
-    )
+def scheme_options(scheme: str) -> list[str]:
+    """The option names ``scheme`` accepts besides labels, num_clients and seed."""
+    return option_names(scheme_options_type(scheme))
 
 
 def make_partition(
-    scheme: str, labels: np.ndarray, *, num_clients: int, seed: int, **options: Any
+    scheme: str,
+    labels: np.ndarray,
+    *,
+    num_clients: int,
+    seed: int,
+    options: Mapping[str, Any] | object | None = None,
+    **kwargs: Any,
 ) -> Partition:
-    """Partition ``labels`` with the registered ``scheme``; options not given take defaults."""
-    allowed = scheme_options(scheme)
-    unknown = sorted(set(options) - set(allowed))
-    _check(
-        not unknown,
-        f"partition.{scheme}.{unknown[0] if unknown else ''} is not an option of {scheme}; "
-        f"allowed: {', '.join(allowed) or 'none'}",
-    )
-    return PARTITIONERS[scheme](labels, num_clients, seed, **options)
+    """Partition ``labels`` with the registered ``scheme``. Its options: ``options`` (a typed
+    ``scheme_options_type(scheme)`` instance, or a mapping) updated by keyword arguments; the
+    rest take their defaults. The scheme's wrapper parses them all, a hand-built instance too."""
+    cls = scheme_options_type(scheme)
+    if options is None or isinstance(options, Mapping):
+        given = dict(options or {})
+    else:  # an instance of cls; anything else (another scheme's options) is refused here
+        given = dump(parse(cls, options, f"partition.{scheme}"))
+    return PARTITIONERS[scheme](labels, num_clients, seed, **{**given, **kwargs})

@@ -17,14 +17,10 @@ from prefect import flow
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedcore.algorithms import build_algorithm
 from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
-from fedcore.errors import ConfigError, UnknownNameError
-from fedcore.partition import list_partitioners, scheme_options
+from fedcore.errors import ConfigError
 from flows import services
-from models import list_models
-from models.adapters import check_adapter, get_adapter
 from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
@@ -43,28 +39,16 @@ from tasks.validate import validate_task
 
 
 def check_names(params: Params) -> None:
-    """Names and options that need no data: dataset, model, algorithms, adapters, device,
-    partition scheme."""
+    """What needs no data and that parsing ``params`` could not check: the dataset's name,
+    each grid cell against its algorithm's rules (its ``check`` hook), the device and the
+    report's baseline. (Names and options of models, algorithms, adapters and partition
+    schemes were typed by ``tasks.config``.)"""
     get_dataset_info(params.data.dataset)
-    if params.model.name not in list_models():
-        raise UnknownNameError("model", params.model.name, list_models())
-    for algorithm in params.grid.algorithms:
-        build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
-    for adapter, options in params.grid.adapter_options.items():
-        get_adapter(adapter, options)  # unknown method, option or value -> one line
     for adapter in params.grid.adapters:
-        check_adapter(adapter)
         for algorithm in params.grid.algorithms:
             check_cell(params, algorithm, adapter)  # the algorithm's own rules (check hook)
     resolve_device(params.runtime.device)
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
-    scheme_options(params.partition.scheme)  # unknown scheme -> the valid names
-    for section in params.partition.option_sections:
-        if section not in list_partitioners():
-            raise ConfigError(
-                f"unknown key 'partition.{section}'; option sections are scheme names: "
-                + ", ".join(list_partitioners())
-            )
 
 
 def preflight(

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
 
 from fedcore.errors import ConfigError
 from models.registry import register_model
+
+# The allowed values of the options (the annotations ``model.options`` is validated against).
+Init = Literal["pytorch", "seed004"]  # CifarCNN's initialisation (see _seed004_init)
+Norm = Literal["none", "batch", "group"]  # LeNet5's norm after each conv
 
 
 def _conv_out(size: int, name: str) -> int:
@@ -30,11 +35,9 @@ class CifarCNN(nn.Module):
     classifier_name = "fc3"
 
     def __init__(
-        self, *, num_classes: int, in_channels: int, input_size: int, init: str = "pytorch"
+        self, *, num_classes: int, in_channels: int, input_size: int, init: Init = "pytorch"
     ) -> None:
         super().__init__()
-        if init not in ("pytorch", "seed004"):
-            raise ConfigError(f"model.options.init must be one of pytorch, seed004 (got {init!r})")
         s = _conv_out(input_size, "cifar_cnn")
         self.conv1 = nn.Conv2d(in_channels, 64, 5)
         self.conv2 = nn.Conv2d(64, 64, 5)
@@ -89,13 +92,9 @@ class LeNet5(nn.Module):
     classifier_name = "fc3"
 
     def __init__(
-        self, *, num_classes: int, in_channels: int, input_size: int, norm: str = "none"
+        self, *, num_classes: int, in_channels: int, input_size: int, norm: Norm = "none"
     ) -> None:
         super().__init__()
-        if norm not in ("none", "batch", "group"):
-            raise ConfigError(
-                f"model.options.norm must be one of none, batch, group (got {norm!r})"
-            )
         s = _conv_out(input_size, "lenet5")
         self.conv1 = nn.Conv2d(in_channels, 64, 5)
         self.norm1 = self._norm(norm)
@@ -107,7 +106,7 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(192, num_classes)
 
     @staticmethod
-    def _norm(kind: str) -> nn.Module:
+    def _norm(kind: Norm) -> nn.Module:
         if kind == "batch":
             return nn.BatchNorm2d(64)
         if kind == "group":
@@ -128,7 +127,7 @@ class LeNet5(nn.Module):
 
 @register_model("cifar_cnn")
 def cifar_cnn(
-    *, num_classes: int, in_channels: int = 3, input_size: int = 32, init: str = "pytorch"
+    *, num_classes: int, in_channels: int = 3, input_size: int = 32, init: Init = "pytorch"
 ) -> nn.Module:
     return CifarCNN(
         num_classes=num_classes, in_channels=in_channels, input_size=input_size, init=init
@@ -137,7 +136,7 @@ def cifar_cnn(
 
 @register_model("lenet5")
 def lenet5(
-    *, num_classes: int, in_channels: int = 3, input_size: int = 32, norm: str = "none"
+    *, num_classes: int, in_channels: int = 3, input_size: int = 32, norm: Norm = "none"
 ) -> nn.Module:
     return LeNet5(
         num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm=norm

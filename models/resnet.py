@@ -18,12 +18,15 @@ state_dict of 22.22 MiB (23.30 MB); 1x1 adapters beside the 25 convs add 645,216
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
+from annotated_types import Gt
 from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.inputs import InputSpec
+from fedcore.options import Float
 from models.registry import register_model
 
 
@@ -70,8 +73,6 @@ class ResNet26(nn.Module):
         self, *, num_classes: int, in_channels: int, input_size: int, width: float = 1.0
     ) -> None:
         super().__init__()
-        if isinstance(width, bool) or not isinstance(width, int | float) or width <= 0:
-            raise ConfigError(f"model.options.width must be > 0 (got {width})")
         if input_size < 8:
             raise ConfigError(f"model 'resnet26' needs input_size >= 8 (got {input_size})")
         # Stage widths are exact multiples of the stem's so the zero-padded shortcut always
@@ -111,7 +112,11 @@ class ResNet26(nn.Module):
 # leave less than one pixel per feature map.
 @register_model("resnet26", input_spec=InputSpec(size=72, note="seed 000 §IV: 72x72"))
 def resnet26(
-    *, num_classes: int, in_channels: int = 3, input_size: int = 72, width: float = 1.0
+    *,
+    num_classes: int,
+    in_channels: int = 3,
+    input_size: int = 72,
+    width: Annotated[Float, Gt(0)] = 1.0,
 ) -> nn.Module:
     return ResNet26(
         num_classes=num_classes, in_channels=in_channels, input_size=input_size, width=width

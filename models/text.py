@@ -38,7 +38,9 @@ import torch
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.options import dump
 from fedcore.protocols import cls_blocks, cls_index
+from models.registry import parse_model_options
 
 _TOKENIZERS: dict[str, Callable[..., TextTokenizer]] = {}
 
@@ -74,7 +76,8 @@ def from_backend(
 
 
 def register_text_model(name: str, tokenizer: Callable[..., TextTokenizer]) -> None:
-    """Mark backbone ``name`` as a text model whose tokenizer ``tokenizer(**options)`` builds."""
+    """Mark backbone ``name`` as a text model whose tokenizer ``tokenizer(**options)`` builds
+    (from the model's validated options: all of them, so it takes the builder's keywords)."""
     _TOKENIZERS[name] = tokenizer
 
 
@@ -86,13 +89,15 @@ def is_text_model(name: str) -> bool:
     return name in _TOKENIZERS
 
 
-def text_tokenizer(name: str, **options: Any) -> TextTokenizer:
-    """The tokenizer of text backbone ``name`` with these model options."""
+def text_tokenizer(name: str, options: Any = None, **kw: Any) -> TextTokenizer:
+    """The tokenizer of text backbone ``name`` with these model options (validated as
+    ``models.registry.get_model`` validates them: ``options`` a mapping or typed instance,
+    ``kw`` on top)."""
     if name not in _TOKENIZERS:
         raise ConfigError(
             f"model {name!r} takes images, not text; text models: {', '.join(text_models())}"
         )
-    return _TOKENIZERS[name](**options)
+    return _TOKENIZERS[name](**dump(parse_model_options(name, options, **kw)))
 
 
 def check_tokenizer(tokenizer: TextTokenizer, vocab_size: int, pad_id: int | None) -> None:

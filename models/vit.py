@@ -28,13 +28,16 @@ ImageNet mean/std for DeiT; read from timm's config, no download).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
+from annotated_types import Ge
+from pydantic import Strict
 from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.inputs import InputSpec
-from models.registry import register_model
+from fedcore.options import Int
+from models.registry import Builder, register_model
 from models.vit_arch import ViTConfig
 
 ARCHS = {
@@ -58,7 +61,7 @@ def _spec_for(name: str) -> Any:
     return spec
 
 
-def _builder(name: str) -> Any:
+def _builder(name: str) -> Builder:
     config = ARCHS[name]
 
     def build(
@@ -66,20 +69,12 @@ def _builder(name: str) -> Any:
         num_classes: int,
         in_channels: int = 3,
         input_size: int = 224,
-        pretrained: bool = False,
-        patch_size: int = 16,
-        depth: int | None = None,
+        pretrained: Annotated[bool, Strict()] = False,
+        patch_size: Annotated[Int, Ge(1)] = 16,
+        depth: Annotated[Int, Ge(1)] | None = None,
     ) -> nn.Module:
-        if not isinstance(pretrained, bool):
-            raise ConfigError(f"model option pretrained must be true or false (got {pretrained!r})")
-        if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
-            raise ConfigError(
-                f"model option patch_size must be an integer >= 1 (got {patch_size!r})"
-            )
-        if depth is not None and (
-            isinstance(depth, bool) or not isinstance(depth, int) or depth < 1
-        ):
-            raise ConfigError(f"model option depth must be an integer >= 1 (got {depth!r})")
+        # The options' own values are checked against the annotations (models.registry);
+        # what they say about each other and the input size, here.
         if pretrained and depth not in (None, config.depth):
             raise ConfigError(f"model {name!r}: the ImageNet weights have {config.depth} blocks")
         if pretrained and patch_size != config.patch_size:
@@ -105,10 +100,12 @@ def _builder(name: str) -> Any:
             pretrained=pretrained,
         )
 
-    build.__name__ = name
+    build.__name__ = build.__qualname__ = name  # the module-level name below (pickle)
     build.__doc__ = f"timm {config.timm_name} (ImageNet weights with pretrained: true)."
-    return build
+    return register_model(name, input_spec=_spec_for(name))(build)
 
 
-for _name in ARCHS:
-    register_model(_name, input_spec=_spec_for(_name))(_builder(_name))
+# Module-level names, where pickle finds their options (``vit_small.Options``).
+vit_small = _builder("vit_small")
+deit_small = _builder("deit_small")
+vit_base = _builder("vit_base")

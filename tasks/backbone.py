@@ -8,6 +8,7 @@ classifier starts fresh, sized for the federated task).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,11 @@ def imagenet_models() -> list[str]:
     return [m for m in list_models() if "pretrained" in model_options(m)]
 
 
-def backbone_options(params: Params) -> dict[str, Any]:
-    """``model.options`` plus ``pretrained`` as ``model.base`` says (for models that take it)."""
+def backbone_options(params: Params) -> Any:
+    """The typed ``model.options`` with ``pretrained`` as ``model.base`` says (for models that
+    take it)."""
     name, base = params.model.name, params.model.base
-    options = dict(params.model.options)
+    options = params.model.options
     if base == "pretrain" and is_text_model(name):
         raise ConfigError(
             f"model.base: pretrain trains image backbones; text model {name!r} starts from its "
@@ -46,15 +48,15 @@ def backbone_options(params: Params) -> dict[str, Any]:
                 f"model.base: imagenet: model {name!r} has no ImageNet weights; models with "
                 f"them: {', '.join(imagenet_models())} (or model.base: pretrain)"
             )
-        options["pretrained"] = True
-    elif takes_pretrained:
-        options["pretrained"] = False  # none: random; pretrain: the stage's weights follow
+        return replace(options, pretrained=True)
+    if takes_pretrained:
+        return replace(options, pretrained=False)  # none: random; pretrain: its weights follow
     return options
 
 
 def model_input(params: Params, info: DatasetInfo) -> ModelInput:
     """What every batch becomes for this backbone (size, channels, normalisation)."""
-    spec = input_spec(params.model.name, **backbone_options(params))
+    spec = input_spec(params.model.name, backbone_options(params))
     return resolve_input(
         spec,
         info.input_shape,
@@ -97,7 +99,7 @@ def build_backbone(
     model_name: str,
     adapter: str,
     base_path: str | None = None,
-    adapter_options: dict[str, Any] | None = None,
+    adapter_options: Any = None,  # the method's typed options (or a mapping)
     **kwargs: Any,
 ) -> nn.Module:
     """The registered backbone, the pretrain base copied in (if any), ``adapter`` injected.

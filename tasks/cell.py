@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
-from fedcore.algorithms import RunSpec, build_algorithm
+from fedcore.algorithms import RunSpec
 from fedcore.client import LocalConfig
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
@@ -20,7 +20,7 @@ from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
 from fedcore.schedules import LRSchedule
-from models.adapters import AdapterMethod, check_adapter, get_adapter
+from models.adapters import AdapterMethod
 from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
 from tasks.data import ExperimentData, shards_of
@@ -44,11 +44,11 @@ def model_factory(
         params.model.name,
         adapter,
         base_path,
-        params.grid.adapter_options.get(adapter),
+        params.grid.adapter(adapter).options,
         num_classes=info.num_classes,
         in_channels=inp.channels,
         input_size=inp.size,
-        **backbone_options(params),
+        options=backbone_options(params),
     )
 
 
@@ -67,9 +67,9 @@ def require_base(params: Params, base_path: str | Path | None) -> str | None:
 
 def check_cell(params: Params, algorithm: str, adapter: str) -> None:
     """A grid cell the algorithm refuses (its ``check`` hook) -> one line, before any data."""
-    check_adapter(adapter)
-    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
-    algo.check(RunSpec(adapter=adapter, optimizer=params.client.optimizer))
+    params.grid.algorithm(algorithm).check(
+        RunSpec(adapter=adapter, optimizer=params.client.optimizer)
+    )
 
 
 def cell_name(algorithm: str, adapter: str) -> str:
@@ -110,9 +110,9 @@ def build_simulation(
 ) -> Cell:
     """The Simulation of one (algorithm, adapter) cell on ``part``, configured from ``params``
     (client optimiser, LR schedule, federation, device, workers, engine, cohort size)."""
-    method = get_adapter(check_adapter(adapter), params.grid.adapter_options.get(adapter))
+    method = params.grid.adapter(adapter)
     base = require_base(params, base_path)
-    algo = build_algorithm(algorithm, **params.grid.algorithm_options.get(algorithm, {}))
+    algo = params.grid.algorithm(algorithm)
     device = resolve_device(params.runtime.device)
     m = clients_per_round(params)
     c, s = params.client, params.lr_schedule

@@ -1,26 +1,41 @@
 """params.yaml -> frozen, validated configuration, parsed once at the flow edge.
 
-Errors come out as one line naming the file, the YAML line, the dotted key and what is
-allowed, e.g. ``params.yaml:14: federation.rounds: must be >= 1 (got 0)``.
+The options of each registry entry (``grid.algorithm_options.<algorithm>``,
+``grid.adapter_options.<method>``, ``partition.<scheme>``, ``model.options``) are typed by the
+entry's own frozen options dataclass (``fedcore.options``), embedded in :class:`Params`, so the
+whole file goes through one pydantic validation and tasks receive typed objects.
+
+Errors come out as one line (``fedcore.options.describe``) naming the file, the YAML line, the
+dotted key and what is allowed, e.g.
+``params.yaml:14: federation.rounds: must be greater than or equal to 1 (got 0)``.
 """
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
     ValidationError,
+    ValidationInfo,
+    create_model,
     field_validator,
-    model_validator,
+    model_serializer,
 )
 
-from fedcore.errors import ConfigError
+from fedcore.algorithms import ALGORITHMS, FederatedAlgorithm, build_algorithm
+from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.options import describe, fields_at, location
+from fedcore.partition import PARTITIONERS, scheme_options_type
+from models.adapters import ADAPTER_METHODS, AdapterMethod, get_adapter
+from models.registry import list_models, model_options_type
+from tasks.yamlfile import apply_overrides, read_mapping, where
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -43,40 +58,55 @@ class DataSection(_Section):
     download: bool = True
 
 
-class PartitionSection(BaseModel):
+class _ByName(_Section):
+    """One optional, typed options entry per registered name; dumps only the entries given."""
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def given(self, name: str) -> Any | None:
+        return getattr(self, name, None)
+
+
+def _by_name(model: str, entries: Mapping[str, type[Any]], base: type[BaseModel] = _ByName) -> Any:
+    fields: dict[str, Any] = {name: (cls | None, None) for name, cls in sorted(entries.items())}
+    return create_model(model, __base__=base, **fields)
+
+
+AlgorithmOptions = _by_name("AlgorithmOptions", ALGORITHMS)
+AdapterOptions = _by_name("AdapterOptions", {n: c.Options for n, c in ADAPTER_METHODS.items()})
+_SchemeOptions = _by_name("SchemeOptions", {s: scheme_options_type(s) for s in PARTITIONERS})
+
+
+class PartitionSection(_SchemeOptions):  # type: ignore[misc,valid-type]
     """``scheme`` and ``num_clients``, plus one sub-section of options per scheme.
 
     Options live under the scheme's own name (``partition.dirichlet_classwise.beta``), so
-    switching ``scheme`` never leaves another scheme's options in the way.
+    switching ``scheme`` never leaves another scheme's options in the way; every scheme's
+    section is checked, the selected one's used.
     """
 
-    model_config = ConfigDict(frozen=True, extra="allow")
     scheme: str = "dirichlet_classwise"
     num_clients: int = Field(10, ge=1)
 
-    @model_validator(mode="after")
-    def _sections_are_mappings(self) -> PartitionSection:
-        for key, value in (self.model_extra or {}).items():
-            if not isinstance(value, dict):
-                raise ValueError(
-                    f"partition.{key} must be a mapping: scheme options go under the "
-                    f"scheme's name, e.g. partition.dirichlet_classwise.beta"
-                )
-        return self
+    @field_validator("scheme")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in PARTITIONERS:
+            raise ValueError(str(UnknownNameError("partition scheme", v, PARTITIONERS)))
+        return v
 
     @property
-    def options(self) -> dict[str, Any]:
-        """The options of the selected scheme."""
-        return dict((self.model_extra or {}).get(self.scheme, {}))
-
-    @property
-    def option_sections(self) -> list[str]:
-        return sorted(self.model_extra or {})
+    def options(self) -> Any:
+        """The typed options of the selected scheme (its defaults when none are given)."""
+        return self.given(self.scheme) or scheme_options_type(self.scheme)()
 
 
 class ModelSection(_Section):
     name: str = "cifar_cnn"
-    options: dict[str, Any] = Field(default_factory=dict)
+    # the backbone's typed options (models.registry.model_options_type(name))
+    options: Any = Field(None, validate_default=True)
     # Side length fed to the backbone (images are resized per batch); null: the backbone's
     # own (resnet26 72, ImageNet-pretrained 224) or else the data's.
     input_size: int | None = Field(None, ge=1, le=1024)
@@ -85,12 +115,23 @@ class ModelSection(_Section):
     # stage's backbone, trained on data the federation never sees).
     base: Literal["none", "imagenet", "pretrain"] = "none"
 
-    @field_validator("options")
+    @field_validator("name")
     @classmethod
-    def _no_pretrained_option(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if "pretrained" in v:
-            raise ValueError("set model.base (none | imagenet | pretrain) instead of pretrained")
+    def _known(cls, v: str) -> str:
+        if v not in list_models():
+            raise ValueError(str(UnknownNameError("model", v, list_models())))
         return v
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _typed(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, Mapping) and "pretrained" in v:
+            raise ValueError("set model.base (none | imagenet | pretrain) instead of pretrained")
+        name = info.data.get("name")
+        if name is None:  # the name was refused: that is the error to report
+            return v
+        kind = model_options_type(name)
+        return v if isinstance(v, kind) else TypeAdapter(kind).validate_python(dict(v or {}))
 
 
 class PretrainSection(_Section):
@@ -152,9 +193,34 @@ class ScheduleSection(_Section):
 class GridSection(_Section):
     algorithms: tuple[str, ...] = ("fedavg",)
     adapters: tuple[str, ...] = ("full",)
-    algorithm_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # per adapter method, e.g. {lora: {r: 8, alpha: 16}}; checked by the method before the flow
-    adapter_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # per algorithm, e.g. {fedprox: {mu: 0.1}}: each typed by the algorithm's own dataclass
+    algorithm_options: AlgorithmOptions = AlgorithmOptions()  # type: ignore[valid-type]
+    # per adapter method, e.g. {lora: {r: 8, alpha: 16}}: typed by the method's Options
+    adapter_options: AdapterOptions = AdapterOptions()  # type: ignore[valid-type]
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algorithms(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if name not in ALGORITHMS:
+                raise ValueError(str(UnknownNameError("algorithm", name, ALGORITHMS)))
+        return v
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if name not in ADAPTER_METHODS:
+                raise ValueError(str(UnknownNameError("adapter method", name, ADAPTER_METHODS)))
+        return v
+
+    def algorithm(self, name: str) -> FederatedAlgorithm:
+        """A fresh algorithm ``name`` with its typed options (server state of its own)."""
+        return build_algorithm(name, self.algorithm_options.given(name))
+
+    def adapter(self, name: str) -> AdapterMethod:
+        """Adapter method ``name`` with its typed options."""
+        return get_adapter(name, self.adapter_options.given(name))
 
 
 class PersonalizeSection(_Section):
@@ -274,114 +340,30 @@ def experiment_dir(params: Params) -> Path:
 # ---- loading ------------------------------------------------------------------------------
 
 
-def _yaml_line(text: str, path: tuple[Any, ...]) -> int | None:
-    """1-based line of the YAML node at ``path`` (or of its deepest existing parent)."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line = None
-    for key in path:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == str(key):
-                    line, node = k.start_mark.line + 1, v
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
+def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]) -> str:
+    """fedcore.options' one error line, prefixed with the file and the YAML line."""
 
+    def sections(loc: tuple[Any, ...]) -> list[str]:
+        if loc[:2] == ("model", "options"):  # typed by model.name, at run time
+            name = (data.get("model") or {}).get("name", ModelSection().name)
+            return fields_at(model_options_type(name), loc[2:]) if name in list_models() else []
+        return fields_at(Params, loc)
 
-def _where(source: str, text: str, path: tuple[Any, ...]) -> str:
-    line = _yaml_line(text, path) if text else None
-    return f"{source}:{line}" if line else source
-
-
-def _one_line(err: ValidationError, source: str, text: str) -> str:
-    e = err.errors()[0]
-    loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
-    key = ".".join(str(x) for x in loc)
-    if e["type"] == "extra_forbidden":
-        section = _section_model(loc[:-1])
-        allowed = ", ".join(section.model_fields) if section else ""
-        msg = f"unknown key {key!r}; allowed: {allowed}"
-    else:
-        msg = f"{key}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
-    return f"{_where(source, text, loc)}: {msg}"
-
-
-def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    model: type[BaseModel] = Params
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None) if field else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b=value`` -> (["a", "b"], yaml-parsed value)."""
-    if "=" not in item:
-        raise ConfigError(f"--set expects key=value (got {item!r})")
-    key, raw = item.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
-        raise ConfigError(f"--set expects key=value (got {item!r})")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
-    return parts, value
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    data = copy.deepcopy(raw)
-    for item in overrides:
-        parts, value = parse_override(item)
-        if parts[0] not in Params.model_fields:
-            raise ConfigError(
-                f"--set {'.'.join(parts)}: unknown key {parts[0]!r}; allowed: "
-                + ", ".join(Params.model_fields)
-            )
-        node = data
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {'.'.join(parts)}: {p!r} is not a section")
-        node[parts[-1]] = value
-    return data
+    place = where(source, text, location(err.errors()[0]))
+    return f"{place}: {describe(err, Params, sections=sections)}"
 
 
 def load_params(path: str | Path | None = None, overrides: list[str] | None = None) -> Params:
     """Read params.yaml (or only defaults when ``path`` is None and none exists)."""
     source = str(path or DEFAULT_PARAMS)
-    text = ""
-    p = Path(source)
-    if p.exists():
-        text = p.read_text()
-    elif path is not None:
-        raise ConfigError(f"params file {source} not found")
-    try:
-        raw = yaml.safe_load(text) if text else {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
-    data = apply_overrides(raw, overrides or [])
+    text, raw = "", {}
+    if path is not None or Path(source).exists():
+        if not Path(source).exists():
+            raise ConfigError(f"params file {source} not found")
+        text, raw = read_mapping(source)
+    data = apply_overrides(raw, overrides or [], Params.model_fields)
     try:
         return Params.model_validate(data)
     except ValidationError as err:
         label = source if not overrides else f"{source} (with --set)"
-        raise ConfigError(_one_line(err, label, text)) from None
+        raise ConfigError(_one_line(err, label, text, data)) from None

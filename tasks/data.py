@@ -92,7 +92,7 @@ def text_tokenizer_for(params: Params, dataset: Any) -> Any:
             f"model {name!r} takes text and dataset {params.data.dataset!r} holds images; "
             f"choose a text dataset (tweet_sentiment) or an image model"
         )
-    return text_tokenizer(name, **params.model.options) if text else None
+    return text_tokenizer(name, params.model.options) if text else None
 
 
 @functools.lru_cache(maxsize=4)
@@ -127,7 +127,7 @@ def build_partition(params: Params, data: ExperimentData) -> Partition:
             f"partition.num_clients: {p.num_clients} clients but only {len(labels)} training samples"
         )
     part = make_partition(
-        p.scheme, labels, num_clients=p.num_clients, seed=params.experiment.seed, **p.options
+        p.scheme, labels, num_clients=p.num_clients, seed=params.experiment.seed, options=p.options
     )
     # Map positions in the subset back to rows of the dataset so the manifest is self-contained.
     mapped = tuple(np.sort(data.train_idx[ix]) for ix in part.client_indices)

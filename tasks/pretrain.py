@@ -129,7 +129,7 @@ def train_base(params: Params, out_dir: str | Path) -> dict[str, Any]:
         num_classes=train.info.num_classes,
         in_channels=inp.channels,
         input_size=inp.size,
-        **backbone_options(params),
+        options=backbone_options(params),
     )
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     cfg = LocalConfig(

@@ -22,7 +22,6 @@ from fedcore.engine import History, Simulation
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, summarize
-from models.adapters import get_adapter
 from models.serving import ImageServing
 from tasks import tracking
 from tasks.backbone import model_input
@@ -295,7 +294,7 @@ def run_cell(
             tracking.log_final_metrics(run_id, record)
             # The registry holds the merged plain model (adapters folded into the backbone)
             # where the method allows it, else the adapted model.
-            method = get_adapter(adapter, params.grid.adapter_options.get(adapter))
+            method = params.grid.adapter(adapter)
             model = method.merge(model) or model
             reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
             record["registered_model"] = reg

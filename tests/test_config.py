@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.errors import ConfigError
+from fedcore.options import dump
 from tasks.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,10 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_repo_params_parse():
     p = load_params(REPO / "params.yaml")
     assert p.data.dataset == "fashion_mnist"
-    assert p.partition.scheme == "dirichlet_classwise" and p.partition.options == {
-        "beta": 0.5,
-        "min_size": 10,
-    }
+    assert p.partition.scheme == "dirichlet_classwise"
+    assert dump(p.partition.options) == {"beta": 0.5, "min_size": 10}
     assert p.grid.algorithms == ("fedavg",)
 
 
@@ -26,11 +25,11 @@ def test_overrides_and_flat():
     p = load_params(
         REPO / "params.yaml", ["federation.rounds=3", "partition.dirichlet_classwise.beta=0.3"]
     )
-    assert p.federation.rounds == 3 and p.partition.options["beta"] == 0.3
+    assert p.federation.rounds == 3 and p.partition.options.beta == 0.3
     flat = p.flat()
     assert flat["federation.rounds"] == 3 and flat["partition.dirichlet_classwise.beta"] == 0.3
     q = load_params(REPO / "params.yaml", ["partition.scheme=labels_per_client"])
-    assert q.partition.options == {"m": 2}
+    assert dump(q.partition.options) == {"m": 2}
 
 
 def write(tmp_path, text):
@@ -51,7 +50,17 @@ def write(tmp_path, text):
         ("client:\n  lr: -0.1\n", "client.lr"),
         ("federation:\n  rounds: [\n", "malformed YAML"),
         ("bogus: 1\n", "unknown key 'bogus'"),
-        ("partition:\n  beta: 0.5\n", "partition.beta must be a mapping"),
+        ("partition:\n  beta: 0.5\n", "params.yaml:2: unknown key 'partition.beta'; allowed: "),
+        # every registry entry's options are typed by its own dataclass, with the YAML line
+        ("partition:\n  iid: {}\n  gaussian_noise:\n    sigma: -1\n", "params.yaml:4: "),
+        ("grid:\n  algorithm_options:\n    fedprox:\n      mu: '0.1'\n", "params.yaml:4: "),
+        ("grid:\n  algorithm_options:\n    fedprx: {mu: 1}\n", "allowed: fedadagrad, "),
+        ("grid:\n  algorithm_options:\n    fednilo: {K: true}\n", "fednilo.K: must be a"),
+        ("grid:\n  adapters: [full, lorra]\n", "grid.adapters: unknown adapter method 'lorra'"),
+        ("grid:\n  algorithms: [fedsgd]\n", "params.yaml:2: grid.algorithms: unknown algo"),
+        ("model:\n  name: vit_small\n  options:\n    depth: 0\n", "params.yaml:4: model.op"),
+        ("model:\n  options:\n    initt: x\n", "unknown key 'model.options.initt'; allowed: init"),
+        ("model:\n  name: cnn\n", "params.yaml:2: model.name: unknown model 'cnn'; valid: "),
         ("- a\n- b\n", "mapping"),
     ],
 )
@@ -77,6 +86,23 @@ def test_bad_params_one_line(tmp_path, text, needle):
 def test_bad_overrides(override, needle):
     with pytest.raises(ConfigError, match=needle):
         load_params(REPO / "params.yaml", [override])
+
+
+def test_options_are_typed_objects():
+    """Tasks get the registry entries' own options objects, defaults filled in; the summary
+    and tracking params record the options given (with their defaults), not the empty ones."""
+    p = load_params(
+        REPO / "params.yaml",
+        ["grid.algorithm_options={fedprox: {mu: 1}}", "grid.adapter_options={lora: {r: 4}}"],
+    )
+    algo = p.grid.algorithm("fedprox")
+    assert algo.mu == 1.0 and isinstance(algo.mu, float)
+    assert p.grid.algorithm("fedprox") is not algo  # a fresh one (server state) per cell
+    assert p.grid.algorithm("fedavgm").momentum == 0.9  # not given: the defaults
+    assert p.grid.adapter("lora").options.r == 4
+    flat = p.flat()
+    assert flat["grid.algorithm_options.fedprox.mu"] == 1.0
+    assert not any(k.startswith("grid.algorithm_options.fedavgm") for k in flat)
 
 
 def test_missing_params_file(tmp_path):
@@ -111,3 +137,30 @@ def test_params_are_typed_once():
         if "Params.model_validate" in line
     ]
     assert found == []
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "is a directory, not a YAML file"),
+        (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "is not UTF-8 text"),
+        (b"", "is empty: it needs at least one section"),
+        (b"# only a comment\n", "is empty"),
+        (
+            b"federation:\n  rounds: 3\n  rounds: 4\n",
+            "params.yaml:3: malformed YAML: duplicate key",
+        ),
+        (b"federation:\n  rounds: 3\nfederation:\n  rounds: 4\n", "duplicate key 'federation'"),
+    ],
+)
+def test_unreadable_params_files_are_one_line(tmp_path, content, needle):
+    """A directory, a binary file, an empty file or a key given twice: one line, not the
+    defaults and not a traceback (YAML itself lets the last duplicate win)."""
+    f = tmp_path / "params.yaml"
+    if content is None:
+        f.mkdir()
+    else:
+        f.write_bytes(content)
+    with pytest.raises(ConfigError) as exc:
+        load_params(f)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)

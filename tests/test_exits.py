@@ -19,6 +19,8 @@ from fedcore.errors import ConfigError
 from fedcore.schedules import LRSchedule
 from flows.cli import results_table
 from models.adapters import adapt, get_adapter
+from models.adapters.accumulator import AccumulatorOptions
+from models.adapters.exits import ExitOptions
 from tasks.train import exit_accuracies
 from tests.helpers import toy_data
 from tests.test_lora import tiny_bert, tiny_vit
@@ -194,21 +196,61 @@ def test_engine_logs_accuracy_at_every_exit():
     assert list(table.columns[-1].cells) == ["payload 75.0 (+12.5)"]
 
 
+KEY = "grid.adapter_options.accumulator"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"exit": 2}, "exit 2 is beyond the model's exits 0..1"),
-        ({"exits": "multitier", "tiers": [0, 5]}, "tier 5 is beyond the model's exits 0..1"),
-        ({"exits": "multitier"}, "multitier needs tiers"),
-        ({"exits": "sometimes"}, "exits must be one of last, anytime, multitier"),
-        ({"tiers": [1]}, "tiers are only used with exits: multitier"),
-        ({"depth": 3}, "unknown options depth"),
+        # depth-dependent: found when the method is injected
+        ({"exit": 2}, "adapter 'accumulator': exit 2 is beyond the model's exits 0..1"),
+        (
+            {"exits": "multitier", "tiers": [0, 5]},
+            "adapter 'accumulator': tier 5 is beyond the model's exits 0..1",
+        ),
+        ({"heads": 5}, "adapter 'accumulator': heads 5 must divide the width"),
+        # the options alone
+        ({"exits": "multitier"}, f"{KEY}: exits: multitier needs tiers (e.g. [1, 3, 5])"),
+        (
+            {"exits": "sometimes"},
+            f"{KEY}.exits: must be 'last', 'anytime' or 'multitier' (got 'sometimes')",
+        ),
+        ({"tiers": [1]}, f"{KEY}: tiers are only used with exits: multitier"),
+        (
+            {"exits": "multitier", "tiers": [1, -1]},
+            f"{KEY}.tiers.1: must be greater than or equal to 0 (got -1)",
+        ),
+        (
+            {"exits": "multitier", "tiers": [True]},
+            f"{KEY}.tiers.0: must be a valid integer (got True)",
+        ),
+        ({"exit": -1}, f"{KEY}.exit: must be greater than or equal to 0 (got -1)"),
+        ({"exit": "1"}, f"{KEY}.exit: must be a valid integer (got '1')"),
+        ({"heads": 0}, f"{KEY}.heads: must be greater than or equal to 1 (got 0)"),
+        ({"mlp_ratio": float("nan")}, f"{KEY}.mlp_ratio: must be a finite number (got nan)"),
+        (
+            {"depth": 3},
+            f"unknown key '{KEY}.depth'; allowed: exits, tiers, exit, heads, mlp_ratio",
+        ),
     ],
 )
 def test_bad_exit_options_stop_in_one_line(options, message):
-    with pytest.raises(ConfigError, match=message) as err:
+    with pytest.raises(ConfigError) as err:
         build("bert", "accumulator", options)
-    assert "\n" not in str(err.value)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_layerwise_methods_take_the_exit_options_only():
+    with pytest.raises(ConfigError) as err:
+        get_adapter("lw_mlp", {"heads": 2})
+    assert str(err.value) == (
+        "unknown key 'grid.adapter_options.lw_mlp.heads'; allowed: exits, tiers, exit"
+    )
+    m = get_adapter("lw_linear", {"exits": "multitier", "tiers": [0, 1], "exit": 0})
+    assert m.options == ExitOptions(exits="multitier", tiers=(0, 1), exit=0)
+    plan = build("bert", "lw_linear", {"exits": "multitier", "tiers": [0, 1]}).exit_plan
+    assert (plan.mode, plan.tiers, plan.exit) == ("multitier", (0, 1), None)
+    assert get_adapter("accumulator", {"tiers": None}).options == AccumulatorOptions()
 
 
 def test_exit_methods_do_not_apply_to_cnns():

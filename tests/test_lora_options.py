@@ -42,13 +42,30 @@ def test_unknown_target_module_is_one_line_and_nothing_changes():
     [
         (
             {"rank": 4},
-            "adapter 'lora' takes no option 'rank'; allowed: r, alpha, dropout, target_modules",
+            "unknown key 'grid.adapter_options.lora.rank'; allowed: r, alpha, dropout, "
+            "target_modules",
         ),
-        ({"r": 0}, "lora option 'r' must be an integer >= 1 (got 0)"),
-        ({"r": 2.5}, "lora option 'r' must be an integer >= 1 (got 2.5)"),
-        ({"alpha": -1}, "lora option 'alpha' must be a number > 0 (got -1)"),
-        ({"dropout": 1.0}, "lora option 'dropout' must be a number in [0, 1) (got 1.0)"),
-        ({"target_modules": []}, "lora option 'target_modules' must be a list of module names"),
+        ({"r": 0}, "grid.adapter_options.lora.r: must be greater than or equal to 1 (got 0)"),
+        ({"r": 2.5}, "grid.adapter_options.lora.r: must be a valid integer (got 2.5)"),
+        ({"r": "4"}, "grid.adapter_options.lora.r: must be a valid integer (got '4')"),
+        ({"r": True}, "grid.adapter_options.lora.r: must be a valid integer (got True)"),
+        ({"alpha": -1}, "grid.adapter_options.lora.alpha: must be greater than 0 (got -1)"),
+        ({"alpha": "16"}, "grid.adapter_options.lora.alpha: must be a valid number (got '16')"),
+        ({"alpha": float("nan")}, "grid.adapter_options.lora.alpha: must be a finite number"),
+        (
+            {"dropout": 1.0},
+            "grid.adapter_options.lora.dropout: must be less than 1 (got 1.0)",
+        ),
+        (
+            {"dropout": -0.1},
+            "grid.adapter_options.lora.dropout: must be greater than or equal to 0 (got -0.1)",
+        ),
+        (
+            {"target_modules": []},
+            "grid.adapter_options.lora.target_modules: must be a list of module names",
+        ),
+        ({"target_modules": [3]}, "grid.adapter_options.lora.target_modules.0: must be a valid"),
+        ({"target_modules": [""]}, "grid.adapter_options.lora.target_modules.0: "),
     ],
 )
 def test_bad_options_are_one_line(options, needle):
@@ -58,14 +75,28 @@ def test_bad_options_are_one_line(options, needle):
 
 
 def test_options_reach_the_layers():
-    o = LoraOptions.parse({"r": 4, "alpha": 8, "dropout": 0.1})
-    assert (o.r, o.alpha, o.dropout) == (4, 8.0, 0.1)
+    o = get_adapter("lora", {"r": 4, "alpha": 8, "dropout": 0.1}).options
+    assert o == LoraOptions(r=4, alpha=8.0, dropout=0.1)
+    assert isinstance(o.alpha, float) and isinstance(o.dropout, float)
     model = build("bert", options={"r": 4, "alpha": 8, "dropout": 0.1})
     layer = next(iter(lora_layers(model).values()))
     assert layer.r["default"] == 4 and layer.scaling["default"] == 2.0
     assert layer.lora_dropout["default"].p == 0.1
-    with pytest.raises(ConfigError, match="adapter 'head' takes no options"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'grid.adapter_options.head.r'; allowed: none"
+    ):
         get_adapter("head", {"r": 4})
+
+
+def test_typed_options_are_taken_as_they_are():
+    """A ``LoraOptions`` instance (what ``tasks.config`` hands over) builds the same model as
+    the mapping; a name alone is a list of one."""
+    o = LoraOptions(r=2, target_modules=("key",))
+    assert get_adapter("lora", o).options is o
+    a, b = build("bert", options=o), build("bert", options={"r": 2, "target_modules": "key"})
+    assert list(lora_layers(a)) == list(lora_layers(b))
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_vit_weights_offline_are_one_line(monkeypatch):
@@ -84,7 +115,10 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--set", "grid.adapter_options.lora.r=0"], "lora option 'r' must be an integer >= 1"),
+        (
+            ["--set", "grid.adapter_options.lora.r=0"],
+            "grid.adapter_options.lora.r: must be greater than or equal to 1 (got 0)",
+        ),
         pytest.param(  # found when the preflight builds the model: after loading the data
             ["--set", "grid.adapter_options.lora.target_modules=[qery]"],
             "lora target module 'qery' not found in CifarCNN",

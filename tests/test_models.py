@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import math
+import pickle
+import re
 
 import pytest
 import torch
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.payload import tensor_nbytes
-from models import count_parameters, get_model, list_models, register_model
+from models import (
+    count_parameters,
+    get_model,
+    input_spec,
+    list_models,
+    model_options,
+    register_model,
+)
 from models import registry as model_registry
 from models.text import is_text_model
 
@@ -168,20 +177,99 @@ def test_bad_common_arguments(name):
     build(name, input_size=MIN_SIZE[name])  # the smallest size is accepted
 
 
-def test_bad_model_names_and_options():
+def test_bad_model_names():
     with pytest.raises(
         UnknownNameError,
         match="unknown model 'vgg'; valid: cifar_cnn, deit_small, efficientnet_lite0, lenet5",
     ):
         get_model("vgg", num_classes=10)
-    with pytest.raises(ConfigError, match="takes no option 'depth'; allowed: init$"):
-        get_model("cifar_cnn", num_classes=10, depth=3)
-    with pytest.raises(ConfigError, match="takes no option 'width'; allowed: norm$"):
-        get_model("lenet5", num_classes=10, width=2)
-    with pytest.raises(ConfigError, match="norm must be one of none, batch, group"):
-        get_model("lenet5", num_classes=10, norm="layer")
-    with pytest.raises(ConfigError, match="init must be one of pytorch, seed004"):
-        get_model("cifar_cnn", num_classes=10, init="xavier")
-    for width in (0, -1.0, "wide"):
-        with pytest.raises(ConfigError, match="width must be > 0"):
-            get_model("resnet26", num_classes=10, width=width)
+    with pytest.raises(UnknownNameError, match="unknown model 'vgg'"):
+        model_registry.model_options_type("vgg")
+
+
+INF = float("inf")
+
+
+# Every option is checked against its builder's annotations before anything is built (so the
+# pretrained and text models below fail fast too), with one line naming model.options.<key>.
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("cifar_cnn", {"depth": 3}, "unknown key 'model.options.depth'; allowed: init"),
+        ("lenet5", {"width": 2}, "unknown key 'model.options.width'; allowed: norm"),
+        ("vit_small", {"foo": 1}, "unknown key 'model.options.foo'; allowed: pretrained, patch_size, depth"),
+        ("tv_resnet18", {"depth": 2}, "unknown key 'model.options.depth'; allowed: pretrained"),
+        ("lenet5", {"norm": "layer"}, "model.options.norm: must be 'none', 'batch' or 'group' (got 'layer')"),
+        ("cifar_cnn", {"init": "xavier"}, "model.options.init: must be 'pytorch' or 'seed004' (got 'xavier')"),
+        ("resnet26", {"width": 0}, "model.options.width: must be greater than 0 (got 0)"),
+        ("resnet26", {"width": -1.0}, "model.options.width: must be greater than 0 (got -1.0)"),
+        ("resnet26", {"width": "wide"}, "model.options.width: must be a valid number (got 'wide')"),
+        ("resnet26", {"width": True}, "model.options.width: must be a valid number (got True)"),
+        ("resnet26", {"width": INF}, "model.options.width: must be a finite number (got inf)"),
+        ("vit_small", {"patch_size": "16"}, "model.options.patch_size: must be a valid integer (got '16')"),
+        ("vit_small", {"patch_size": True}, "model.options.patch_size: must be a valid integer (got True)"),
+        ("vit_small", {"patch_size": 2.5}, "model.options.patch_size: must be a valid integer (got 2.5)"),
+        ("vit_small", {"patch_size": 0}, "model.options.patch_size: must be greater than or equal to 1 (got 0)"),
+        ("deit_small", {"depth": 0}, "model.options.depth: must be greater than or equal to 1 (got 0)"),
+        ("vit_base", {"depth": "2"}, "model.options.depth: must be a valid integer (got '2')"),
+        ("vit_small", {"pretrained": 1}, "model.options.pretrained: must be a valid boolean (got 1)"),
+        ("tv_resnet18", {"pretrained": "yes"}, "model.options.pretrained: must be a valid boolean (got 'yes')"),
+        ("efficientnet_lite0", {"pretrained": 0}, "model.options.pretrained: must be a valid boolean (got 0)"),
+        ("minilm", {"max_length": 1000}, "model.options.max_length: must be less than or equal to 512 (got 1000)"),
+        ("minilm", {"max_length": 1}, "model.options.max_length: must be greater than or equal to 2 (got 1)"),
+        ("minilm", {"max_length": 64.0}, "model.options.max_length: must be a valid integer (got 64.0)"),
+        ("minilm", {"pooling": "max"}, "model.options.pooling: must be 'cls' or 'mean' (got 'max')"),
+        ("text_hf", {"hf_name": 3}, "model.options.hf_name: must be a valid string (got 3)"),
+    ],
+)  # fmt: skip
+def test_bad_options_are_one_line(name, options, message):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        get_model(name, num_classes=10, **options)
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        input_spec(name, **options)  # the same path, the same line
+
+
+def test_vit_rules_between_options_and_input_stay_in_the_builder():
+    with pytest.raises(ConfigError, match="'vit_small': the ImageNet weights have 12 blocks"):
+        get_model("vit_small", num_classes=10, pretrained=True, depth=2)  # before any download
+    with pytest.raises(ConfigError, match=r"16-pixel patches \(got patch_size 8\)"):
+        get_model("deit_small", num_classes=10, pretrained=True, patch_size=8)
+    with pytest.raises(ConfigError, match="multiple of its 4-pixel patch .got 30; e.g. .* 32"):
+        get_model("vit_base", num_classes=10, input_size=30, patch_size=4, depth=1)
+
+
+def test_typed_options_are_accepted():
+    kind = model_registry.model_options_type("vit_small")
+    assert model_options("vit_small") == ["pretrained", "patch_size", "depth"]
+    assert (kind().pretrained, kind().patch_size, kind().depth) == (False, 16, None)
+
+    def vit(**kw):
+        torch.manual_seed(0)
+        return get_model("vit_small", num_classes=10, input_size=16, **kw)
+
+    typed = vit(options=kind(patch_size=4, depth=2))
+    assert len(typed.blocks) == 2 and typed.patch_embed.proj.kernel_size == (4, 4)
+    for other in (vit(options={"patch_size": 4}, depth=2), vit(patch_size=4, depth=2)):
+        a, b = typed.state_dict(), other.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # keywords win over the instance, and the result is checked again (an instance may be
+    # hand-made: dataclasses do not validate)
+    assert len(vit(options=kind(patch_size=4, depth=2), depth=1).blocks) == 1
+    with pytest.raises(ConfigError, match="^model.options.depth: must be greater than or equal"):
+        vit(options=kind(depth=0))
+    cnn_options = model_registry.model_options_type("cifar_cnn")()
+    with pytest.raises(ConfigError, match=r"^model.options: must be a mapping .*cifar_cnn.Opt"):
+        vit(options=cnn_options)
+    lite = model_registry.model_options_type("efficientnet_lite0")
+    assert input_spec("efficientnet_lite0", options=lite(pretrained=False)).size is None
+    assert input_spec("efficientnet_lite0", options=lite()).size == 224  # the builder's default
+    assert get_model("resnet26", num_classes=10, width=1).fc.in_features == 256  # int is a float
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_options_types_pickle(name):
+    """Options travel to worker processes inside the params: by reference, as <builder>.Options."""
+    kind = model_registry.model_options_type(name)
+    assert kind.__qualname__ == f"{name}.Options"
+    options = kind()
+    assert pickle.loads(pickle.dumps(options)) == options

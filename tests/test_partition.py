@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import stat
 import warnings
@@ -15,12 +16,15 @@ import pytest
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.manifest import partition_stats, read_manifest, write_manifest, write_stats
+from fedcore.options import dump
 from fedcore.partition import (
     Partition,
     client_sizes,
+    dirichlet_classwise,
     list_partitioners,
     make_partition,
     scheme_options,
+    scheme_options_type,
 )
 
 LABELS = np.repeat(np.arange(10), 600)  # 6,000 samples, class k at indices 600k .. 600k+599
@@ -157,7 +161,7 @@ def test_classwise_mean_share_of_class_k_on_client_j_is_one_over_n():
 
 def test_classwise_min_size_holds_and_is_checked():
     assert part("dirichlet_classwise", 20, 3, beta=0.3, min_size=50).sizes().min() >= 50
-    with pytest.raises(ConfigError, match=re.escape("min_size must be an integer in [0, 600]")):
+    with pytest.raises(ConfigError, match=re.escape("min_size: must be less than or equal to 600")):
         part("dirichlet_classwise", beta=0.5, min_size=601)
     impossible = np.repeat([0, 1], 50)  # 4 clients x exactly 25 each from Dir(0.01) draws
     with pytest.raises(ConfigError, match="min_size: no draw .* lower min_size or raise beta"):
@@ -224,26 +228,43 @@ def test_client_sizes_equal_is_largest_remainder():
 
 # ---- errors: one line, naming the parameter and its range ------------------------------------
 
+CW = "partition.dirichlet_classwise"
+
 
 @pytest.mark.parametrize(
     ("scheme", "opts", "message"),
     [
-        ("dirichlet_classwise", {"beta": 0}, "dirichlet_classwise.beta must be a finite number > 0 (got 0)"),
-        ("dirichlet_classwise", {"beta": -1.0}, "beta must be a finite number > 0 (got -1.0)"),
-        ("dirichlet_classwise", {"beta": float("nan")}, "beta must be a finite number > 0 (got nan)"),
-        ("dirichlet_classwise", {"beta": "0.5"}, "beta must be a finite number > 0 (got '0.5')"),
-        ("dirichlet_classwise", {"min_size": -1}, "min_size must be an integer in [0, 600] (got -1)"),
-        ("dirichlet_clientwise", {"alpha": 0}, "dirichlet_clientwise.alpha must be a finite number > 0"),
-        ("dirichlet_clientwise", {"sizes": "lognormal"}, "sizes must be one of equal, normal, dirichlet"),
-        ("dirichlet_clientwise", {"size_rel_std": -1}, "size_rel_std must be a finite number >= 0"),
-        ("labels_per_client", {"m": 0}, "labels_per_client.m must be an integer in [1, 10] (got 0)"),
-        ("labels_per_client", {"m": 11}, "labels_per_client.m must be an integer in [1, 10] (got 11)"),
-        ("labels_per_client", {"m": 2.5}, "m must be an integer in [1, 10] (got 2.5)"),
-        ("gaussian_noise", {"sigma": -1}, "gaussian_noise.sigma must be a finite number >= 0 (got -1)"),
-        ("quantity_normal", {"rel_std": -0.1}, "quantity_normal.rel_std must be a finite number >= 0"),
-        ("quantity_dirichlet", {"beta": 0}, "quantity_dirichlet.beta must be a finite number > 0"),
-        ("iid", {"beta": 1}, "partition.iid.beta is not an option of iid; allowed: none"),
-        ("dirichlet_classwise", {"alpha": 1}, "alpha is not an option of dirichlet_classwise; allowed: beta, min_size"),
+        ("dirichlet_classwise", {"beta": 0}, f"{CW}.beta: must be greater than 0 (got 0)"),
+        ("dirichlet_classwise", {"beta": -1.0}, f"{CW}.beta: must be greater than 0 (got -1.0)"),
+        ("dirichlet_classwise", {"beta": float("nan")}, f"{CW}.beta: must be a finite number (got nan)"),
+        ("dirichlet_classwise", {"beta": float("inf")}, f"{CW}.beta: must be a finite number (got inf)"),
+        ("dirichlet_classwise", {"beta": float("-inf")}, f"{CW}.beta: must be a finite number (got -inf)"),
+        ("dirichlet_classwise", {"beta": "0.5"}, f"{CW}.beta: must be a valid number (got '0.5')"),
+        ("dirichlet_classwise", {"beta": "3"}, f"{CW}.beta: must be a valid number (got '3')"),
+        ("dirichlet_classwise", {"beta": True}, f"{CW}.beta: must be a valid number (got True)"),
+        ("dirichlet_classwise", {"beta": None}, f"{CW}.beta: must be a valid number (got None)"),
+        ("dirichlet_classwise", {"min_size": -1}, f"{CW}.min_size: must be greater than or equal to 0 (got -1)"),
+        ("dirichlet_classwise", {"min_size": "3"}, f"{CW}.min_size: must be a valid integer (got '3')"),
+        ("dirichlet_classwise", {"min_size": True}, f"{CW}.min_size: must be a valid integer (got True)"),
+        ("dirichlet_classwise", {"min_size": 3.0}, f"{CW}.min_size: must be a valid integer (got 3.0)"),
+        ("dirichlet_classwise", {"min_size": 601}, f"{CW}.min_size: must be less than or equal to 600 = 6000 samples // 10 clients (got 601)"),
+        ("dirichlet_clientwise", {"alpha": 0}, "partition.dirichlet_clientwise.alpha: must be greater than 0 (got 0)"),
+        ("dirichlet_clientwise", {"sizes": "lognormal"}, "sizes: must be 'equal', 'normal' or 'dirichlet' (got 'lognormal')"),
+        ("dirichlet_clientwise", {"size_rel_std": -1}, "size_rel_std: must be greater than or equal to 0 (got -1)"),
+        ("dirichlet_clientwise", {"size_beta": 0.0}, "size_beta: must be greater than 0 (got 0.0)"),
+        ("labels_per_client", {"m": 0}, "partition.labels_per_client.m: must be greater than or equal to 1 (got 0)"),
+        ("labels_per_client", {"m": 11}, "labels_per_client.m: must be less than or equal to 10, the number of classes (got 11)"),
+        ("labels_per_client", {"m": 2.5}, "labels_per_client.m: must be a valid integer (got 2.5)"),
+        ("labels_per_client", {"m": True}, "labels_per_client.m: must be a valid integer (got True)"),
+        ("gaussian_noise", {"sigma": -1}, "partition.gaussian_noise.sigma: must be greater than or equal to 0 (got -1)"),
+        ("gaussian_noise", {"sigma": "0.1"}, "partition.gaussian_noise.sigma: must be a valid number (got '0.1')"),
+        ("quantity_normal", {"rel_std": -0.1}, "partition.quantity_normal.rel_std: must be greater than or equal to 0"),
+        ("quantity_normal", {"min_size": 0}, "partition.quantity_normal.min_size: must be greater than or equal to 1"),
+        ("quantity_dirichlet", {"beta": 0}, "partition.quantity_dirichlet.beta: must be greater than 0 (got 0)"),
+        ("quantity_dirichlet", {"min_size": 601}, "quantity_dirichlet.min_size: must be less than or equal to 600"),
+        ("iid", {"beta": 1}, "unknown key 'partition.iid.beta'; allowed: none"),
+        ("dirichlet_classwise", {"alpha": 1}, f"unknown key '{CW}.alpha'; allowed: beta, min_size"),
+        ("dirichlet_clientwise", {"beta": 1}, "allowed: alpha, sizes, size_rel_std, size_beta"),
     ],
 )  # fmt: skip
 def test_bad_options(scheme, opts, message):
@@ -252,17 +273,51 @@ def test_bad_options(scheme, opts, message):
     assert "\n" not in str(err.value)
 
 
+def test_direct_calls_validate_options_like_make_partition():
+    labels = LABELS[:100]
+    with pytest.raises(ConfigError, match=re.escape(f"{CW}.beta: must be greater than 0 (got -1)")):
+        dirichlet_classwise(labels, 10, 0, beta=-1)
+    with pytest.raises(ConfigError, match=re.escape(f"unknown key '{CW}.m'; allowed: beta")):
+        dirichlet_classwise(labels, 10, 0, m=2)
+    direct = dirichlet_classwise(labels, 10, 0, beta=1, min_size=1)
+    via = part("dirichlet_classwise", labels=labels, beta=1.0, min_size=1)
+    assert direct.content_hash() == via.content_hash()
+    assert direct.params["beta"] == 1.0 and type(direct.params["beta"]) is float  # int -> float
+
+
+@pytest.mark.parametrize("scheme", list_partitioners())
+def test_options_type_is_derived_from_the_signature_and_pickles(scheme):
+    cls = scheme_options_type(scheme)
+    assert list(dump(cls())) == scheme_options(scheme)
+    assert cls.__qualname__ == f"{scheme}.Options"
+    assert pickle.loads(pickle.dumps(cls())) == cls()
+
+
+def test_make_partition_takes_typed_options_or_a_mapping():
+    cls = scheme_options_type("dirichlet_classwise")
+    want = part("dirichlet_classwise", beta=2.0, min_size=3).content_hash()
+    typed = cls(beta=2.0, min_size=3)
+    assert part("dirichlet_classwise", options=typed).content_hash() == want
+    assert part("dirichlet_classwise", options={"beta": 2, "min_size": 3}).content_hash() == want
+    assert part("dirichlet_classwise", options=cls(beta=2.0), min_size=3).content_hash() == want
+    with pytest.raises(ConfigError, match=re.escape(f"{CW}.beta: must be greater than 0 (got -1)")):
+        part("dirichlet_classwise", options=cls(beta=-1))  # built by hand: still checked
+    other = scheme_options_type("quantity_dirichlet")()
+    with pytest.raises(ConfigError, match=re.escape(f"{CW}: must be a mapping of options")):
+        part("dirichlet_classwise", options=other)
+
+
 def test_bad_clients_seed_labels_and_scheme():
     with pytest.raises(
-        ConfigError, match=re.escape("num_clients must be an integer in [1, 5] (got 10)")
+        ConfigError, match=re.escape("partition.num_clients: must be an integer in [1, 5] (got 10)")
     ):
         part("iid", labels=LABELS[:5])
     with pytest.raises(
-        ConfigError, match=re.escape("num_clients must be an integer in [1, 6000] (got 0)")
+        ConfigError, match=re.escape("num_clients: must be an integer in [1, 6000] (got 0)")
     ):
         part("dirichlet_classwise", num_clients=0)
     with pytest.raises(
-        ConfigError, match=re.escape("partition.seed must be an integer >= 0 (got -1)")
+        ConfigError, match=re.escape("partition.seed: must be an integer >= 0 (got -1)")
     ):
         part("iid", seed=-1)
     with pytest.raises(ConfigError, match="1-D array of integers >= 0"):

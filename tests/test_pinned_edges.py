@@ -105,9 +105,9 @@ def test_partition_labels_are_checked(labels, match):
 
 def test_partition_num_clients_and_samples_are_checked():
     labels = np.arange(10) % 3
-    with pytest.raises(ConfigError, match=r"num_clients must be an integer in \[1, 10\]"):
+    with pytest.raises(ConfigError, match=r"num_clients: must be an integer in \[1, 10\]"):
         iid(labels, 11, 0)
-    with pytest.raises(ConfigError, match=r"num_clients must be an integer in \[1, 10\]"):
+    with pytest.raises(ConfigError, match=r"num_clients: must be an integer in \[1, 10\]"):
         iid(labels, 0, 0)
     assert [len(s) for s in iid(labels, 10, 0).client_indices] == [1] * 10  # one each: allowed
     with pytest.raises(ConfigError, match="no samples to partition"):
@@ -119,7 +119,7 @@ def test_dirichlet_min_size_holds_or_stops_in_one_line():
     part = dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=40)
     assert min(len(s) for s in part.client_indices) >= 40
     assert sorted(np.concatenate(part.client_indices).tolist()) == list(range(1000))
-    with pytest.raises(ConfigError, match=r"min_size must be an integer in \[0, 100\]"):
+    with pytest.raises(ConfigError, match=r"min_size: must be less than or equal to 100 "):
         dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=101)  # more than n / N
     with pytest.raises(ConfigError, match="min_size: no draw gave all 10 clients >= 99"):
         dirichlet_classwise(labels, 10, 0, beta=0.1, min_size=99)

@@ -109,8 +109,9 @@ def test_gray_stem_equals_repeating_the_channel(imagenet_lite0):
 
 
 def test_pretrained_option_errors():
-    with pytest.raises(ConfigError, match="pretrained must be true or false"):
-        get_model("efficientnet_lite0", num_classes=10, pretrained="yes")
+    for bad in ("yes", 1):  # strict: only true or false, before any weights are read
+        with pytest.raises(ConfigError, match="model.options.pretrained: must be a valid boolean"):
+            get_model("efficientnet_lite0", num_classes=10, pretrained=bad)
     with pytest.raises(ConfigError, match="takes 1 or 3 input channels.*pretrained: false"):
         get_model("efficientnet_lite0", num_classes=10, in_channels=2)
     m = get_model("efficientnet_lite0", num_classes=10, in_channels=2, pretrained=False)

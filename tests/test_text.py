@@ -22,6 +22,7 @@ from fedcore.events import Callback
 from fedcore.schedules import LRSchedule
 from fedcore.text import TextData, load_tweets, tokenize, tweet_split
 from models import count_parameters, get_model
+from models.registry import model_options_type
 from models.text import check_tokenizer, cls_states, text_tokenizer
 
 ENCODER_PARAMS = 22_565_376  # all-MiniLM-L6-v2 without its unused pooler
@@ -190,9 +191,22 @@ def test_mismatches_are_one_line():
         check_tokenizer(tok, 30_522, 1)
     with pytest.raises(ConfigError, match="takes images, not text"):
         text_tokenizer("cifar_cnn")
-    for bad, match in (({"max_length": 1000}, "max_length"), ({"pooling": "max"}, "pooling")):
+    bad_options = [
+        ({"max_length": 1000}, "model.options.max_length: must be less than or equal to 512"),
+        ({"max_length": 1}, "model.options.max_length: must be greater than or equal to 2"),
+        ({"max_length": "64"}, "model.options.max_length: must be a valid integer"),
+        ({"max_length": True}, "model.options.max_length: must be a valid integer"),
+        ({"pooling": "max"}, r"model.options.pooling: must be 'cls' or 'mean' \(got 'max'\)"),
+        ({"hf_name": "x"}, "unknown key 'model.options.hf_name'; allowed: max_length, pooling$"),
+    ]
+    for bad, match in bad_options:
         with pytest.raises(ConfigError, match=match):
             text_tokenizer("minilm", **bad)
+    with pytest.raises(ConfigError, match="model.options.hf_name: must be a valid string"):
+        text_tokenizer("text_hf", hf_name=3)  # refused before any hub call
+    # the typed options the config holds pass as they are, keywords on top
+    assert text_tokenizer("minilm", model_options_type("minilm")(max_length=8)).max_length == 8
+    assert text_tokenizer("minilm", {"max_length": 8}, max_length=9).max_length == 9
     from tasks.config import Params
     from tasks.data import text_tokenizer_for
 
@@ -299,8 +313,14 @@ def fedapt(tmp_path, command, *args):
     [
         (["--set", "data.dataset=tweet_sentiment"], "is text and model 'cifar_cnn' takes images"),
         (["--set", "model.name=minilm"], "takes text and dataset 'fashion_mnist' holds images"),
-        ([*TWEETS, "--set", "model.options.max_length=1000"], "max_length must be in [2, 512]"),
-        ([*TWEETS, "--set", "model.options.pooling=max"], "pooling must be one of cls, mean"),
+        (
+            [*TWEETS, "--set", "model.options.max_length=1000"],
+            "model.options.max_length: must be less than or equal to 512 (got 1000)",
+        ),
+        (
+            [*TWEETS, "--set", "model.options.pooling=max"],
+            "model.options.pooling: must be 'cls' or 'mean' (got 'max')",
+        ),
         ([*TWEETS, "--set", "model.base=pretrain"], "text model 'minilm' starts from its own"),
         ([*TWEETS, "--set", "partition.scheme=gaussian_noise"], "not to token ids"),
     ],

@@ -16,7 +16,7 @@ from torch import nn
 
 from fedcore.errors import ConfigError, UnknownNameError
 from models.adapters.accumulator import AccumulatorMethod
-from models.adapters.base import AdapterCounts, AdapterMethod
+from models.adapters.base import AdapterCounts, AdapterMethod, NoOptions
 from models.adapters.bn_head import BNHead
 from models.adapters.bottleneck import Houlsby, Parallel, Pfeiffer
 from models.adapters.full import Full
@@ -62,8 +62,9 @@ def check_adapter(name: str) -> str:
     return name
 
 
-def get_adapter(name: str, options: Mapping[str, Any] | None = None) -> AdapterMethod:
-    """Method ``name`` with its options (``grid.adapter_options[name]``; none: defaults)."""
+def get_adapter(name: str, options: Mapping[str, Any] | object | None = None) -> AdapterMethod:
+    """Method ``name`` with its options (``grid.adapter_options[name]``: a mapping or the
+    method's ``Options`` instance; None: the defaults)."""
     return ADAPTER_METHODS[check_adapter(name)].from_options(options)
 
 
@@ -75,7 +76,7 @@ def adapt(
     model: nn.Module,
     name: str,
     model_name: str | None = None,
-    options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | object | None = None,
 ) -> nn.Module:
     """Inject adapter method ``name`` into ``model`` (in place) and freeze its base."""
     method = get_adapter(name, options)
@@ -91,7 +92,7 @@ def adapt(
 def adapted_model(
     model_name: str,
     adapter: str,
-    adapter_options: Mapping[str, Any] | None = None,
+    adapter_options: Mapping[str, Any] | object | None = None,
     **kwargs: object,
 ) -> nn.Module:
     """A registered backbone with ``adapter`` injected (picklable via functools.partial)."""
@@ -104,6 +105,7 @@ __all__ = [
     "AdapterCounts",
     "AdapterMethod",
     "Lora",
+    "NoOptions",
     "ResidualConv2d",
     "adapt",
     "adapted_model",

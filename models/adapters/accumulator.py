@@ -18,15 +18,16 @@ token alone (``accumulator.client_token``, 0.38K parameters at H = 384 in Table 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import torch
+from annotated_types import Ge, Gt
 from torch import nn
 
 from fedcore.errors import ConfigError
-from models.adapters.base import AdapterMethod
-from models.adapters.exits import ExitMethod
+from fedcore.options import Float, Int
+from models.adapters.exits import ExitMethod, ExitOptions
 
 
 class Accumulator(nn.Module):
@@ -61,33 +62,29 @@ class Accumulator(nn.Module):
         return h[:, depth], logits  # eq. 7: h^l_{l+1}
 
 
+@dataclass(frozen=True)
+class AccumulatorOptions(ExitOptions):
+    """``grid.adapter_options.accumulator``: the exits' options plus phi's shape (whether
+    ``heads`` divides the width is checked at injection, where the width is known)."""
+
+    heads: Annotated[Int, Ge(1)] | None = None  # None: H / 64
+    mlp_ratio: Annotated[Float, Gt(0)] = 4.0
+
+
 class AccumulatorMethod(ExitMethod):
     name = "accumulator"
     summary = "seed 001 Accumulator: one transformer block over the CLS history, exit per block"
-    option_names = ("exits", "tiers", "exit", "heads", "mlp_ratio")
-
-    def __init__(self, heads: int | None = None, mlp_ratio: float = 4.0, **exits: Any) -> None:
-        super().__init__(**exits)
-        if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int)):
-            raise ConfigError(f"adapter 'accumulator': heads must be an integer (got {heads!r})")
-        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, int | float) or mlp_ratio <= 0:
-            raise ConfigError(
-                f"adapter 'accumulator': mlp_ratio must be a number > 0 (got {mlp_ratio!r})"
-            )
-        self.heads, self.mlp_ratio = heads, float(mlp_ratio)
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None = None) -> AdapterMethod:
-        return super().from_options(options)
+    Options: ClassVar[type[Any]] = AccumulatorOptions
+    options: AccumulatorOptions
 
     def build(self, model: nn.Module, hidden: int, num_classes: int, depth: int) -> None:
-        heads = self.heads or max(1, hidden // 64)
+        heads = self.options.heads or max(1, hidden // 64)
         if heads < 1 or hidden % heads:
             raise ConfigError(
                 f"adapter 'accumulator': heads {heads} must divide the width {hidden}"
             )
         model.accumulator = Accumulator(  # type: ignore[assignment]
-            hidden, num_classes, depth, heads, self.mlp_ratio
+            hidden, num_classes, depth, heads, self.options.mlp_ratio
         )
 
     def trainable_names(self, model: nn.Module) -> set[str]:

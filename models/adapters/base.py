@@ -28,7 +28,7 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedcore import payload
 from fedcore.errors import ConfigError
-from fedcore.options import FORBID_EXTRA
+from fedcore.options import FORBID_EXTRA, parse
 from fedcore.protocols import classifier_name
 
 
@@ -97,20 +97,33 @@ class AdapterCounts:
 
 
 class AdapterMethod(ABC):
-    """One adapter method; subclasses set ``name`` and ``summary`` and override the hooks."""
+    """One adapter method; subclasses set ``name`` and ``summary``, declare their options
+    (``Options``: a frozen dataclass whose annotations carry the allowed values, see
+    ``fedcore.options``) and override the hooks."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
     mergeable: ClassVar[bool] = True
+    Options: ClassVar[type[Any]] = NoOptions
+
+    def __init__(self, options: Any = None) -> None:
+        """``options``: an instance of ``Options`` (None: its defaults); a mapping goes
+        through :meth:`from_options`."""
+        if options is None:
+            options = self.Options()
+        elif not isinstance(options, self.Options):
+            raise TypeError(
+                f"adapter {self.name!r} takes {self.Options.__name__} options, not "
+                f"{type(options).__name__} (a mapping: {type(self).__name__}.from_options)"
+            )
+        self.options = options
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None = None) -> AdapterMethod:
-        """The method with ``grid.adapter_options[name]``; bad keys or values -> one line."""
-        if options:
-            raise ConfigError(
-                f"adapter {cls.name!r} takes no options (got {', '.join(map(str, options))})"
-            )
-        return cls()
+    def from_options(cls, options: Mapping[str, Any] | object | None = None) -> Self:
+        """The method with ``grid.adapter_options[name]``: None (the defaults), a mapping or
+        an ``Options`` instance; a bad key or value raises one line naming
+        ``grid.adapter_options.<name>.<option>``."""
+        return cls(parse(cls.Options, options, f"grid.adapter_options.{cls.name}"))
 
     def applies_to(self, model: nn.Module) -> str | None:
         """None when the method can adapt ``model``; else the reason (one line)."""

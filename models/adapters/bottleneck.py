@@ -33,13 +33,14 @@ linear layers, so the registered model is the base with its adapters, one artifa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import torch
+from annotated_types import Ge, Gt
 from torch import nn
 
-from fedcore.errors import ConfigError
+from fedcore.options import FORBID_EXTRA, Float, Int
 from fedcore.protocols import cls_blocks
 from models.adapters.base import AdapterMethod, head_name
 
@@ -132,36 +133,33 @@ def _set(parent: nn.Module, path: str, module: nn.Module) -> None:
     setattr(parent.get_submodule(owner) if owner else parent, attr, module)
 
 
+@dataclass(frozen=True)
+class BottleneckOptions:
+    """``grid.adapter_options.houlsby`` / ``.pfeiffer``. A method with another default
+    reduction factor declares a subclass overriding the field's default."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    reduction_factor: Annotated[Int, Ge(1)] = 16  # m = H / reduction_factor (seed 003: 16)
+
+
+@dataclass(frozen=True)
+class ParallelOptions(BottleneckOptions):
+    """``grid.adapter_options.parallel``."""
+
+    scaling: Annotated[Float, Gt(0)] = 4.0  # He et al.'s s
+
+
 class BottleneckMethod(AdapterMethod):
     """Shared by the three methods: options, where they apply, what trains."""
 
     mergeable: ClassVar[bool] = False
-    default_reduction: ClassVar[int] = 16
+    Options: ClassVar[type[Any]] = BottleneckOptions
+    options: BottleneckOptions
 
-    def __init__(self, reduction_factor: int | None = None, scaling: float = 4.0) -> None:
-        self.reduction_factor = reduction_factor or self.default_reduction
-        self.scaling = scaling
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None = None) -> AdapterMethod:
-        options = dict(options or {})
-        allowed = (
-            ("reduction_factor", "scaling") if cls.name == "parallel" else ("reduction_factor",)
-        )
-        for key in options:
-            if key not in allowed:
-                raise ConfigError(
-                    f"adapter {cls.name!r} takes no option {key!r}; allowed: {', '.join(allowed)}"
-                )
-        rf = options.get("reduction_factor", cls.default_reduction)
-        if isinstance(rf, bool) or not isinstance(rf, int) or rf < 1:
-            raise ConfigError(
-                f"{cls.name} option 'reduction_factor' must be an integer >= 1 (got {rf!r})"
-            )
-        scaling = options.get("scaling", 4.0)
-        if isinstance(scaling, bool) or not isinstance(scaling, int | float) or scaling <= 0:
-            raise ConfigError(f"{cls.name} option 'scaling' must be a number > 0 (got {scaling!r})")
-        return cls(reduction_factor=rf, scaling=float(scaling))
+    @property
+    def reduction_factor(self) -> int:
+        return self.options.reduction_factor
 
     def applies_to(self, model: nn.Module) -> str | None:
         blocks = _blocks(model)
@@ -215,6 +213,12 @@ class Pfeiffer(Houlsby):
 class Parallel(BottleneckMethod):
     name: ClassVar[str] = "parallel"
     summary: ClassVar[str] = "a bottleneck adapter beside the FFN, scaled (He et al.)"
+    Options: ClassVar[type[Any]] = ParallelOptions
+    options: ParallelOptions
+
+    @property
+    def scaling(self) -> float:
+        return self.options.scaling
 
     def add_modules(self, model: nn.Module) -> None:
         for block in _blocks(model):

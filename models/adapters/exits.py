@@ -23,20 +23,20 @@ Evaluation reads every exit at once (``fedcore.exits.evaluate_exits``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from annotated_types import Ge
+from pydantic import BeforeValidator
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.options import FORBID_EXTRA, Int
 from fedcore.protocols import cls_blocks, cls_index, hidden_size
 from models.adapters.base import AdapterMethod, head_name
-
-EXIT_MODES = ("last", "anytime", "multitier")
 
 
 @dataclass
@@ -100,26 +100,27 @@ class ExitPlan:
         return self.num_exits - 1 if self.exit is None else self.exit
 
 
-def check_exit_options(
-    name: str, mode: str, tiers: Any, exit_index: Any
-) -> tuple[str, tuple[int, ...], int | None]:
-    """Options that do not depend on the depth (the rest: :func:`check_depth`)."""
-    if mode not in EXIT_MODES:
-        raise ConfigError(
-            f"adapter {name!r}: exits must be one of {', '.join(EXIT_MODES)} (got {mode!r})"
-        )
-    tiers = tuple(tiers or ())
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tiers):
-        raise ConfigError(f"adapter {name!r}: tiers must be exit indices >= 0 (got {list(tiers)})")
-    if mode == "multitier" and not tiers:
-        raise ConfigError(f"adapter {name!r}: exits: multitier needs tiers (e.g. [1, 3, 5])")
-    if mode != "multitier" and tiers:
-        raise ConfigError(f"adapter {name!r}: tiers are only used with exits: multitier")
-    if exit_index is not None and (
-        isinstance(exit_index, bool) or not isinstance(exit_index, int) or exit_index < 0
-    ):
-        raise ConfigError(f"adapter {name!r}: exit must be an exit index >= 0 (got {exit_index!r})")
-    return mode, tiers, exit_index
+def _no_tiers(value: Any) -> Any:
+    """``tiers: null`` is no tiers."""
+    return () if value is None else value
+
+
+@dataclass(frozen=True)
+class ExitOptions:
+    """``grid.adapter_options.<method>`` of an early-exit method. Checks that need the
+    model's depth (an exit or tier beyond it) come at injection: :meth:`ExitMethod.check_depth`."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    exits: Literal["last", "anytime", "multitier"] = "last"  # training exits (module docstring)
+    tiers: Annotated[tuple[Annotated[Int, Ge(0)], ...], BeforeValidator(_no_tiers)] = ()
+    exit: Annotated[Int, Ge(0)] | None = None  # inference exit (None: the last)
+
+    def __post_init__(self) -> None:
+        if self.exits == "multitier" and not self.tiers:
+            raise ValueError("exits: multitier needs tiers (e.g. [1, 3, 5])")
+        if self.exits != "multitier" and self.tiers:
+            raise ValueError("tiers are only used with exits: multitier")
 
 
 def block_container(model: nn.Module) -> tuple[str, nn.Module]:
@@ -141,23 +142,8 @@ class ExitMethod(AdapterMethod):
     """Base of the early-exit methods: options, hooks, frozen base, no merge."""
 
     mergeable = False
-    option_names: tuple[str, ...] = ("exits", "tiers", "exit")
-
-    def __init__(
-        self, exits: str = "last", tiers: Any = (), exit: int | None = None, **_: Any
-    ) -> None:
-        self.mode, self.tiers, self.exit = check_exit_options(self.name, exits, tiers, exit)
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None = None) -> AdapterMethod:
-        options = dict(options or {})
-        unknown = [k for k in options if k not in cls.option_names]
-        if unknown:
-            raise ConfigError(
-                f"adapter {cls.name!r}: unknown options {', '.join(map(str, unknown))} "
-                f"(known: {', '.join(cls.option_names)})"
-            )
-        return cls(**options)
+    Options: ClassVar[type[Any]] = ExitOptions
+    options: ExitOptions
 
     def applies_to(self, model: nn.Module) -> str | None:
         if cls_blocks(model) is None:
@@ -179,7 +165,8 @@ class ExitMethod(AdapterMethod):
 
     # ---- the contract ------------------------------------------------------------------
     def check_depth(self, depth: int) -> None:
-        for what, k in [("exit", self.exit), *[("tier", t) for t in self.tiers]]:
+        o = self.options
+        for what, k in [("exit", o.exit), *[("tier", t) for t in o.tiers]]:
             if k is not None and k >= depth:
                 raise ConfigError(
                     f"adapter {self.name!r}: {what} {k} is beyond the model's exits "
@@ -194,8 +181,9 @@ class ExitMethod(AdapterMethod):
         hidden = hidden_size(model, head.in_features)
         self.build(model, hidden, head.out_features, depth)
         path, _ = block_container(model)
+        o = self.options
         model.exit_plan = ExitPlan(  # type: ignore[assignment]
-            num_exits=depth, mode=self.mode, tiers=self.tiers, exit=self.exit, blocks_path=path
+            num_exits=depth, mode=o.exits, tiers=o.tiers, exit=o.exit, blocks_path=path
         )
         model.exit_method = self  # type: ignore[assignment]
         for i, block in enumerate(model.blocks):  # type: ignore[arg-type]

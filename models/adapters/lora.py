@@ -33,14 +33,16 @@ base layer: a plain model of the backbone's own class with the state-dict keys o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import torch
+from annotated_types import Ge, Gt, Lt, MinLen
+from pydantic import BeforeValidator
 from torch import nn
 
 from fedcore.errors import ConfigError
+from fedcore.options import FORBID_EXTRA, Float, Int
 from fedcore.protocols import cls_blocks
 from models.adapters.base import AdapterMethod, head_name
 from models.adapters.bn_head import bn_and_head
@@ -50,43 +52,28 @@ ATTENTION_TARGETS = ("query", "value")
 _TARGET_TYPES = (nn.Linear, nn.Conv2d)
 
 
+def _module_names(value: Any) -> Any:
+    """``target_modules``: a name alone is a list of one; an empty list names nothing."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple) and not value:
+        raise ValueError(f"must be a list of module names, e.g. [query, value] (got {value!r})")
+    return value
+
+
 @dataclass(frozen=True)
 class LoraOptions:
     """``grid.adapter_options.lora``."""
 
-    r: int = 8  # rank
-    alpha: float = 16.0  # scaling alpha / r
-    dropout: float = 0.0  # on the adapter's input; off by default (deterministic runs)
-    target_modules: tuple[str, ...] | None = None  # names or name suffixes; None: per backbone
+    __pydantic_config__ = FORBID_EXTRA
 
-    @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> LoraOptions:
-        allowed = ("r", "alpha", "dropout", "target_modules")
-        for key in options:
-            if key not in allowed:
-                raise ConfigError(
-                    f"adapter 'lora' takes no option {key!r}; allowed: {', '.join(allowed)}"
-                )
-        r, alpha = options.get("r", cls.r), options.get("alpha", cls.alpha)
-        dropout, targets = options.get("dropout", cls.dropout), options.get("target_modules")
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise ConfigError(f"lora option 'r' must be an integer >= 1 (got {r!r})")
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
-            raise ConfigError(f"lora option 'alpha' must be a number > 0 (got {alpha!r})")
-        if isinstance(dropout, bool) or not isinstance(dropout, int | float):
-            raise ConfigError(f"lora option 'dropout' must be a number in [0, 1) (got {dropout!r})")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"lora option 'dropout' must be a number in [0, 1) (got {dropout!r})")
-        if targets is not None:
-            if isinstance(targets, str):
-                targets = [targets]
-            if not targets or not all(isinstance(t, str) and t for t in targets):
-                raise ConfigError(
-                    f"lora option 'target_modules' must be a list of module names, e.g. "
-                    f"[query, value] (got {targets!r})"
-                )
-            targets = tuple(targets)
-        return cls(r=r, alpha=float(alpha), dropout=float(dropout), target_modules=targets)
+    r: Annotated[Int, Ge(1)] = 8  # rank
+    alpha: Annotated[Float, Gt(0)] = 16.0  # scaling alpha / r
+    dropout: Annotated[Float, Ge(0), Lt(1)] = 0.0  # on the adapter's input; off: deterministic
+    # names or name suffixes (a name alone: a list of one); None: per backbone
+    target_modules: Annotated[
+        tuple[Annotated[str, MinLen(1)], ...] | None, BeforeValidator(_module_names)
+    ] = None
 
 
 def is_transformer(model: nn.Module) -> bool:
@@ -204,13 +191,8 @@ def _plain_conv(model: nn.Module, name: str) -> None:
 class Lora(AdapterMethod):
     name = "lora"
     summary = "LoRA (PEFT): low-rank B A beside the attention query/value (CNNs: the convs)"
-
-    def __init__(self, options: LoraOptions | None = None) -> None:
-        self.options = options or LoraOptions()
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None = None) -> Lora:
-        return cls(LoraOptions.parse(options or {}))
+    Options: ClassVar[type[Any]] = LoraOptions
+    options: LoraOptions
 
     def applies_to(self, model: nn.Module) -> str | None:
         if head_name(model) is None:
