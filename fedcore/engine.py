@@ -62,7 +62,14 @@ from fedcore.sampling import derive_seed, sample_clients
 from fedcore.schedules import LRSchedule
 from fedcore.wire import downloads, restrict
 
-__all__ = ["FederationConfig", "History", "Simulation", "derive_seed", "sample_clients"]
+__all__ = [
+    "FederationConfig",
+    "History",
+    "Simulation",
+    "derive_seed",
+    "initial_model",
+    "sample_clients",
+]
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,14 @@ class FederationConfig:
     eval_every: int = 1  # 0: never evaluate (benchmarks)
     last_rounds: int = 5  # L of "mean accuracy of the last L rounds" (seed 004 §6.1.5)
     seed: int = 0
+
+
+def initial_model(model_fn: Callable[[], nn.Module], federation: FederationConfig) -> nn.Module:
+    """The run's initial global model: built right after seeding torch with the run's seed, so
+    its weights depend on the seed alone. A caller that needs the model before the Simulation
+    exists (its payload keys, sizes) builds it here and passes it as ``model``."""
+    torch.manual_seed(federation.seed)
+    return model_fn()
 
 
 class Simulation:
@@ -100,7 +115,11 @@ class Simulation:
         trainable: frozenset[str] | None = None,
         engine: str = "sequential",
         cohort_size: int | None = None,
+        model: nn.Module | None = None,
     ) -> None:
+        """``model``: the initial global model from :func:`initial_model` (None: built here);
+        it is the one model instance of this process's clients (worker processes build their
+        own from ``model_fn``)."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
         self.engine = engine
@@ -122,8 +141,8 @@ class Simulation:
         # summed loss is the same whatever the workers); small enough that the workers share
         # a 2,000-image evaluation (W1) instead of one of them doing it all.
         self.eval_chunk = eval_chunk
-        torch.manual_seed(federation.seed)
-        model = model_fn()
+        model = initial_model(model_fn, federation) if model is None else model
+        self._model = model
         if engine == "cohort":
             check_batchable(model)
         self.global_state: dict[str, torch.Tensor] = {
@@ -175,7 +194,7 @@ class Simulation:
                 initargs=(self.model_fn, *self._ctx_args),
             )
         else:
-            model = self.model_fn().to(self.device)
+            model = self._model.to(self.device)  # the initial model trains the clients in turn
             self._local_ctx = Context(model, *self._ctx_args)
             if self.engine == "cohort":
                 self._cohort = CohortTrainer(

@@ -15,7 +15,7 @@ from fedcore.algorithms import RunSpec
 from fedcore.client import LocalConfig
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
-from fedcore.engine import FederationConfig, Simulation
+from fedcore.engine import FederationConfig, Simulation, initial_model
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
@@ -118,7 +118,17 @@ def build_simulation(
     c, s = params.client, params.lr_schedule
     model_fn = model_factory(params, data, adapter, base)
     inp = model_input(params, data.train.info)
-    adapted = model_fn()
+    federation = FederationConfig(
+        rounds=params.federation.rounds,
+        clients_per_round=m,
+        sampling=params.federation.sampling,
+        eval_every=params.federation.eval_every,
+        last_rounds=params.federation.last_rounds,
+        seed=params.experiment.seed,
+    )
+    # The cell's one model in this process: the Simulation's initial global model, its
+    # in-process clients' model, and (trained state loaded) what registration logs.
+    adapted = initial_model(model_fn, federation)
     whole = adapter == "full"  # the whole model travels: the engine's default path
     sim = Simulation(
         model_fn=model_fn,
@@ -131,14 +141,8 @@ def build_simulation(
         lr_schedule=LRSchedule(
             kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
         ),
-        federation=FederationConfig(
-            rounds=params.federation.rounds,
-            clients_per_round=m,
-            sampling=params.federation.sampling,
-            eval_every=params.federation.eval_every,
-            last_rounds=params.federation.last_rounds,
-            seed=params.experiment.seed,
-        ),
+        federation=federation,
+        model=adapted,
         workers=resolve_workers(params.runtime.workers, device, m),
         device=device,
         callbacks=list(callbacks),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,8 +119,24 @@ def load_experiment_data(params: Params) -> ExperimentData:
     )
 
 
+# Partitions drawn in this process, by what determines them: preflight's draw is the one the
+# partition task writes, not a second draw (a few kept; a partition is index arrays only).
+_DRAWN: dict[tuple[Any, ...], Partition] = {}
+
+
 def build_partition(params: Params, data: ExperimentData) -> Partition:
-    """Partition the experiment's train rows; indices refer to the full train split."""
+    """Partition the experiment's train rows; indices refer to the full train split. Drawn
+    once per process for the same data, partition options and seed."""
+    rows = hashlib.sha256(np.ascontiguousarray(data.train_idx).tobytes()).hexdigest()
+    key = (params.data, params.partition, params.experiment.seed, id(data.train), rows)
+    if key not in _DRAWN:
+        _DRAWN[key] = _draw_partition(params, data)
+        while len(_DRAWN) > 4:
+            del _DRAWN[next(iter(_DRAWN))]
+    return _DRAWN[key]
+
+
+def _draw_partition(params: Params, data: ExperimentData) -> Partition:
     labels = data.train.labels.numpy()[data.train_idx]
     p = params.partition
     if p.num_clients > len(labels):

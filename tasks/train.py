@@ -92,7 +92,7 @@ def train_cell_model(
         }
     )
     write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file)
-    adapted.load_state_dict(sim.global_state)
+    adapted.to("cpu").load_state_dict(sim.global_state)  # it trained the in-process clients
     return record, adapted
 
 
