@@ -35,15 +35,14 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms.base import (
-    ClientTask,
     ClientUpdate,
-    ClientView,
     FederatedAlgorithm,
     FederationSetup,
     RunSpec,
 )
 from fedcore.client import ImageData, LocalConfig
-from fedcore.cohort import CohortClient, CohortTrainer, check_batchable, shared_objective
+from fedcore.cohort import CohortTrainer, check_batchable
+from fedcore.cohort.round import cohort_round
 from fedcore.device import deterministic
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord, History, RoundRecord
@@ -56,7 +55,6 @@ from fedcore.jobs import (
     worker_client_job,
     worker_eval_job,
 )
-from fedcore.payload import StateDict
 from fedcore.sampling import CLIENT_STREAM as _CLIENT_STREAM
 from fedcore.sampling import derive_seed, sample_clients
 from fedcore.schedules import LRSchedule
@@ -311,7 +309,11 @@ class Simulation:
             for slot, (t, (blob, held, _)) in enumerate(zip(tasks, payloads, strict=True))
         ]
         if self._cohort is not None:
-            results = self._cohort_round(tasks, lr, [j[2] for j in jobs])
+            results = cohort_round(
+                self._cohort, self.algorithm, self.global_state, self._train_dev,
+                self.train.labels, self.shards, self.noise_var, self.local, tasks, lr,
+                [j[2] for j in jobs],
+            )  # fmt: skip
         else:
             results = [
                 (cid, payload.decode(upload), len(upload), n, steps, loss, secs)
@@ -370,65 +372,6 @@ class Simulation:
             seconds=time.perf_counter() - t0,
             extra=extra,
         )
-
-    def _cohort_round(
-        self, tasks: list[ClientTask], lr: float, seeds: list[int]
-    ) -> list[tuple[int, StateDict, int, int, int, float, float]]:
-        """The round's clients trained as cohorts: (client, upload, upload bytes, samples,
-        steps, loss, seconds) per task, in task order, as ``client_job`` would return them.
-
-        Every client starts from the global model (what it downloads plus what it holds is
-        the global state), so a cohort shares one start state. Clients with a different plan
-        (trained or uploaded keys: FedNILO) train in separate cohorts. Upload bytes are
-        ``len(payload.encode(upload))`` of each client's upload (``payload.encoded_size``).
-        """
-        assert self._cohort is not None
-        ctx = self._local_ctx
-        assert ctx is not None
-        groups: dict[tuple, list[int]] = {}
-        for i, t in enumerate(tasks):
-            groups.setdefault((t.trainable, t.upload_keys), []).append(i)
-        out: list[Any] = [None] * len(tasks)
-        for (trainable, upload_keys), members in groups.items():
-            objectives = []
-            clients = []
-            for i in members:
-                t = tasks[i]
-                own = torch.as_tensor(self.shards[t.client_id], dtype=torch.int64)
-                view = ClientView(labels=self.train.labels.index_select(0, own), message=t.message)
-                objectives.append(self.algorithm.client_objective(self.global_state, view))
-                clients.append(
-                    CohortClient(t.client_id, t.indices, seeds[i], self.noise_var[t.client_id])
-                )
-            fn, ctxs = shared_objective(self.algorithm.name, objectives)
-            size = self._cohort.cohort_size(
-                self.global_state, self._train_dev, clients, self.local, trainable
-            )
-            for lo in range(0, len(members), size):
-                part = slice(lo, lo + size)
-                results = self._cohort.train(
-                    self.global_state,
-                    self._train_dev,
-                    clients[part],
-                    lr=lr,
-                    cfg=self.local,
-                    fn=fn,
-                    ctxs=ctxs[part],
-                    trainable=trainable,
-                )
-                for i, res in zip(members[part], results, strict=True):
-                    up = (
-                        res.state if upload_keys is None else {k: res.state[k] for k in upload_keys}
-                    )
-                    # Own copies, on the device: a view into the stacked cohort tensors would
-                    # keep the whole stack alive (and on the host serialise all of it).
-                    up = {k: v.detach().clone() for k, v in up.items()}
-                    size_bytes = payload.encoded_size(up)
-                    out[i] = (
-                        tasks[i].client_id, up, size_bytes, res.num_samples, res.num_steps,
-                        res.train_loss, res.seconds,
-                    )  # fmt: skip
-        return out
 
     def _emit(self, event: str, *args: Any) -> None:
         for cb in self.callbacks:
