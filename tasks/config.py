@@ -12,7 +12,7 @@ dotted key and what is allowed, e.g.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +69,13 @@ class _ByName(_Section):
         return getattr(self, name, None)
 
 
+def _registered(kind: str, registry: Iterable[str], *names: str) -> None:
+    """The error listing the registered names, for a name that is not one of them."""
+    for name in names:
+        if name not in registry:
+            raise ValueError(str(UnknownNameError(kind, name, registry)))
+
+
 def _by_name(model: str, entries: Mapping[str, type[Any]], base: type[BaseModel] = _ByName) -> Any:
     fields: dict[str, Any] = {name: (cls | None, None) for name, cls in sorted(entries.items())}
     return create_model(model, __base__=base, **fields)
@@ -93,8 +100,7 @@ class PartitionSection(_SchemeOptions):  # type: ignore[misc,valid-type]
     @field_validator("scheme")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in PARTITIONERS:
-            raise ValueError(str(UnknownNameError("partition scheme", v, PARTITIONERS)))
+        _registered("partition scheme", PARTITIONERS, v)
         return v
 
     @property
@@ -118,8 +124,7 @@ class ModelSection(_Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in list_models():
-            raise ValueError(str(UnknownNameError("model", v, list_models())))
+        _registered("model", list_models(), v)
         return v
 
     @field_validator("options", mode="before")
@@ -198,20 +203,13 @@ class GridSection(_Section):
     # per adapter method, e.g. {lora: {r: 8, alpha: 16}}: typed by the method's Options
     adapter_options: AdapterOptions = AdapterOptions()  # type: ignore[valid-type]
 
-    @field_validator("algorithms")
+    @field_validator("algorithms", "adapters")
     @classmethod
-    def _algorithms(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for name in v:
-            if name not in ALGORITHMS:
-                raise ValueError(str(UnknownNameError("algorithm", name, ALGORITHMS)))
-        return v
-
-    @field_validator("adapters")
-    @classmethod
-    def _adapters(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for name in v:
-            if name not in ADAPTER_METHODS:
-                raise ValueError(str(UnknownNameError("adapter method", name, ADAPTER_METHODS)))
+    def _known(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if info.field_name == "algorithms":
+            _registered("algorithm", ALGORITHMS, *v)
+        else:
+            _registered("adapter method", ADAPTER_METHODS, *v)
         return v
 
     def algorithm(self, name: str) -> FederatedAlgorithm:
