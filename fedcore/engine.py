@@ -172,6 +172,8 @@ class Simulation:
         # The cohort engine keeps the data and the global model on its device for the run.
         self._train_dev: ImageData = train
         self._test_dev: ImageData = test
+        self.history: History | None = None  # the run's records (set by run())
+        self._resume: dict[str, Any] | None = None  # a checkpoint to continue from
 
     def _label_distribution(self) -> np.ndarray:
         """p(y) over the union of the client shards (the federation's training data)."""
@@ -258,14 +260,34 @@ class Simulation:
         return correct / n, loss / n
 
     def run(self) -> History:
+        """Run the remaining rounds: all of them, or those after a checkpoint given to
+        :meth:`load_state_dict` (the resumed run's outputs equal an uninterrupted run's)."""
         history = History(last_rounds=self.cfg.last_rounds, base_bytes=self.base_bytes)
         self._base_holders.clear()
+        if self._resume is not None:
+            self._apply_resume(self._resume, history)
+            self._resume = None
+        self.history = history
         start = time.perf_counter()
-        self._emit("on_fit_start", {"num_clients": len(self.shards), "rounds": self.cfg.rounds})
+        self._emit(
+            "on_fit_start",
+            {
+                "num_clients": len(self.shards),
+                "rounds": self.cfg.rounds,
+                "start_round": len(history.rounds) + 1,
+            },
+        )
+        if history.rounds:
+            self._emit("on_resume", history)
         self._start()
         try:
-            cum_down = cum_up = 0
-            for r in range(1, self.cfg.rounds + 1):
+            last = history.rounds[-1] if history.rounds else None
+            cum_down = last.cum_download_bytes if last else 0
+            cum_up = last.cum_upload_bytes if last else 0
+            # a checkpoint written after a budget ended the run: nothing is left to train
+            done = history.stop_reason != "rounds"
+            first = self.cfg.rounds + 1 if done else len(history.rounds) + 1
+            for r in range(first, self.cfg.rounds + 1):
                 record = self._round(r, cum_down, cum_up)
                 cum_down, cum_up = record.cum_download_bytes, record.cum_upload_bytes
                 # A budget of the algorithm ran out (seed 004 §6.1.4): the last round is
@@ -276,15 +298,58 @@ class Simulation:
                     record = dataclasses.replace(record, accuracy=acc, test_loss=test_loss)
                 history.rounds.append(record)
                 history.base_download_bytes = self.base_bytes * len(self._base_holders)
-                self._emit("on_round_end", record)
                 if reason is not None:
                     history.stop_reason = reason
+                self._emit("on_round_end", record)
+                if reason is not None:
                     break
         finally:
             self.close()
         history.wall_seconds = time.perf_counter() - start
         self._emit("on_fit_end", history)
         return history
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the rounds so far left behind that the next rounds read: the global
+        model, the algorithm's server state (FedOpt's moments, FedNILO's holder map), the
+        round records (cumulative bytes included) and which clients hold the frozen base.
+        Every random choice is derived from (seed, round, client), so nothing else is needed
+        to continue. Plain Python and CPU tensors: ``torch.load(weights_only=True)`` reads it.
+        Valid between rounds (from an ``on_round_end`` callback, or after :meth:`run`)."""
+        history = self.history
+        assert history is not None, "state_dict() is read during or after run()"
+        return {
+            "round": len(history.rounds),
+            "global_state": {k: v.detach().to("cpu").clone() for k, v in self.global_state.items()},
+            "algorithm": self.algorithm.state_dict(),
+            "rounds": [r.to_dict() for r in history.rounds],
+            "base_holders": sorted(self._base_holders),
+            "stop_reason": history.stop_reason,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (:meth:`state_dict` of an interrupted run of the same
+        configuration): the next :meth:`run` starts at the round after it."""
+        rounds = int(state["round"])
+        if not 0 <= rounds <= self.cfg.rounds or len(state["rounds"]) != rounds:
+            raise ConfigError(
+                f"checkpoint holds {rounds} rounds, the run has {self.cfg.rounds}"
+            )
+        missing = sorted(set(self.global_state) ^ set(state["global_state"]))
+        if missing:
+            raise ConfigError(f"checkpoint model differs from this run's: {', '.join(missing[:4])}")
+        self._resume = state
+
+    def _apply_resume(self, state: dict[str, Any], history: History) -> None:
+        self.global_state = {k: state["global_state"][k] for k in self.global_state}
+        self.algorithm.load_state_dict(state["algorithm"])
+        history.rounds = [
+            RoundRecord(**{**r, "clients": tuple(r["clients"])}) for r in state["rounds"]
+        ]
+        history.stop_reason = state.get("stop_reason", "rounds")
+        self._base_holders.update(int(c) for c in state["base_holders"])
+        history.base_download_bytes = self.base_bytes * len(self._base_holders)
 
     def _round(self, r: int, cum_down: int, cum_up: int) -> RoundRecord:
         t0 = time.perf_counter()

@@ -6,6 +6,7 @@ some of these methods and is passed in ``callbacks`` (nanoGPT / pfl-research sty
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,6 +72,18 @@ class History:
         return float(np.mean([r.accuracy for r in ev])) if ev else None
 
     @property
+    def diverged_at_round(self) -> int | None:
+        """The first round where training diverged: every update that reached the server was
+        rejected as non-finite, the aggregate was, or the test loss is not finite (None: no
+        such round). A round where no client reported is not divergence."""
+        for r in self.rounds:
+            all_rejected = r.rejected > 0 and not math.isfinite(r.train_loss)
+            bad_test = r.test_loss is not None and not math.isfinite(r.test_loss)
+            if all_rejected or bad_test or r.extra.get("nonfinite_global_rejected"):
+                return r.round
+        return None
+
+    @property
     def upload_bytes(self) -> int:
         return self.rounds[-1].cum_upload_bytes if self.rounds else 0
 
@@ -89,6 +102,7 @@ class History:
             "base_download_bytes": self.base_download_bytes,
             "wall_seconds": self.wall_seconds,
             "stop_reason": self.stop_reason,
+            "diverged_at_round": self.diverged_at_round,
             "rounds": [r.to_dict() for r in self.rounds],
         }
 
@@ -103,5 +117,9 @@ class Callback:
     def on_client_end(self, record: ClientRecord) -> None: ...
 
     def on_round_end(self, record: RoundRecord) -> None: ...
+
+    def on_resume(self, history: Any) -> None:
+        """A run continued from a checkpoint: ``history.rounds`` are the rounds it restored
+        (emitted after ``on_fit_start``, before the first new round)."""
 
     def on_fit_end(self, history: Any) -> None: ...

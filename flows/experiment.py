@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -131,11 +132,19 @@ def train_grid_flow(
     runs_dir: str,
     parent_run_id: str | None = None,
     base_path: str | None = None,
+    checkpoint_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """One training task per (algorithm, adapter) cell, on the configured task runner."""
     futures = [
         train_task.submit(
-            params, partition_dir, algorithm, adapter, runs_dir, parent_run_id, base_path
+            params,
+            partition_dir,
+            algorithm,
+            adapter,
+            runs_dir,
+            parent_run_id,
+            base_path,
+            checkpoint_dir,
         )
         for algorithm in params.grid.algorithms
         for adapter in params.grid.adapters
@@ -169,8 +178,10 @@ def experiment_flow(
             if parent is not None:
                 log_base_task(parent, base)
         grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
-        records = grid(cell_params(p), part_dir, str(out / "runs"), parent, base)
+        checkpoints = out / "checkpoints"  # a rerun after a crash resumes from these
+        records = grid(cell_params(p), part_dir, str(out / "runs"), parent, base, str(checkpoints))
         summary_task(p, records, str(out / "summary.json"), str(out / "runs"))
+        shutil.rmtree(checkpoints, ignore_errors=True)  # the grid is done: nothing to resume
         if p.storage.bucket:
             prefix = f"{p.storage.prefix}/{p.experiment.name}"
             upload_task(str(out), p.storage.bucket, prefix)

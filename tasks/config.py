@@ -290,12 +290,26 @@ class RuntimeSection(_Section):
     task_runner: Literal["thread", "dask"] = "thread"
     dask_address: str | None = None  # e.g. tcp://10.0.0.5:8786; null = start a LocalCluster
     dask_workers: int = Field(2, ge=1)  # LocalCluster size (one single-thread worker process each)
+    # Round checkpoints (tasks/checkpoint.py): every N rounds, 0 never, auto: after any round
+    # that ends 5 s or more after the last checkpoint (so every round of a slow run).
+    checkpoint_every: int | Literal["auto"] = "auto"
+    resume: bool = True  # a rerun continues from the cell's checkpoint (false: start over)
+    # A diverged run (every update rejected as non-finite, or a non-finite test loss) exits
+    # with code 3 after writing its outputs; true: exit 0 (the warning is printed either way).
+    allow_divergence: bool = False
 
     @field_validator("cohort_size")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:
         if not isinstance(v, str) and v < 1:
             raise ValueError("cohort_size is auto or a number of clients >= 1")
+        return v
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _rounds(cls, v: int | str) -> int | str:
+        if not isinstance(v, str) and v < 0:
+            raise ValueError("checkpoint_every is auto, 0 (never) or a number of rounds >= 1")
         return v
 
 

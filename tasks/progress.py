@@ -35,6 +35,17 @@ class RichProgress(Callback):
         self._progress.start()
         self._task = self._progress.add_task(self.label, total=info["rounds"], status="")
 
+    def on_resume(self, history: Any) -> None:
+        done = len(history.rounds)
+        if self._progress is None:
+            self.console.print(
+                f"{self.label} resumed: rounds 1-{done}/{self._rounds} from the checkpoint",
+                highlight=False,
+                markup=False,
+            )
+            return
+        self._progress.update(self._task, advance=done, status=f"resumed after round {done}")
+
     def on_round_end(self, record: RoundRecord) -> None:
         acc = f"acc {record.accuracy:.4f}" if record.accuracy is not None else "acc -"
         down, up = mib(record.download_bytes), mib(record.upload_bytes)

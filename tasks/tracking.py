@@ -134,6 +134,11 @@ class MlflowRounds(Callback):
         self.run_id = run_id
         self._client = _client()
 
+    def on_resume(self, history: Any) -> None:
+        """The rounds a resumed run restored from its checkpoint: the run's curves are whole."""
+        for record in history.rounds:
+            self.on_round_end(record)
+
     def on_round_end(self, record: RoundRecord) -> None:
         from mlflow.entities import Metric
 
@@ -175,6 +180,7 @@ def log_final_metrics(run_id: str, record: dict[str, Any]) -> None:
         "base_download_bytes": "base_download_bytes",
         "local_train_seconds_mean": "local_train_seconds_mean",
         "local_train_seconds_per_round": "local_train_seconds_per_round",
+        "diverged_at_round": "diverged_at_round",  # logged only when the run diverged
     }
     metrics = [
         Metric(name, float(record[key]), 0, 0)

@@ -23,9 +23,9 @@ from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, summarize
 from models.serving import ImageServing
-from tasks import tracking
+from tasks import checkpoint, tracking
 from tasks.backbone import model_input
-from tasks.cell import build_simulation, cell_name, clients_per_round
+from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, require_base
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -62,9 +62,17 @@ def train_cell_model(
     callbacks: Sequence[Callback] = (),
     timing_file: str | Path | None = None,
     base_path: str | Path | None = None,
+    checkpoint_file: str | Path | None = None,
+    keep_checkpoint: bool = False,
 ) -> tuple[dict[str, Any], nn.Module]:
     """``train_cell``, and the trained (adapted) model in memory: the cell's one model
-    instance with the final global state loaded (what registration logs)."""
+    instance with the final global state loaded (what registration logs).
+
+    ``checkpoint_file``: round checkpoints (``tasks.checkpoint``); a checkpoint already there
+    from an interrupted run of the same configuration is resumed (``runtime.resume``). It is
+    deleted once the outputs are written, unless ``keep_checkpoint`` (the flow keeps the
+    cells' final checkpoints until the whole grid is done, so a rerun skips finished cells).
+    """
     timer = LocalTrainingTime()
     cell = build_simulation(
         params, data, part, algorithm, adapter, base_path, callbacks=[*callbacks, timer]
@@ -73,6 +81,7 @@ def train_cell_model(
         cell.sim, cell.method, cell.model_fn, cell.adapted, cell.device
     )  # fmt: skip
     sizes = method.counts(adapted)
+    saver = _checkpoints(params, cell, algorithm, adapter, part, base_path, checkpoint_file)
     history = sim.run()
     record = summary_record(params, algorithm, adapter, part, history, device)
     if params.personalize.enabled:
@@ -92,8 +101,40 @@ def train_cell_model(
         }
     )
     write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file)
+    if saver is not None and not keep_checkpoint:
+        saver.path.unlink(missing_ok=True)
     adapted.to("cpu").load_state_dict(sim.global_state)  # it trained the in-process clients
     return record, adapted
+
+
+def _checkpoints(
+    params: Params,
+    cell: Cell,
+    algorithm: str,
+    adapter: str,
+    part: Partition,
+    base_path: str | Path | None,
+    path: str | Path | None,
+) -> checkpoint.Checkpointer | None:
+    """Resume ``cell`` from the checkpoint at ``path`` (if there is one for this
+    configuration and ``runtime.resume``) and subscribe the writer of its checkpoints."""
+    if path is None:
+        return None
+    base = require_base(params, base_path)
+    fp = checkpoint.fingerprint(params, algorithm, adapter, part.content_hash(), base)
+    state = checkpoint.read(path, fp) if params.runtime.resume else None
+    if state is not None:
+        cell.sim.load_state_dict(state)
+        _err.print(
+            f"{cell_name(algorithm, adapter)}: resuming after round {state['round']} from {path}",
+            highlight=False,
+            markup=False,
+        )
+    if params.runtime.checkpoint_every == 0:
+        return None
+    saver = checkpoint.Checkpointer(cell.sim, path, params.runtime.checkpoint_every, fp)
+    cell.sim.callbacks.insert(0, saver)  # before tracking: a failing server loses no round
+    return saver
 
 
 def personalize_cell(
@@ -240,6 +281,7 @@ def summary_record(
         "seed": params.experiment.seed,
         "rounds": len(h.rounds),
         "stop_reason": h.stop_reason,  # "rounds", or the algorithm budget that ended it early
+        "diverged_at_round": h.diverged_at_round,  # None, or the first round that diverged
         "final_accuracy": h.final_accuracy,
         # early exits (seed 001): accuracy at every exit at the last evaluation ([] without)
         "final_accuracy_exits": exit_accuracies(h),
@@ -266,9 +308,12 @@ def run_cell(
     tags: dict[str, str] | None = None,
     timing_file: str | Path | None = None,
     base_path: str | Path | None = None,
+    checkpoint_file: str | Path | None = None,
+    keep_checkpoint: bool = False,
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
-    per-round metrics and the final (merged) model registered. Returns the summary record."""
+    per-round metrics and the final (merged) model registered. Returns the summary record.
+    ``checkpoint_file``: see ``train_cell_model``."""
     data = load_experiment_data(params)
     part = load_partition(partition_dir)
     name = cell_name(algorithm, adapter)
@@ -287,9 +332,11 @@ def run_cell(
     started = time.perf_counter()
     try:
         record, model = train_cell_model(
-            params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file, base_path
-        )
+            params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file, base_path,
+            checkpoint_file, keep_checkpoint,
+        )  # fmt: skip
         record["process_seconds"] = round(time.perf_counter() - started, 3)
+        warn_divergence(record)
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
             # The registry holds the merged plain model (adapters folded into the backbone)
@@ -315,6 +362,28 @@ def run_cell(
     return record
 
 
+def warn_divergence(record: dict[str, Any]) -> None:
+    """One warning line for a cell whose training diverged (its outputs are still written)."""
+    r = record.get("diverged_at_round")
+    if r is not None:
+        _err.print(
+            f"warning: {record['algorithm']}-{record['adapter']} diverged at round {r} (every "
+            "update rejected as non-finite, or a non-finite test loss); lower client.lr or "
+            "set runtime.allow_divergence: true to accept it",
+            highlight=False,
+            markup=False,
+        )
+
+
+def diverged(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The cells of ``records`` that diverged, as ``<algorithm>-<adapter>@<round>``."""
+    return [
+        f"{r['algorithm']}-{r['adapter']}@{r['diverged_at_round']}"
+        for r in records
+        if r.get("diverged_at_round") is not None
+    ]
+
+
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(
     params: Params,
@@ -324,9 +393,20 @@ def train_task(
     runs_dir: str,
     parent_run_id: str | None = None,
     base_path: str | None = None,
+    checkpoint_dir: str | None = None,
 ) -> dict:
-    """Simulate one (algorithm, adapter) cell on the partition; returns its summary record."""
-    cell_dir = Path(runs_dir) / cell_name(algorithm, adapter)
+    """Simulate one (algorithm, adapter) cell on the partition; returns its summary record.
+    Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
+    removes them when the grid is done)."""
+    name = cell_name(algorithm, adapter)
     return run_cell(
-        params, partition_dir, algorithm, adapter, cell_dir, parent_run_id, base_path=base_path
+        params,
+        partition_dir,
+        algorithm,
+        adapter,
+        Path(runs_dir) / name,
+        parent_run_id,
+        base_path=base_path,
+        checkpoint_file=Path(checkpoint_dir) / f"{name}.pt" if checkpoint_dir else None,
+        keep_checkpoint=True,
     )

@@ -79,6 +79,25 @@ def guard(fn: Callable[[], Any]) -> Any:
         raise typer.Exit(130) from None
 
 
+EXIT_DIVERGED = 3  # the outputs were written, but training diverged (runtime.allow_divergence)
+
+
+def exit_if_diverged(params: Any, records: list[dict[str, Any]]) -> None:
+    """Exit with EXIT_DIVERGED when a cell diverged, unless ``runtime.allow_divergence``
+    (each cell printed its warning line as it ended)."""
+    from tasks.train import diverged
+
+    cells = diverged(records)
+    if cells and not params.runtime.allow_divergence:
+        err.print(
+            f"fedapt: diverged: {', '.join(cells)} (exit {EXIT_DIVERGED}; "
+            "runtime.allow_divergence: true accepts it)",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(EXIT_DIVERGED)
+
+
 def load(params: Path | None, overrides: list[str] | None, extra: list[str] | None = None) -> Any:
     from tasks.config import load_params
 

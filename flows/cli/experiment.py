@@ -13,6 +13,7 @@ from flows.cli.common import (
     ParamsOpt,
     SetOpt,
     app,
+    exit_if_diverged,
     guard,
     load,
     out,
@@ -62,6 +63,7 @@ def run(
         out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
         for line in where:
             out.print(line)
+        exit_if_diverged(p, records)
 
     guard(body)
 

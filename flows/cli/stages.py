@@ -14,7 +14,16 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli.common import ParamsOpt, SetOpt, app, guard, load, out, results_table
+from flows.cli.common import (
+    ParamsOpt,
+    SetOpt,
+    app,
+    exit_if_diverged,
+    guard,
+    load,
+    out,
+    results_table,
+)
 
 
 @app.command()
@@ -151,9 +160,13 @@ def train(
             tags={"fedapt.entry": "dvc"},
             timing_file=timing_dir / f"{cell}.json",
             base_path=base_dir / "base.pt",
+            # outside the stage's output (DVC removes that before it runs): a killed
+            # `dvc repro` resumes the cell; deleted when the cell's outputs are written
+            checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
         )
         out.print(results_table([record]))
         out.print(f"metrics: {cell_dir / 'metrics.json'}")
+        exit_if_diverged(p, [record])
 
     guard(body)
 
