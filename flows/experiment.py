@@ -22,6 +22,7 @@ from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from flows import services
+from tasks import checkpoint
 from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, load_params
 from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
@@ -80,6 +81,18 @@ def preflight(
             f"partition in {partition_dir} is {part.scheme} over {part.num_clients} clients, "
             f"params.yaml asks for {want[0]} over {want[1]}; re-run fedapt partition"
         )
+
+
+def check_checkpoints(params: Params, partition_dir: str | Path | None = None) -> list[str]:
+    """A rerun's cell checkpoints (reports/<experiment>/checkpoints) must be for this
+    configuration: refused in one line before anything runs. Returns the cells that resume."""
+    if partition_dir is None:
+        part = build_partition(params, load_experiment_data(params))  # drawn once per process
+    else:
+        part = load_partition(partition_dir)
+    out = experiment_dir(params)
+    base = out / "pretrain" / "base.pt" if params.model.base == "pretrain" else None
+    return checkpoint.check_cells(params, part.content_hash(), out / "checkpoints", base)
 
 
 def grid_task_runner(params: Params) -> Any:

@@ -150,3 +150,29 @@ class Checkpointer(Callback):
         atomic_write_bytes(self.path, buf.getvalue())
         self.written.append(len(self.sim.history.rounds) if self.sim.history else 0)
         self._last = time.monotonic()
+
+
+def check_cells(
+    params: Params,
+    partition_hash: str,
+    directory: str | Path,
+    base_path: str | Path | None = None,
+) -> list[str]:
+    """Preflight of a rerun: every cell checkpoint in ``directory`` must be for this
+    configuration (else the one-line ConfigError of :func:`read`, before anything runs).
+    Returns the cells that will resume. A pretrain base not written yet is checked later,
+    by the cell itself."""
+    if not params.runtime.resume:
+        return []
+    base = Path(base_path) if base_path is not None else None
+    if params.model.base == "pretrain" and (base is None or not base.is_file()):
+        return []
+    resuming = []
+    for algorithm in params.grid.algorithms:
+        for adapter in params.grid.adapters:
+            path = Path(directory) / f"{algorithm}-{adapter}.pt"
+            if path.is_file():
+                fp = fingerprint(params, algorithm, adapter, partition_hash, base)
+                if read(path, fp) is not None:
+                    resuming.append(f"{algorithm}-{adapter}")
+    return resuming

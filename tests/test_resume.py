@@ -315,3 +315,43 @@ def _checkpoint_round(path: Path) -> int:
         return int(torch.load(path, weights_only=True)["state"]["round"])
     except Exception:
         return 0
+
+
+def test_preflight_refuses_a_foreign_checkpoint_before_anything_runs(tmp_path):
+    from flows.experiment import check_checkpoints
+    from tasks.config import experiment_dir
+    from tasks.data import build_partition, load_experiment_data
+    from tasks.train import train_cell_model
+
+    p = cell_params(tmp_path, "federation.rounds=1")
+    data = load_experiment_data(p)
+    part = build_partition(p, data)
+    ckpt = experiment_dir(p) / "checkpoints" / "fedavg-full.pt"
+    train_cell_model(
+        p, data, part, "fedavg", "full", tmp_path / "a", checkpoint_file=ckpt,
+        keep_checkpoint=True,
+    )  # fmt: skip
+    assert check_checkpoints(p) == ["fedavg-full"]
+    other = cell_params(tmp_path, "federation.rounds=1", "experiment.seed=5")
+    with pytest.raises(ConfigError, match=r"experiment.seed \(0 -> 5\)"):
+        check_checkpoints(other)
+
+
+@pytest.mark.parametrize(("allow", "code"), [(False, 3), (True, None)])
+def test_a_diverged_cell_exits_3_unless_allowed(tmp_path, allow, code, capsys):
+    import typer
+
+    from flows.cli.common import exit_if_diverged
+
+    p = cell_params(tmp_path, f"runtime.allow_divergence={str(allow).lower()}")
+    records = [
+        {"algorithm": "fedavg", "adapter": "full", "diverged_at_round": None},
+        {"algorithm": "fedprox", "adapter": "full", "diverged_at_round": 4},
+    ]
+    if code is None:
+        exit_if_diverged(p, records)
+        return
+    with pytest.raises(typer.Exit) as exc:
+        exit_if_diverged(p, records)
+    assert exc.value.exit_code == code
+    assert "fedprox-full@4" in capsys.readouterr().err

@@ -47,12 +47,18 @@ def run(
         # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
         # before Prefect is imported, which reads its settings once.
         with services.patched_environ(services.env_for_clients()):
-            from flows.experiment import check_names, experiment_flow, preflight
+            from flows.experiment import (
+                check_checkpoints,
+                check_names,
+                experiment_flow,
+                preflight,
+            )
             from tasks.config import experiment_dir
 
             check_names(p)  # bad names stop here, before any server starts
             with services.run_environment(need_s3=bool(p.storage.bucket)):
                 preflight(p, partition_dir)
+                check_checkpoints(p, partition_dir)  # another configuration's -> one line
                 quiet_prefect_tracebacks()
                 records = experiment_flow(
                     params=p,
