@@ -129,6 +129,7 @@ def _checkpoints(
             f"{cell_name(algorithm, adapter)}: resuming after round {state['round']} from {path}",
             highlight=False,
             markup=False,
+            soft_wrap=True,
         )
     if params.runtime.checkpoint_every == 0:
         return None
