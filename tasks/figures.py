@@ -1,0 +1,152 @@
+"""The figures of a run, drawn with matplotlib from the records fedapt writes (a cell's
+``metrics.json`` rounds, the partition's label counts, the grid's records): what MLflow shows
+in a run's Artifacts tab and what ``dvc plots show`` renders offline as images.
+
+Each function returns a ``matplotlib.figure.Figure`` (Agg backend, no display needed);
+:func:`save_png` writes one with no timestamp or version in the file, so the same records give
+the same bytes. Pure: no MLflow, no files read.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: servers, CI, Prefect workers
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+MIB = float(2**20)
+_SIZE = (6.4, 4.0)
+
+
+def _figure(size: tuple[float, float] = _SIZE) -> tuple[Figure, Any]:
+    fig = Figure(figsize=size, dpi=100, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _evaluated(rounds: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rounds if r.get("accuracy") is not None]
+
+
+def accuracy_vs_round(rounds: Sequence[Mapping[str, Any]], title: str) -> Figure:
+    """Test accuracy after each evaluated round."""
+    fig, ax = _figure()
+    ev = _evaluated(rounds)
+    ax.plot([r["round"] for r in ev], [100 * r["accuracy"] for r in ev], marker="o", ms=3)
+    ax.set(xlabel="round", ylabel="test accuracy (%)", title=title)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def accuracy_vs_mib(rounds: Sequence[Mapping[str, Any]], title: str) -> Figure:
+    """Test accuracy against the cumulative MiB transmitted: upload, download and both."""
+    fig, ax = _figure()
+    ev = _evaluated(rounds)
+    acc = [100 * r["accuracy"] for r in ev]
+    up = np.array([r["cum_upload_bytes"] for r in ev], dtype=float) / MIB
+    down = np.array([r["cum_download_bytes"] for r in ev], dtype=float) / MIB
+    ax.plot(up + down, acc, marker="o", ms=3, label="upload + download")
+    ax.plot(up, acc, ls="--", label="upload")
+    ax.plot(down, acc, ls=":", label="download")
+    ax.set(xlabel="cumulative MiB transmitted", ylabel="test accuracy (%)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def traffic_by_phase(
+    rounds: Sequence[Mapping[str, Any]], title: str, key: str = "freeze_index"
+) -> Figure | None:
+    """Per-round upload and download MiB, the rounds shaded by phase (FedNILO's freezing
+    index); None for a run whose rounds carry no ``key``."""
+    if not rounds or any(key not in (r.get("extra") or {}) for r in rounds):
+        return None
+    fig, ax = _figure()
+    x = [r["round"] for r in rounds]
+    ax.plot(x, [r["download_bytes"] / MIB for r in rounds], ds="steps-mid", label="download")
+    ax.plot(x, [r["upload_bytes"] / MIB for r in rounds], ds="steps-mid", label="upload")
+    phase = [r["extra"][key] for r in rounds]
+    start = 0
+    for i in range(1, len(rounds) + 1):
+        if i == len(rounds) or phase[i] != phase[start]:
+            if phase[start]:
+                ax.axvspan(x[start] - 0.5, x[i - 1] + 0.5, alpha=0.08 + 0.04 * (start % 2))
+            ax.annotate(
+                f"{key} {int(phase[start])}",
+                (x[start], 1.0),
+                xycoords=("data", "axes fraction"),
+                va="top",
+                fontsize=7,
+            )
+            start = i
+    ax.set(xlabel="round", ylabel="MiB per round", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def label_histogram(counts: np.ndarray, title: str) -> Figure:
+    """Clients x classes: how many training samples of each class each client holds."""
+    counts = np.asarray(counts)
+    clients, classes = counts.shape
+    fig, ax = _figure((max(4.0, 0.45 * classes + 2.5), max(3.0, 0.28 * clients + 1.5)))
+    im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set(xlabel="class", ylabel="client", title=title)
+    ax.set_xticks(range(classes))
+    if clients <= 40:
+        ax.set_yticks(range(clients))
+    if clients * classes <= 400:
+        top = counts.max() if counts.size else 0
+        for (i, j), v in np.ndenumerate(counts):
+            ax.text(
+                j, i, str(int(v)), ha="center", va="center", fontsize=6,
+                color="black" if v > 0.6 * top else "white",
+            )  # fmt: skip
+    fig.colorbar(im, ax=ax, label="samples")
+    return fig
+
+
+def pareto(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str) -> Figure:
+    """Accuracy against cumulative MiB (upload + download) for every cell of the grid: which
+    method reaches which accuracy for how many MiB. The last point of each curve is labelled."""
+    fig, ax = _figure((7.2, 4.6))
+    for name, rounds in runs.items():
+        ev = _evaluated(rounds)
+        if not ev:
+            continue
+        mib = [(r["cum_upload_bytes"] + r["cum_download_bytes"]) / MIB for r in ev]
+        acc = [100 * r["accuracy"] for r in ev]
+        (line,) = ax.plot(mib, acc, marker="o", ms=2, label=name)
+        ax.annotate(name, (mib[-1], acc[-1]), fontsize=7, color=line.get_color())
+    if any(_evaluated(r) for r in runs.values()):
+        ax.set_xscale("log")
+        ax.legend(fontsize=7)
+    ax.set(xlabel="cumulative MiB transmitted (log)", ylabel="test accuracy (%)", title=title)
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
+def save_png(fig: Figure) -> bytes:
+    """The PNG bytes of ``fig``: no software version or date in them (reproducible)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def cell_figures(rounds: Sequence[Mapping[str, Any]], cell: str) -> dict[str, Figure]:
+    """The figures of one grid cell, by file name."""
+    figs = {
+        "accuracy_vs_round.png": accuracy_vs_round(rounds, f"{cell}: accuracy per round"),
+        "accuracy_vs_mib.png": accuracy_vs_mib(rounds, f"{cell}: accuracy vs MiB"),
+    }
+    phases = traffic_by_phase(rounds, f"{cell}: traffic per round by phase")
+    if phases is not None:
+        figs["traffic_by_phase.png"] = phases
+    return figs

@@ -1,0 +1,64 @@
+"""The figures fedapt logs to MLflow and declares as DVC image plots: drawn from the records,
+the same records give the same PNG bytes, and each shows what its name says."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks import figures
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def rounds(n: int = 6, phases: bool = False) -> list[dict]:
+    out = []
+    for i in range(1, n + 1):
+        r = {
+            "round": i,
+            "accuracy": 0.1 * i if i % 2 == 0 or i == n else None,
+            "upload_bytes": 2**20,
+            "download_bytes": 2**21,
+            "cum_upload_bytes": i * 2**20,
+            "cum_download_bytes": i * 2**21,
+            "extra": {"freeze_index": float(i > 3)} if phases else {},
+        }
+        out.append(r)
+    return out
+
+
+def test_cell_figures_are_pngs_and_reproducible():
+    figs = figures.cell_figures(rounds(), "fedavg-full")
+    assert sorted(figs) == ["accuracy_vs_mib.png", "accuracy_vs_round.png"]
+    first = {k: figures.save_png(v) for k, v in figures.cell_figures(rounds(), "c").items()}
+    again = {k: figures.save_png(v) for k, v in figures.cell_figures(rounds(), "c").items()}
+    assert first == again and all(b.startswith(PNG) for b in first.values())
+    assert b"Software" not in first["accuracy_vs_round.png"]  # no version in the bytes
+
+
+def test_accuracy_curves_plot_only_evaluated_rounds_in_percent():
+    fig = figures.accuracy_vs_round(rounds(), "t")
+    (line,) = fig.axes[0].get_lines()
+    assert list(line.get_xdata()) == [2, 4, 6]
+    assert np.allclose(line.get_ydata(), [20, 40, 60])
+    fig = figures.accuracy_vs_mib(rounds(), "t")
+    total, up, down = fig.axes[0].get_lines()
+    assert np.allclose(total.get_xdata(), [6, 12, 18])  # MiB: up + down
+    assert np.allclose(up.get_xdata(), [2, 4, 6]) and np.allclose(down.get_xdata(), [4, 8, 12])
+
+
+def test_phase_figure_only_for_runs_with_phases():
+    assert figures.traffic_by_phase(rounds(), "t") is None
+    figs = figures.cell_figures(rounds(phases=True), "fednilo-full")
+    assert "traffic_by_phase.png" in figs
+    texts = [t.get_text() for t in figs["traffic_by_phase.png"].axes[0].texts]
+    assert texts == ["freeze_index 0", "freeze_index 1"]
+
+
+def test_label_histogram_and_pareto():
+    counts = np.arange(12).reshape(3, 4)
+    fig = figures.label_histogram(counts, "h")
+    assert np.array_equal(fig.axes[0].get_images()[0].get_array(), counts)
+    fig = figures.pareto({"a": rounds(), "b": rounds(2), "none": []}, "p")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["a", "b"]
+    assert figures.save_png(fig).startswith(PNG)
