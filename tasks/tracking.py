@@ -55,6 +55,9 @@ def _client() -> Any:
     return MlflowClient(tracking_uri())
 
 
+client = _client  # the MlflowClient of the tracking URI in use (tasks.artifacts)
+
+
 def _experiment_id(client: Any, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:

@@ -23,7 +23,7 @@ from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, summarize
 from models.serving import ImageServing
-from tasks import checkpoint, tracking
+from tasks import artifacts, checkpoint, tracking
 from tasks.backbone import model_input
 from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, require_base
 from tasks.config import Params
@@ -233,6 +233,7 @@ def write_cell_outputs(
     exact["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in rounds]
     atomic_write_json(out / "metrics.json", exact)
     atomic_write_text(out / "rounds.csv", rounds_csv(history))
+    artifacts.write_cell_figures(out, exact["rounds"])  # figures/*.png (DVC image plots)
     timing = {k: record[k] for k in _TIMING_KEYS if k in record}
     timing["round_seconds"] = [r["seconds"] for r in rounds]
     # The process the cell ran in (a Dask worker under runtime.task_runner: dask).
@@ -340,6 +341,7 @@ def run_cell(
         warn_divergence(record)
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
+            artifacts.log_cell(run_id, cell_dir, partition_dir)  # files, figures, partition
             # The registry holds the merged plain model (adapters folded into the backbone)
             # where the method allows it, else the adapted model.
             method = params.grid.adapter(adapter)

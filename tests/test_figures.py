@@ -62,3 +62,54 @@ def test_label_histogram_and_pareto():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["a", "b"]
     assert figures.save_png(fig).startswith(PNG)
+
+
+def test_a_cell_run_has_its_files_figures_and_partition_in_mlflow(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    from tasks.config import load_params
+    from tasks.data import build_partition, load_experiment_data, write_partition
+    from tasks.train import run_cell
+
+    repo = Path(__file__).resolve().parents[1]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    p = load_params(
+        repo / "params.yaml",
+        [
+            f"experiment.reports_dir={tmp_path / 'reports'}",
+            f"data.root={repo / 'data/raw'}",
+            "data.train_subset=200",
+            "data.test_subset=50",
+            "partition.num_clients=3",
+            "partition.dirichlet_classwise.min_size=5",
+            "federation.rounds=2",
+            "client.max_steps=2",
+            "runtime.workers=0",
+            "runtime.tracking=true",
+            "storage.bucket=null",
+        ],
+    )
+    data = load_experiment_data(p)
+    write_partition(p, data, build_partition(p, data), tmp_path / "partition")
+    record = run_cell(p, tmp_path / "partition", "fedavg", "full", tmp_path / "cell")
+    client = MlflowClient(uri)
+
+    def listing(path=None):
+        out = []
+        for a in client.list_artifacts(record["mlflow_run_id"], path):
+            out += listing(a.path) if a.is_dir else [a.path]
+        return out
+
+    files = set(listing())
+    assert {
+        "metrics.json",
+        "rounds.csv",
+        "figures/accuracy_vs_round.png",
+        "figures/accuracy_vs_mib.png",
+        "partition/stats.json",
+        "partition/label_histogram.png",
+    } <= files, files
+    assert (tmp_path / "cell" / "figures" / "accuracy_vs_mib.png").read_bytes().startswith(PNG)

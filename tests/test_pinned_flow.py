@@ -53,7 +53,7 @@ class FlowSpy:
                 spy.runner = task_runner
                 return self
 
-            def __call__(self, spec, part_dir, runs_dir, parent, base):
+            def __call__(self, spec, part_dir, runs_dir, parent, base, checkpoints=None):
                 spy.grid_spec = _typed(spec)
                 return [{"algorithm": a} for a in spy.grid_spec["grid"]["algorithms"]]
 

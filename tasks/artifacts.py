@@ -1,0 +1,88 @@
+"""What a run leaves to look at: PNG figures beside the outputs (DVC declares them as image
+plots, which render offline) and the files and figures of each MLflow run's Artifacts tab.
+
+A cell's MLflow run gets ``metrics.json`` and ``rounds.csv``, its figures (accuracy per round,
+accuracy vs cumulative MiB, FedNILO's traffic by phase), and the partition it trained on
+(``stats.json``, ``validation.json``, the clients x classes label histogram). The experiment's
+parent run gets the summary, the communication-cost report and the grid's accuracy-vs-MiB
+figure. Figures are drawn once, by ``tasks.figures``, into the output folders; MLflow gets
+copies of those files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks import figures, tracking
+from tasks.io import atomic_write_bytes
+
+FIGURES = "figures"  # folder of a cell's figures (and the artifact path in MLflow)
+LABEL_HISTOGRAM = "label_histogram.png"
+PARETO = "accuracy_vs_mib.png"
+
+
+def write_cell_figures(cell_dir: str | Path, rounds: Sequence[Mapping[str, Any]]) -> list[Path]:
+    """``<cell_dir>/figures/*.png`` from the cell's round records (same records, same bytes)."""
+    out = Path(cell_dir) / FIGURES
+    cell = Path(cell_dir).name
+    return [
+        atomic_write_bytes(out / name, figures.save_png(fig))
+        for name, fig in figures.cell_figures(rounds, cell).items()
+    ]
+
+
+def write_label_histogram(partition_dir: str | Path) -> Path:
+    """``<partition_dir>/label_histogram.png`` from its ``stats.json``."""
+    d = Path(partition_dir)
+    stats = json.loads((d / "stats.json").read_text())
+    counts = np.array([c["label_counts"] for c in stats["clients"]], dtype=np.int64)
+    title = f"{stats['scheme']} over {stats['num_clients']} clients: samples per class"
+    return atomic_write_bytes(
+        d / LABEL_HISTOGRAM, figures.save_png(figures.label_histogram(counts, title))
+    )
+
+
+def write_grid_figure(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | Path, experiment: str
+) -> Path:
+    """The grid's accuracy-vs-MiB figure: which cell reaches which accuracy for how many MiB."""
+    fig = figures.pareto(runs, f"{experiment}: accuracy vs MiB transmitted")
+    return atomic_write_bytes(Path(out_dir) / PARETO, figures.save_png(fig))
+
+
+def _log(client: Any, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+    if path.is_file():
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def log_cell(run_id: str, cell_dir: str | Path, partition_dir: str | Path) -> None:
+    """A cell's files, figures and partition into its MLflow run's artifacts."""
+    client = tracking.client()
+    cell, part = Path(cell_dir), Path(partition_dir)
+    for name in ("metrics.json", "rounds.csv"):
+        _log(client, run_id, cell / name)
+    for png in sorted((cell / FIGURES).glob("*.png")):
+        _log(client, run_id, png, FIGURES)
+    for name in ("stats.json", "validation.json", LABEL_HISTOGRAM):
+        _log(client, run_id, part / name, "partition")
+    if not (part / LABEL_HISTOGRAM).is_file() and (part / "stats.json").is_file():
+        # a partition written before figures existed: drawn for MLflow only (the folder may
+        # be another stage's DVC output, never written here)
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(part / "stats.json", Path(tmp) / "stats.json")
+            _log(client, run_id, write_label_histogram(tmp), "partition")
+
+
+def log_experiment(run_id: str, experiment_dir: str | Path) -> None:
+    """The experiment's summary, communication-cost report and grid figure into the parent run."""
+    client = tracking.client()
+    d = Path(experiment_dir)
+    for name in ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO):
+        _log(client, run_id, d / name)
