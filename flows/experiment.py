@@ -29,7 +29,9 @@ from tasks.data import build_partition, load_experiment_data, load_partition, pa
 from tasks.pretrain import log_base_task, pretrain_task, source_split
 from tasks.report import (
     end_tracking_task,
+    log_results_task,
     report_baseline,
+    results_artifact_task,
     start_tracking_task,
     summary_task,
     upload_task,
@@ -194,6 +196,9 @@ def experiment_flow(
         checkpoints = out / "checkpoints"  # a rerun after a crash resumes from these
         records = grid(cell_params(p), part_dir, str(out / "runs"), parent, base, str(checkpoints))
         summary_task(p, records, str(out / "summary.json"), str(out / "runs"))
+        results_artifact_task(p.experiment.name, records)  # the flow run's Artifacts tab
+        if parent is not None:
+            log_results_task(parent, str(out))
         shutil.rmtree(checkpoints, ignore_errors=True)  # the grid is done: nothing to resume
         if p.storage.bucket:
             prefix = f"{p.storage.prefix}/{p.experiment.name}"

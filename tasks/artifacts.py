@@ -86,3 +86,18 @@ def log_experiment(run_id: str, experiment_dir: str | Path) -> None:
     d = Path(experiment_dir)
     for name in ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO):
         _log(client, run_id, d / name)
+
+
+def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """cell -> the URL of its run in the MLflow UI (an http tracking server only)."""
+    uri = tracking.tracking_uri()
+    ids = {f"{r['algorithm']}-{r['adapter']}": r.get("mlflow_run_id") for r in records}
+    if not uri.startswith("http") or not any(ids.values()):
+        return {}
+    client = tracking.client()
+    links = {}
+    for cell, run_id in ids.items():
+        if run_id:
+            exp = client.get_run(run_id).info.experiment_id
+            links[cell] = f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+    return links

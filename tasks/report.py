@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedcore.errors import ConfigError
-from tasks import storage, tracking
+from tasks import artifacts, storage, tracking
 from tasks.config import Params
 from tasks.io import atomic_write_json, atomic_write_text
 
@@ -103,16 +103,92 @@ def write_report(
     out = Path(out_dir)
     exact = [{k: v for k, v in r.items() if k not in _NOT_EXACT} for r in records]
     summary = Path(write_summary(params, exact, str(out / "summary.json")))
-    return [summary, *write_comm_cost(params, runs_dir, out)]
+    results = atomic_write_text(out / "results.md", results_markdown(params.experiment.name, exact))
+    figure = write_grid_figure(params, runs_dir, out)
+    return [summary, results, figure, *write_comm_cost(params, runs_dir, out)]
+
+
+def results_markdown(
+    experiment: str, records: list[dict[str, Any]], links: dict[str, str] | None = None
+) -> str:
+    """The results table as Markdown (results.md, the Prefect results artifact): one row per
+    cell, accuracy in %, traffic in MiB (2**20 bytes); ``links``: cell -> its MLflow run."""
+    from fedcore.payload import mib
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.2f}"
+
+    rows = [
+        f"# Results: {experiment}",
+        "",
+        "| cell | partition | rounds | final acc % | mean acc last L % | up MiB | down MiB "
+        "| up MiB/round | diverged at |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in records:
+        cell = f"{r['algorithm']}-{r['adapter']}"
+        name = f"[{cell}]({links[cell]})" if links and cell in links else cell
+        rows.append(
+            f"| {name} | {r['partition']} | {r['rounds']} | {pct(r['final_accuracy'])} "
+            f"| {pct(r['mean_accuracy_last_L'])} (L={r['last_rounds_L']}) "
+            f"| {mib(r['upload_bytes']):.2f} | {mib(r['download_bytes']):.2f} "
+            f"| {mib(r['upload_bytes_per_round']):.2f} | {r.get('diverged_at_round') or '-'} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def write_grid_figure(params: Params, runs_dir: str | Path, out_dir: str | Path) -> Path:
+    """accuracy_vs_mib.png: every cell's accuracy against cumulative MiB (its metrics.json)."""
+    import json
+
+    runs = {}
+    for cell in cells(params):
+        path = Path(runs_dir) / cell / "metrics.json"
+        if path.is_file():
+            runs[cell] = json.loads(path.read_text())["rounds"]
+    return artifacts.write_grid_figure(runs, out_dir, params.experiment.name)
 
 
 @task(name="summary", cache_policy=NO_CACHE)
 def summary_task(
     params: Params, records: list[dict[str, Any]], path: str, runs_dir: str
 ) -> list[str]:
-    """Write summary.json and the communication-cost report (comm_cost.md/.json) beside it."""
+    """Write summary.json, results.md, the grid's accuracy-vs-MiB figure and the
+    communication-cost report (comm_cost.md/.json) beside it."""
+    out = Path(path).parent
     summary = write_summary(params, records, path)
-    return [summary, *map(str, write_comm_cost(params, runs_dir, Path(path).parent))]
+    results = atomic_write_text(
+        out / "results.md", results_markdown(params.experiment.name, records)
+    )
+    figure = write_grid_figure(params, runs_dir, out)
+    cost = write_comm_cost(params, runs_dir, out)
+    return [summary, *map(str, (results, figure, *cost))]
+
+
+@task(name="log-results", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def log_results_task(run_id: str, experiment_dir: str) -> None:
+    """The summary, results.md, comm_cost.md/.json and the grid figure into the parent run."""
+    artifacts.log_experiment(run_id, experiment_dir)
+
+
+@task(name="results-artifact", cache_policy=NO_CACHE)
+def results_artifact_task(experiment: str, records: list[dict[str, Any]]) -> None:
+    """The results table as a Prefect markdown artifact of the flow run, each cell linked to
+    its MLflow run when a tracking server is in use."""
+    from prefect.artifacts import create_markdown_artifact
+
+    links = artifacts.run_links(records) if any("mlflow_run_id" in r for r in records) else {}
+    create_markdown_artifact(
+        results_markdown(experiment, records, links),
+        key=artifact_key(experiment),
+        description=f"fedapt results of {experiment}",
+    )
+
+
+def artifact_key(experiment: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) for the experiment."""
+    key = "".join(c if c.isalnum() else "-" for c in experiment.lower()).strip("-")
+    return f"fedapt-{key or 'results'}"
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

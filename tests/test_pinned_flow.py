@@ -66,6 +66,7 @@ class FlowSpy:
         monkeypatch.setattr(fe, "validate_task", lambda *a, **k: None)
         monkeypatch.setattr(fe, "train_grid_flow", Grid())
         monkeypatch.setattr(fe, "summary_task", summary_task)
+        monkeypatch.setattr(fe, "results_artifact_task", lambda *a, **k: None)
 
 
 def deployment_run(tmp_path: Path, *overrides: str) -> list:

@@ -82,7 +82,7 @@ def _where_results(params: Any) -> list[str]:
     if params.runtime.tracking:
         lines.append(
             f"MLflow: {uri}"
-            if uri and uri.startswith("http")
+            if uri
             else "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
             "--backend-store-uri sqlite:///mlruns/mlflow.db`)"
         )
