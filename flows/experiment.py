@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,37 @@ def cell_params(params: Params) -> Params:
     return params
 
 
-@flow(name="fedapt-train-grid")
+def _experiment_name() -> str:
+    """The experiment a flow run is for, from its parameters (Prefect's runtime context)."""
+    from prefect.runtime import flow_run
+
+    given = flow_run.parameters
+    p = given.get("params")
+    try:
+        if isinstance(p, Params):
+            return p.experiment.name
+        if isinstance(p, dict):
+            return str(p["experiment"]["name"])
+        path = given.get("params_file", "params.yaml")
+        return load_params(path, given.get("overrides")).experiment.name
+    except Exception:  # a bad params file fails the run itself, with its one line
+        return "fedapt"
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def experiment_run_name() -> str:
+    """Flow-run names the UI can be read by: ``<experiment>-<UTC time>``."""
+    return f"{_experiment_name()}-{_stamp()}"
+
+
+def grid_run_name() -> str:
+    return f"{_experiment_name()}-grid-{_stamp()}"
+
+
+@flow(name="fedapt-train-grid", flow_run_name=grid_run_name)
 def train_grid_flow(
     params: Params,
     partition_dir: str,
@@ -167,7 +198,11 @@ def train_grid_flow(
     return [f.result() for f in futures]  # in grid order, whatever order they finish in
 
 
-@flow(name="fedapt-experiment", task_runner=ThreadPoolTaskRunner(max_workers=1))
+@flow(
+    name="fedapt-experiment",
+    flow_run_name=experiment_run_name,
+    task_runner=ThreadPoolTaskRunner(max_workers=1),
+)
 def experiment_flow(
     params: Params | None = None,
     params_file: str = "params.yaml",

@@ -61,3 +61,65 @@ class RichProgress(Callback):
     def on_fit_end(self, history: Any) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class PrefectProgress(Callback):
+    """Round progress where Prefect users look: one line per round in the flow run's logs
+    (accuracy, MiB) and a progress artifact of the cell, updated each round. Does nothing
+    outside a Prefect task run (the DVC stage, tests)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._logger: Any = None
+        self._artifact: Any = None
+        self._rounds = 0
+
+    def on_fit_start(self, info: dict[str, Any]) -> None:
+        from prefect.context import TaskRunContext
+        from prefect.logging import get_run_logger
+
+        if TaskRunContext.get() is None:
+            return
+        self._logger = get_run_logger()
+        self._rounds = int(info["rounds"])
+        try:
+            from prefect.artifacts import create_progress_artifact
+
+            self._artifact = create_progress_artifact(
+                0.0, description=f"{self.label}: rounds done of {self._rounds}"
+            )
+        except Exception as exc:  # an artifact is a nicety, never a reason to stop a run
+            self._logger.warning("%s: no progress artifact (%s)", self.label, exc)
+
+    def on_resume(self, history: Any) -> None:
+        if self._logger is not None:
+            done = len(history.rounds)
+            self._logger.info("%s resumed after round %d from its checkpoint", self.label, done)
+            self._update(done)
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        if self._logger is None:
+            return
+        acc = "-" if record.accuracy is None else f"{100 * record.accuracy:.2f}%"
+        self._logger.info(
+            "%s round %d/%d: acc %s, down %.2f MiB, up %.2f MiB, total %.1f MiB (%.1f s)",
+            self.label,
+            record.round,
+            self._rounds,
+            acc,
+            mib(record.download_bytes),
+            mib(record.upload_bytes),
+            mib(record.cum_download_bytes + record.cum_upload_bytes),
+            record.seconds,
+        )
+        self._update(record.round)
+
+    def _update(self, done: int) -> None:
+        if self._artifact is None:
+            return
+        from prefect.artifacts import update_progress_artifact
+
+        try:
+            update_progress_artifact(self._artifact, 100.0 * done / max(1, self._rounds))
+        except Exception:  # the server went away: the logs still say it
+            self._artifact = None

@@ -29,7 +29,7 @@ from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, req
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from tasks.progress import RichProgress
+from tasks.progress import PrefectProgress, RichProgress
 
 _err = Console(stderr=True)
 
@@ -319,7 +319,7 @@ def run_cell(
     data = load_experiment_data(params)
     part = load_partition(partition_dir)
     name = cell_name(algorithm, adapter)
-    callbacks: list[Callback] = [RichProgress(name, Console(stderr=True))]
+    callbacks: list[Callback] = [RichProgress(name, Console(stderr=True)), PrefectProgress(name)]
     run_id = None
     if params.runtime.tracking:
         flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
@@ -387,7 +387,7 @@ def diverged(records: Sequence[dict[str, Any]]) -> list[str]:
     ]
 
 
-@task(name="train", cache_policy=NO_CACHE)
+@task(name="train", task_run_name="train-{algorithm}-{adapter}", cache_policy=NO_CACHE)
 def train_task(
     params: Params,
     partition_dir: str,

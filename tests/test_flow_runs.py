@@ -1,0 +1,73 @@
+"""What a Prefect user sees of a run (issue 17): flow and task runs named after the
+experiment and the cell, round progress in the flow run's logs, a results artifact and a
+progress artifact per cell. On a real (test) Prefect server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_flow_run_names_logs_and_artifacts(tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterType,
+        LogFilter,
+        LogFilterFlowRunId,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.experiment import experiment_flow
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    overrides = [
+        f"experiment.reports_dir={tmp_path / 'reports'}",
+        "experiment.name=Named-Runs",
+        f"data.root={REPO / 'data/raw'}",
+        "data.train_subset=400",
+        "data.test_subset=100",
+        "partition.num_clients=4",
+        "federation.rounds=2",
+        "client.max_steps=2",
+        "grid.algorithms=[fedavg]",
+        "runtime.tracking=false",
+        "runtime.workers=0",
+        "storage.bucket=null",
+    ]
+    with prefect_test_harness(server_startup_timeout=180):
+        state = experiment_flow(
+            params_file=str(REPO / "params.yaml"), overrides=overrides, return_state=True
+        )
+        run_id = state.state_details.flow_run_id
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(run_id)
+            subflows = [r for r in client.read_flow_runs() if r.id != run_id]
+            tasks = client.read_task_runs(
+                task_run_filter=TaskRunFilter(
+                    flow_run_id=TaskRunFilterFlowRunId(any_=[r.id for r in subflows])
+                )
+            )
+            logs = client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in [run, *subflows]]))
+            )
+            markdown = client.read_artifacts(
+                artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["markdown"]))
+            )
+            progress = client.read_artifacts(
+                artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress"]))
+            )
+    assert run.name.startswith("Named-Runs-"), run.name
+    assert any(r.name.startswith("Named-Runs-grid-") for r in subflows)
+    assert "train-fedavg-full" in [t.name for t in tasks]
+    lines = [log.message for log in logs]
+    assert any("fedavg-full round 2/2: acc" in m for m in lines), lines[-10:]
+    (results,) = [a for a in markdown if a.key == "fedapt-named-runs"]
+    assert "| fedavg-full |" in results.data
+    assert [a.data for a in progress] == [100.0]
