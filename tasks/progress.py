@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from fedcore.events import Callback, RoundRecord
 from fedcore.payload import mib
@@ -18,6 +25,7 @@ class RichProgress(Callback):
         self._progress: Progress | None = None
         self._task: Any = None
         self._rounds = 0
+        self._seconds: list[float] = []  # this process's round times (the ETA's mean)
 
     def on_fit_start(self, info: dict[str, Any]) -> None:
         self._rounds = info["rounds"]
@@ -29,6 +37,8 @@ class RichProgress(Callback):
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=self.console,
             transient=False,
         )
@@ -51,9 +61,14 @@ class RichProgress(Callback):
         down, up = mib(record.download_bytes), mib(record.upload_bytes)
         status = f"{acc}  down {down:.2f} MiB  up {up:.2f} MiB"
         if self._progress is None:  # not a terminal: one plain line per round for logs and CI
+            self._seconds.append(record.seconds)
+            left = self._rounds - record.round
+            eta = f", ETA {_clock(left * sum(self._seconds) / len(self._seconds))}" if left else ""
             self.console.print(
-                f"{self.label} round {record.round}/{self._rounds}  {status}  ({record.seconds:.1f} s)",
+                f"{self.label} round {record.round}/{self._rounds}  {status}  "
+                f"({record.seconds:.1f} s{eta})",
                 highlight=False,
+                markup=False,
             )
             return
         self._progress.update(self._task, advance=1, status=status)
@@ -61,6 +76,11 @@ class RichProgress(Callback):
     def on_fit_end(self, history: Any) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 class PrefectProgress(Callback):

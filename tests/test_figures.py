@@ -113,3 +113,22 @@ def test_a_cell_run_has_its_files_figures_and_partition_in_mlflow(tmp_path, monk
         "partition/label_histogram.png",
     } <= files, files
     assert (tmp_path / "cell" / "figures" / "accuracy_vs_mib.png").read_bytes().startswith(PNG)
+
+
+def test_progress_lines_carry_an_eta():
+    import io
+
+    from rich.console import Console
+
+    from fedcore.events import RoundRecord
+    from tasks.progress import RichProgress
+
+    buf = io.StringIO()
+    bar = RichProgress("fedavg-full", Console(file=buf, force_terminal=False, width=200))
+    bar.on_fit_start({"rounds": 3})
+    for r, secs in ((1, 10.0), (2, 20.0), (3, 5.0)):
+        bar.on_round_end(RoundRecord(r, 0.1, (0,), 2**20, 2**20, r, r, 0.5, 0.5, 0.7, 0, secs))
+    lines = buf.getvalue().splitlines()
+    assert "(10.0 s, ETA 0:00:20)" in lines[0]  # two rounds left at 10 s each
+    assert "(20.0 s, ETA 0:00:15)" in lines[1]  # one left at the mean, 15 s
+    assert "ETA" not in lines[2]
