@@ -49,6 +49,7 @@ _NEUTRAL = (
     "runtime.allow_divergence",
     "storage.",
     "report.",
+    "tracking.",
     "validation.",
     "personalize.",  # after the rounds, from the final model: recomputed on resume
     "grid.",  # the cell's own algorithm and adapter options are added below

@@ -313,6 +313,14 @@ class RuntimeSection(_Section):
         return v
 
 
+class TrackingSection(_Section):
+    # Which final models enter the MLflow model registry: "auto" those evaluated on the whole
+    # test split (a run on data.test_subset is tracked but not registered), "always", "never".
+    # A registered version is the alias challenger; champion moves to it only when it beats
+    # the champion on the same evaluation set (docs/operations.md, "The model registry").
+    register: Literal["auto", "always", "never"] = "auto"
+
+
 class Params(_Section):
     experiment: ExperimentSection = ExperimentSection()
     data: DataSection = DataSection()
@@ -328,6 +336,7 @@ class Params(_Section):
     storage: StorageSection = StorageSection()
     runtime: RuntimeSection = RuntimeSection()
     report: ReportSection = ReportSection()
+    tracking: TrackingSection = TrackingSection()
 
     def flat(self) -> dict[str, Any]:
         """Dotted-key view (for tracking params and the run summary)."""

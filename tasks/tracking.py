@@ -24,6 +24,7 @@ from fedcore.payload import mib
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAMPION = "champion"
+CHALLENGER = "challenger"  # the newest registered version, whether or not it beat the champion
 
 
 def tracking_uri() -> str:
@@ -208,9 +209,17 @@ def registered_name(dataset: str, model: str, adapter: str) -> str:
 
 
 def log_and_register_model(
-    run_id: str, model: Any, example: Any, name: str, accuracy: float | None
+    run_id: str,
+    model: Any,
+    example: Any,
+    name: str,
+    accuracy: float | None,
+    tags: dict[str, str] | None = None,
 ) -> str:
-    """Log the (merged) model to the run, register it, move ``champion`` to the best version."""
+    """Log the (merged) model to the run and register it as a new version of ``name``, tagged
+    with its final accuracy and ``tags`` (the evaluation set's hash, the experiment, the git
+    commit); it becomes ``challenger``, and ``champion`` if it beats the champion
+    (:func:`update_champion`). Returns the version."""
     import mlflow
     import mlflow.pytorch
     import torch
@@ -227,22 +236,40 @@ def log_and_register_model(
     version = str(info.registered_model_version)  # MLflow returns an int here
     if accuracy is not None:
         client.set_model_version_tag(name, version, "final_accuracy", f"{accuracy:.6f}")
-    update_champion(name)
+    for key, value in (tags or {}).items():
+        client.set_model_version_tag(name, version, key, value)
+    client.set_registered_model_alias(name, CHALLENGER, version)
+    update_champion(name, version)
     return version
 
 
-def update_champion(name: str) -> str | None:
-    """Alias ``champion`` -> the version with the highest final_accuracy tag."""
+EVAL_SET_TAG = "eval_set_sha256"
+
+
+def update_champion(name: str, candidate: str) -> str | None:
+    """Move ``champion`` to version ``candidate`` when it beats the champion: a higher final
+    accuracy on the same evaluation set (the ``eval_set_sha256`` tags are equal). A champion
+    on another evaluation set stays (accuracies on different test sets do not compare; promote
+    by hand if you mean it); one without the tag (registered before this rule) is compared by
+    accuracy alone. Without a champion, a candidate with an accuracy becomes it. Returns the
+    champion's version afterwards (None: there is none)."""
+    from mlflow.exceptions import MlflowException
+
     client = _client()
-    best, best_acc = None, -1.0
-    for mv in client.search_model_versions(f"name='{name}'"):
-        acc = float(mv.tags.get("final_accuracy", "-1"))
-        if acc > best_acc or (acc == best_acc and best is not None and int(mv.version) < int(best)):
-            best, best_acc = mv.version, acc
-    if best is None:
+    new = client.get_model_version(name, candidate)
+    acc = float(new.tags.get("final_accuracy", "nan"))
+    try:
+        champ = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:  # no champion yet
+        champ = None
+    if champ is not None:
+        same = champ.tags.get(EVAL_SET_TAG) in (None, new.tags.get(EVAL_SET_TAG))
+        if not (same and acc > float(champ.tags.get("final_accuracy", "-inf"))):
+            return str(champ.version)
+    elif acc != acc:  # never evaluated: not a champion
         return None
-    client.set_registered_model_alias(name, CHAMPION, str(best))
-    return str(best)
+    client.set_registered_model_alias(name, CHAMPION, str(candidate))
+    return str(candidate)
 
 
 def log_artifacts(run_id: str, paths: list[str], artifact_path: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import platform
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -342,20 +344,8 @@ def run_cell(
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
             artifacts.log_cell(run_id, cell_dir, partition_dir)  # files, figures, partition
-            # The registry holds the merged plain model (adapters folded into the backbone)
-            # where the method allows it, else the adapted model.
-            method = params.grid.adapter(adapter)
-            model = method.merge(model) or model
-            reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
-            record["registered_model"] = reg
-            if data.tokenizer is not None:  # token ids (2, max_length)
-                example = data.text_example()
-            else:  # images as stored (pixel/255); the model resizes and normalises them
-                model = ImageServing(model, model_input(params, data.train.info))
-                example = torch.zeros(2, *data.train.info.input_shape)
-            record["model_version"] = tracking.log_and_register_model(
-                run_id, model, example, reg, record["final_accuracy"]
-            )
+            if registers(params, data, record):
+                record.update(register_model(params, data, adapter, model, run_id, record))
             record["mlflow_run_id"] = run_id
             tracking.end_run(run_id)
     except BaseException:
@@ -363,6 +353,61 @@ def run_cell(
             tracking.end_run(run_id, "FAILED")
         raise
     return record
+
+
+def eval_set_sha256(params: Params, data: ExperimentData) -> str:
+    """Which test rows the final accuracy was measured on: the dataset, the split's size, the
+    selected row indices and their labels (equal hashes: comparable accuracies)."""
+    idx = np.ascontiguousarray(data.test_idx, dtype=np.int64)
+    labels = np.asarray(data.test.labels)[idx].astype(np.int64)
+    h = hashlib.sha256(f"{params.data.dataset}:{len(data.test)}:".encode())
+    h.update(idx.tobytes())
+    h.update(labels.tobytes())
+    return h.hexdigest()
+
+
+def registers(params: Params, data: ExperimentData, record: dict[str, Any]) -> bool:
+    """``tracking.register``: auto registers a model evaluated on the whole test split that did
+    not diverge; a run on data.test_subset is tracked, not registered."""
+    rule = params.tracking.register
+    if rule == "never" or record.get("final_accuracy") is None:
+        return False
+    if rule == "always":
+        return True
+    whole = len(data.test_idx) == len(data.test)
+    return whole and record.get("diverged_at_round") is None
+
+
+def register_model(
+    params: Params,
+    data: ExperimentData,
+    adapter: str,
+    model: nn.Module,
+    run_id: str,
+    record: dict[str, Any],
+) -> dict[str, str]:
+    """Register the cell's final model: the merged plain model (adapters folded into the
+    backbone) where the method allows it, else the adapted model, taking inputs as stored."""
+    method = params.grid.adapter(adapter)
+    model = method.merge(model) or model
+    reg = tracking.registered_name(params.data.dataset, params.model.name, adapter)
+    if data.tokenizer is not None:  # token ids (2, max_length)
+        example = data.text_example()
+    else:  # images as stored (pixel/255); the model resizes and normalises them
+        model = ImageServing(model, model_input(params, data.train.info))
+        example = torch.zeros(2, *data.train.info.input_shape)
+    tags = {
+        tracking.EVAL_SET_TAG: eval_set_sha256(params, data),
+        "eval_set_rows": str(len(data.test_idx)),
+        "experiment": params.experiment.name,
+        "cell": f"{record['algorithm']}-{adapter}",
+        "partition": record["partition"],
+        **{k: v for k, v in tracking.provenance_tags().items() if k == "git_commit"},
+    }
+    version = tracking.log_and_register_model(
+        run_id, model, example, reg, record["final_accuracy"], tags
+    )
+    return {"registered_model": reg, "model_version": version}
 
 
 def warn_divergence(record: dict[str, Any]) -> None:

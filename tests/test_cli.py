@@ -55,7 +55,9 @@ def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch, s3
     """`fedapt run` executes the Prefect flow end to end on real FashionMNIST (small),
     tracked in MLflow (local SQLite store) with the final model registered as champion."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    res = invoke(tmp_path, "run", *SMALL, "--set", "storage.bucket=fedapt-test")
+    # 500 test images: registered only because tracking.register says so (auto: whole split)
+    register = ["--set", "tracking.register=always"]
+    res = invoke(tmp_path, "run", *SMALL, *register, "--set", "storage.bucket=fedapt-test")
     assert res.exit_code == 0, res.output
     from tasks.storage import list_keys
 
@@ -187,6 +189,10 @@ def check_mlflow(tmp_path, run):
     assert [m.value for m in up] == [run["upload_bytes_per_round"]] * 3
     mv = client.get_model_version_by_alias(run["registered_model"], "champion")
     assert str(mv.version) == run["model_version"]
+    new = client.get_model_version_by_alias(run["registered_model"], "challenger")
+    assert str(new.version) == run["model_version"]
+    assert len(mv.tags["eval_set_sha256"]) == 64 and mv.tags["eval_set_rows"] == "500"
+    assert mv.tags["experiment"] == "fmnist-dir05-fedavg" and mv.tags["cell"] == "fedavg-full"
     # The registered model computes exactly what the final global model computes.
     loaded = mlflow.pytorch.load_model(f"models:/{run['registered_model']}@champion")
     ref = get_model("cifar_cnn", num_classes=10, in_channels=1, input_size=28)

@@ -8,17 +8,32 @@ from fedcore.errors import ConfigError
 from tasks import tracking
 
 
-def test_champion_is_best_accuracy(tmp_path, monkeypatch):
+def test_champion_moves_only_to_a_better_version_on_the_same_evaluation_set(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking.tracking_uri())
     client.create_registered_model("m")
-    for acc in (0.5, 0.9, 0.7):
+
+    def register(acc, eval_set="full"):
         mv = client.create_model_version("m", source=str(tmp_path))
-        client.set_model_version_tag("m", mv.version, "final_accuracy", str(acc))
-    assert tracking.update_champion("m") == "2"
-    assert str(client.get_model_version_by_alias("m", "champion").version) == "2"
+        if acc is not None:
+            client.set_model_version_tag("m", mv.version, "final_accuracy", str(acc))
+        if eval_set is not None:
+            client.set_model_version_tag("m", mv.version, tracking.EVAL_SET_TAG, eval_set)
+        return tracking.update_champion("m", str(mv.version))
+
+    assert register(None) is None  # never evaluated: no champion
+    assert register(0.5) == "2"  # the first with an accuracy
+    assert register(0.9) == "3"  # better on the same evaluation set
+    assert register(0.7) == "3"  # worse: champion stays
+    assert register(0.99, eval_set="500-images") == "3"  # another test set: not comparable
+    assert register(0.9) == "3"  # a tie does not move it
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
+    client.delete_model_version_tag("m", "3", tracking.EVAL_SET_TAG)  # registered before tags
+    assert register(0.95, eval_set="other") == "7"  # compared by accuracy alone
 
 
 def test_unreachable_server_is_one_line(monkeypatch):
@@ -49,3 +64,35 @@ def test_personalization_metrics_per_client(tmp_path, monkeypatch):
     metrics = client.get_run(run_id).data.metrics
     assert metrics["personal_payload_mean_gain"] == 0.1
     assert metrics["final_accuracy"] == 0.7
+
+
+def test_which_runs_register(tmp_path):
+    """tracking.register: auto registers models evaluated on the whole test split that did
+    not diverge; always and never mean what they say."""
+    import types
+
+    import numpy as np
+
+    from tasks.config import load_params
+    from tasks.train import eval_set_sha256, registers
+
+    class Split:
+        labels = np.arange(10) % 3
+
+        def __len__(self):
+            return 10
+
+    def data(rows):
+        return types.SimpleNamespace(test=Split(), test_idx=rows)
+
+    whole, part = data(np.arange(10)), data(np.arange(0, 10, 2))
+    ok = {"final_accuracy": 0.8, "diverged_at_round": None}
+    auto = load_params(None, [])
+    assert registers(auto, whole, ok) and not registers(auto, part, ok)
+    assert not registers(auto, whole, {**ok, "diverged_at_round": 3})
+    always = load_params(None, ["tracking.register=always"])
+    assert registers(always, part, ok)
+    assert not registers(load_params(None, ["tracking.register=never"]), whole, ok)
+    assert eval_set_sha256(auto, whole) != eval_set_sha256(auto, part)
+    assert eval_set_sha256(auto, whole) == eval_set_sha256(auto, data(np.arange(10)))
+
