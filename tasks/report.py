@@ -103,7 +103,9 @@ def write_report(
     out = Path(out_dir)
     exact = [{k: v for k, v in r.items() if k not in _NOT_EXACT} for r in records]
     summary = Path(write_summary(params, exact, str(out / "summary.json")))
-    results = atomic_write_text(out / "results.md", results_markdown(params.experiment.name, exact))
+    results = atomic_write_text(
+        out / "results.md", results_markdown(params.experiment.name, records)
+    )
     figure = write_grid_figure(params, runs_dir, out)
     return [summary, results, figure, *write_comm_cost(params, runs_dir, out)]
 
@@ -127,9 +129,10 @@ def results_markdown(
     ]
     for r in records:
         cell = f"{r['algorithm']}-{r['adapter']}"
+        rounds = r["rounds"] if isinstance(r["rounds"], int) else len(r["rounds"])  # metrics.json
         name = f"[{cell}]({links[cell]})" if links and cell in links else cell
         rows.append(
-            f"| {name} | {r['partition']} | {r['rounds']} | {pct(r['final_accuracy'])} "
+            f"| {name} | {r['partition']} | {rounds} | {pct(r['final_accuracy'])} "
             f"| {pct(r['mean_accuracy_last_L'])} (L={r['last_rounds_L']}) "
             f"| {mib(r['upload_bytes']):.2f} | {mib(r['download_bytes']):.2f} "
             f"| {mib(r['upload_bytes_per_round']):.2f} | {r.get('diverged_at_round') or '-'} |"

@@ -234,6 +234,7 @@ def write_cell_outputs(
     exact = {k: v for k, v in record.items() if k not in _TIMING_KEYS}
     exact["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in rounds]
     atomic_write_json(out / "metrics.json", exact)
+    atomic_write_json(out / "scores.json", scores(record))  # `dvc metrics show`: numbers only
     atomic_write_text(out / "rounds.csv", rounds_csv(history))
     artifacts.write_cell_figures(out, exact["rounds"])  # figures/*.png (DVC image plots)
     timing = {k: record[k] for k in _TIMING_KEYS if k in record}
@@ -241,6 +242,21 @@ def write_cell_outputs(
     # The process the cell ran in (a Dask worker under runtime.task_runner: dask).
     timing["pid"], timing["process_name"] = os.getpid(), multiprocessing.current_process().name
     atomic_write_json(timing_file or out / "timing.json", timing)
+
+
+def scores(record: dict[str, Any]) -> dict[str, Any]:
+    """The cell's headline numbers (DVC's metrics file): accuracy, MiB transmitted, rounds.
+    Hashes, versions and options stay in metrics.json (DVC params, MLflow tags)."""
+    up, down = payload.mib(record["upload_bytes"]), payload.mib(record["download_bytes"])
+    return {
+        "final_accuracy": record["final_accuracy"],
+        "mean_accuracy_last_L": record["mean_accuracy_last_L"],
+        "rounds": record["rounds"],
+        "upload_mib": round(up, 6),
+        "download_mib": round(down, 6),
+        "total_mib": round(up + down, 6),
+        "diverged_at_round": record["diverged_at_round"],
+    }
 
 
 def rounds_csv(history: History) -> str:

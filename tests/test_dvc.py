@@ -145,7 +145,11 @@ def hashed_outputs(root: Path) -> dict[str, bytes]:
         "artifacts/runs/fedavg-full/model.pt",
         "artifacts/runs/fedavg-full/metrics.json",
         "artifacts/runs/fedavg-full/rounds.csv",
+        "artifacts/runs/fedavg-full/scores.json",
+        "artifacts/runs/fedavg-full/figures/accuracy_vs_mib.png",
         "artifacts/report/summary.json",
+        "artifacts/report/results.md",
+        "artifacts/report/accuracy_vs_mib.png",
         "artifacts/report/comm_cost.json",
         "artifacts/report/comm_cost.md",
     ]
@@ -228,6 +232,28 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy):
     assert exps, shown
     data = exps[0]["data"]
     assert data["params"]["params.yaml"]["data"]["federation"]["rounds"] == 1
-    metrics = data["metrics"]["artifacts/runs/fedavg-full/metrics.json"]["data"]
-    assert metrics["final_accuracy"] is not None
-    assert metrics["download_bytes"] == metrics["download_bytes_per_round"]  # one round
+    metrics = data["metrics"]["artifacts/runs/fedavg-full/scores.json"]["data"]
+    assert metrics["final_accuracy"] is not None and metrics["rounds"] == 1
+    assert sorted(data["metrics"]) == ["artifacts/runs/fedavg-full/scores.json"]  # numbers only
+    numbers = {"final_accuracy", "mean_accuracy_last_L", "rounds", "upload_mib", "download_mib"}
+    assert numbers | {"total_mib"} <= set(metrics) <= numbers | {"total_mib", "diverged_at_round"}
+
+
+def test_dvc_train_and_pretrain_use_the_running_services(monkeypatch):
+    """The same rule as `fedapt run`: with `fedapt up`'s MLflow server up, a `dvc repro` stage
+    is tracked there (not in mlruns/); the variables are restored afterwards."""
+    import os
+
+    from flows import services
+    from flows.cli.stages import with_services
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(
+        services,
+        "env_for_clients",
+        lambda *a, **k: {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5999"},
+    )
+    seen: list = []
+    with_services(lambda: seen.append(os.environ.get("MLFLOW_TRACKING_URI")))()
+    assert seen == ["http://127.0.0.1:5999"]
+    assert "MLFLOW_TRACKING_URI" not in os.environ

@@ -9,6 +9,7 @@ Each stage reads params.yaml (the single configuration), writes only its declare
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -113,7 +114,7 @@ def pretrain(
         )
         out.print(f"base: {out_dir / 'base.pt'} (sha256 {card['base_sha256'][:12]})")
 
-    guard(body)
+    guard(with_services(body))
 
 
 @app.command()
@@ -168,7 +169,20 @@ def train(
         out.print(f"metrics: {cell_dir / 'metrics.json'}")
         exit_if_diverged(p, [record])
 
-    guard(body)
+    guard(with_services(body))
+
+
+def with_services(body: Callable[[], None]) -> Callable[[], None]:
+    """``body`` with the services of `fedapt up` that are up (the same rule as `fedapt run`):
+    a `dvc repro` run while the MLflow server is up is tracked there, not in mlruns/."""
+
+    def run() -> None:
+        from flows import services
+
+        with services.patched_environ(services.env_for_clients()):
+            body()
+
+    return run
 
 
 def _require_valid(partition_dir: Path) -> None:
