@@ -103,6 +103,8 @@ def grid_task_runner(params: Params) -> Any:
     rt = params.runtime
     if rt.task_runner == "thread":
         return ThreadPoolTaskRunner(max_workers=1)  # cells one after another, in this process
+    if rt.task_runner == "ray":
+        return ray_task_runner(params)
     import dask
     from prefect_dask import DaskTaskRunner
 
@@ -115,6 +117,8 @@ def grid_task_runner(params: Params) -> Any:
         os.environ["PREFECT_API_URL"] = str(ctx.client.api_url)
     if rt.dask_address:
         return DaskTaskRunner(address=rt.dask_address)
+    # no dashboard is started (dashboard_address None), so no "dashboard is available" line
+    logging.getLogger("prefect.task_runner.DaskTaskRunner").addFilter(_NoDashboardLine())
     # One single-thread worker process per cell; the nanny must not be a daemon, because a
     # cell may itself fan clients out to worker processes (runtime.workers).
     return DaskTaskRunner(
@@ -129,13 +133,46 @@ def grid_task_runner(params: Params) -> Any:
     )
 
 
+class _NoDashboardLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "dashboard is available" not in record.getMessage()
+
+
+def ray_task_runner(params: Params) -> Any:
+    """prefect-ray's runner: the cluster at ``runtime.ray_address``, or a local Ray instance of
+    ``runtime.ray_workers`` CPUs on 127.0.0.1 (no dashboard, no usage stats); each training
+    task takes one CPU, so that many cells train at once."""
+    from prefect_ray import RayTaskRunner
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ctx = FlowRunContext.get()  # task runs on Ray workers report to this flow's Prefect API
+    if ctx is not None and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_API_URL"] = str(ctx.client.api_url)
+    rt = params.runtime
+    if rt.ray_address:
+        return RayTaskRunner(address=rt.ray_address)
+    return RayTaskRunner(
+        init_kwargs={
+            "num_cpus": rt.ray_workers,
+            "include_dashboard": False,
+            "_node_ip_address": "127.0.0.1",
+            "log_to_driver": True,
+            "configure_logging": False,
+            # cells import fedapt from this checkout, whatever the worker's directory
+            "runtime_env": {"env_vars": {"PYTHONPATH": str(Path.cwd())}},
+        }
+    )
+
+
 def cell_params(params: Params) -> Params:
     """The params each training task gets. On a LocalCluster the cells share this machine's
     cores, so ``workers: auto`` becomes an equal share per Dask worker (results do not depend
     on it: clients always train single-threaded)."""
     rt = params.runtime
-    if rt.task_runner == "dask" and not rt.dask_address and rt.workers == "auto":
-        share = (os.cpu_count() or 1) // rt.dask_workers
+    local = {"dask": rt.dask_workers, "ray": rt.ray_workers}.get(rt.task_runner)
+    address = rt.dask_address if rt.task_runner == "dask" else rt.ray_address
+    if local is not None and not address and rt.workers == "auto":
+        share = (os.cpu_count() or 1) // local
         runtime = rt.model_copy(update={"workers": share if share > 1 else 0})
         return params.model_copy(update={"runtime": runtime})
     return params

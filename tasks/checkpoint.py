@@ -44,6 +44,8 @@ _NEUTRAL = (
     "runtime.task_runner",
     "runtime.dask_address",
     "runtime.dask_workers",
+    "runtime.ray_address",
+    "runtime.ray_workers",
     "runtime.checkpoint_every",
     "runtime.resume",
     "runtime.allow_divergence",

@@ -12,6 +12,7 @@ dotted key and what is allowed, e.g.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -285,11 +286,14 @@ class RuntimeSection(_Section):
     engine: Literal["auto", "cohort", "sequential"] = "auto"
     cohort_size: int | Literal["auto"] = "auto"  # clients per cohort (auto: what memory holds)
     tracking: bool = True  # MLflow runs + model registry (MLFLOW_TRACKING_URI or mlruns/)
-    # Where the grid's training tasks run: "thread" (this process, one cell at a time) or
-    # "dask" (prefect-dask: the cluster at dask_address, or a LocalCluster of dask_workers).
-    task_runner: Literal["thread", "dask"] = "thread"
+    # Where the grid's training tasks run: "thread" (this process, one cell at a time),
+    # "dask" (prefect-dask: the cluster at dask_address, or a LocalCluster of dask_workers) or
+    # "ray" (prefect-ray: the cluster at ray_address, or a local Ray of ray_workers CPUs).
+    task_runner: Literal["thread", "dask", "ray"] = "thread"
     dask_address: str | None = None  # e.g. tcp://10.0.0.5:8786; null = start a LocalCluster
     dask_workers: int = Field(2, ge=1)  # LocalCluster size (one single-thread worker process each)
+    ray_address: str | None = None  # e.g. ray://10.0.0.5:10001 or auto; null = a local Ray
+    ray_workers: int = Field(2, ge=1)  # local Ray: CPUs, so cells trained at once (one CPU each)
     # Round checkpoints (tasks/checkpoint.py): every N rounds, 0 never, auto: after any round
     # that ends 5 s or more after the last checkpoint (so every round of a slow run).
     checkpoint_every: int | Literal["auto"] = "auto"
@@ -313,12 +317,17 @@ class RuntimeSection(_Section):
         return v
 
 
-class TrackingSection(_Section):
-    # Which final models enter the MLflow model registry: "auto" those evaluated on the whole
-    # test split (a run on data.test_subset is tracked but not registered), "always", "never".
-    # A registered version is the alias challenger; champion moves to it only when it beats
-    # the champion on the same evaluation set (docs/operations.md, "The model registry").
-    register: Literal["auto", "always", "never"] = "auto"
+with warnings.catch_warnings():
+    # ``tracking.register`` (the documented key) shadows BaseModel.register, the ABC
+    # registration hook, which nothing calls on a params section.
+    warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
+
+    class TrackingSection(_Section):
+        # Which final models enter the MLflow model registry: "auto" those evaluated on the whole
+        # test split (a run on data.test_subset is tracked but not registered), "always", "never".
+        # A registered version is the alias challenger; champion moves to it only when it beats
+        # the champion on the same evaluation set (docs/operations.md, "The model registry").
+        register: Literal["auto", "always", "never"] = "auto"
 
 
 class Params(_Section):

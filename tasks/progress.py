@@ -69,6 +69,7 @@ class RichProgress(Callback):
                 f"({record.seconds:.1f} s{eta})",
                 highlight=False,
                 markup=False,
+                soft_wrap=True,  # one line per round, whatever the width
             )
             return
         self._progress.update(self._task, advance=1, status=status)
