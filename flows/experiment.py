@@ -118,7 +118,7 @@ def grid_task_runner(params: Params) -> Any:
     if rt.dask_address:
         return DaskTaskRunner(address=rt.dask_address)
     # no dashboard is started (dashboard_address None), so no "dashboard is available" line
-    logging.getLogger("prefect.task_runner.DaskTaskRunner").addFilter(_NoDashboardLine())
+    logging.getLogger("prefect.task_runner.dask").addFilter(_NoDashboardLine())
     # One single-thread worker process per cell; the nanny must not be a daemon, because a
     # cell may itself fan clients out to worker processes (runtime.workers).
     return DaskTaskRunner(
