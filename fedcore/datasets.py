@@ -1,11 +1,15 @@
 """Dataset registry and offline-first loaders returning whole splits as uint8 NCHW tensors.
 
-Loading order for every dataset (the first source that works wins):
-  1. torchvision's files under ``root`` in torchvision's own layout, ``download=False``
-     (e.g. ``root/FashionMNIST/raw/train-images-idx3-ubyte``), so no network is touched;
-  2. FashionMNIST only: the Debian package ``dataset-fashion-mnist`` (gzip IDX files), the
-     embedded default that this project can always install offline;
-  3. if ``download``: torchvision's real download, for users with internet;
+Where a split comes from (no silent fallback to data the user did not ask for):
+  1. files under ``root`` in torchvision's own layout (e.g.
+     ``root/FashionMNIST/raw/train-images-idx3-ubyte``), read with ``download=False``; files
+     that are there but do not parse are an error naming the folder, never a reason to read
+     something else;
+  2. FashionMNIST only, and only when ``root`` is the default ``data/raw`` and holds no files:
+     the Debian package ``dataset-fashion-mnist`` (gzip IDX files), the embedded default that
+     this project can always install offline (the files read are logged and kept in
+     ``ArrayDataset.source``);
+  3. if ``download``: torchvision's real download into ``root``, for users with internet;
   4. otherwise ``DataUnavailableError`` with one line saying exactly how to get the data.
 
 torchvision parses the file formats (IDX, CIFAR pickles, SVHN ``.mat`` via scipy); fedapt only
@@ -16,8 +20,8 @@ turns its arrays into one contiguous (N, C, H, W) uint8 tensor. Images stay uint
 from __future__ import annotations
 
 import gzip
+import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,9 @@ from fedcore.errors import ConfigError, DataUnavailableError, UnknownNameError
 # Where Debian's dataset-fashion-mnist puts its files; a module constant so tests can point it
 # at an empty directory to exercise the "missing" path.
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+# The default data.root; only there may the embedded (Debian) copy stand in for missing files.
+DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "data" / "raw"
+log = logging.getLogger("fedapt.data")
 SPLITS = ("train", "test")
 EMNIST_SPLIT = "balanced"  # 47 classes, equal counts per class: the FL literature's EMNIST
 
@@ -65,6 +72,7 @@ class ArrayDataset:
     images: torch.Tensor  # uint8 (N, C, H, W), contiguous
     labels: torch.Tensor  # int64 (N,)
     info: DatasetInfo
+    source: str = ""  # the files the split was read from (one line, for the user)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -171,10 +179,16 @@ def _read_debian_fashion_mnist(split: str) -> Arrays:
 def _how_to_get(name: str, root: Path, split: str, download: bool) -> str:
     """One line (the CLI prints it as is) saying exactly how to get the missing data."""
     tv = _TORCHVISION_CLASS[name]
-    if name == "fashion_mnist":
+    if name == "fashion_mnist" and is_default_root(root):
         return (
             f"{tv} not found under {root}; run: make setup  "
             f"(or: sudo apt-get install -y dataset-fashion-mnist)"
+        )
+    if name == "fashion_mnist":  # another root than the default: no silent stand-in
+        return (
+            f"data.root: no {tv} files under {root} (expected {_files_of(name, root, split)}); "
+            "fix data.root, put the files there, or use the default data.root data/raw "
+            "(run: make setup, or: sudo apt-get install -y dataset-fashion-mnist)"
         )
     args = {"emnist": f", split='{EMNIST_SPLIT}'", "svhn": f", split='{split}'"}.get(name, "")
     tried = "download failed" if download else "download is off"
@@ -184,7 +198,7 @@ def _how_to_get(name: str, root: Path, split: str, download: bool) -> str:
     )
 
 
-def _to_dataset(info: DatasetInfo, arrays: Arrays, where: str) -> ArrayDataset:
+def _to_dataset(info: DatasetInfo, arrays: Arrays, where: str, source: str = "") -> ArrayDataset:
     images = arrays[0].to(torch.uint8).contiguous()  # one owned copy at most
     labels = arrays[1].to(torch.int64).reshape(-1)
     if (
@@ -201,14 +215,50 @@ def _to_dataset(info: DatasetInfo, arrays: Arrays, where: str) -> ArrayDataset:
             f"{info.name}: labels in {where} span [{int(labels.min())}, {int(labels.max())}]; "
             f"expected [0, {info.num_classes - 1}]"
         )
-    return ArrayDataset(images, labels, info)
+    return ArrayDataset(images, labels, info, source)
+
+
+def is_default_root(root: str | Path) -> bool:
+    """``root`` is the default ``data/raw`` (of this checkout, or of the working directory,
+    e.g. a ``dvc exp run --temp`` copy)."""
+    here = Path(root).resolve()
+    return here in (DEFAULT_ROOT.resolve(), Path("data/raw").resolve())
+
+
+def _files_of(name: str, root: Path, split: str) -> Path:
+    """Where torchvision keeps ``name``'s files under ``root`` (a folder, or SVHN's file)."""
+    if name == "svhn":
+        return root / f"{split}_32x32.mat"
+    folder = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+    return root / folder.get(name, f"{_TORCHVISION_CLASS[name]}/raw")
+
+
+def _has_files(path: Path) -> bool:
+    if path.is_file():
+        return True
+    try:
+        return path.is_dir() and any(p.is_file() for p in path.rglob("*"))
+    except OSError:
+        return True  # unreadable: reading it says why
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
 def load_dataset(
-    name: str, root: str | Path, split: str = "train", *, download: bool = True
+    name: str,
+    root: str | Path,
+    split: str = "train",
+    *,
+    download: bool = True,
+    embedded: bool | None = None,
 ) -> ArrayDataset:
-    """One split of a registered dataset, from the first source that has it (module docstring).
-    Text datasets (``kind="text"``) come back as ``fedcore.text.TextDataset``."""
+    """One split of a registered dataset, from the source the module docstring names.
+    ``embedded``: whether the Debian copy of FashionMNIST may stand in when ``root`` holds no
+    files (default: only when ``root`` is the default ``data/raw``). Text datasets
+    (``kind="text"``) come back as ``fedcore.text.TextDataset``."""
     info = get_dataset_info(name)
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
@@ -217,20 +267,41 @@ def load_dataset(
 
         return load_text_dataset(info, split)  # type: ignore[return-value]
     root = Path(root)
-    sources: list[tuple[str, Callable[[], Arrays]]] = [
-        (str(root), lambda: _read_torchvision(name, root, split, download=False))
-    ]
-    if name == "fashion_mnist":
-        sources.append((str(DEBIAN_FASHION_MNIST), lambda: _read_debian_fashion_mnist(split)))
-    if download:
-        sources.append((str(root), lambda: _read_torchvision(name, root, split, download=True)))
-    last_error: Exception | None = None
-    for where, read in sources:
+    if root.exists() and not root.is_dir():
+        raise DataUnavailableError(
+            f"data.root: {root} is a file, not a folder; set data.root to the folder that "
+            f"holds the {_TORCHVISION_CLASS[name]} files (default: data/raw)"
+        )
+    files = _files_of(name, root, split)
+    if _has_files(files):  # the user's files: read them or stop, never read something else
         try:
-            arrays = read()
-        except Exception as exc:  # missing/corrupt files or no network: try the next source
-            last_error = exc
-            continue
-        # Files that parse but hold the wrong shapes are an error, not a reason to fall back.
-        return _to_dataset(info, arrays, where)
-    raise DataUnavailableError(_how_to_get(name, root, split, download)) from last_error
+            arrays = _read_torchvision(name, root, split, download=False)
+        except Exception as exc:
+            raise DataUnavailableError(
+                f"data.root: the {_TORCHVISION_CLASS[name]} {split} files in {files} are "
+                f"incomplete or corrupt ({_first_line(exc)}); replace them, or remove {files} "
+                "and fetch them again"
+            ) from exc  # the parse error is kept for debugging (the CLI prints one line)
+        return _to_dataset(info, arrays, str(files), str(files))
+    if embedded is None:
+        embedded = is_default_root(root)
+    if name == "fashion_mnist" and embedded and _has_files(DEBIAN_FASHION_MNIST):
+        prefix = "train" if split == "train" else "t10k"
+        where = f"{DEBIAN_FASHION_MNIST}/{prefix}-{{images-idx3,labels-idx1}}-ubyte.gz"
+        try:
+            arrays = _read_debian_fashion_mnist(split)
+        except Exception as exc:
+            raise DataUnavailableError(
+                f"the embedded FashionMNIST in {DEBIAN_FASHION_MNIST} is incomplete or corrupt "
+                f"({_first_line(exc)}); reinstall it: sudo apt-get install --reinstall "
+                "dataset-fashion-mnist"
+            ) from exc
+        log.info("%s has no FashionMNIST files; read the embedded copy %s", root, where)
+        return _to_dataset(info, arrays, str(DEBIAN_FASHION_MNIST), f"{where} (embedded copy)")
+    if download:
+        try:
+            arrays = _read_torchvision(name, root, split, download=True)
+        except Exception:
+            raise DataUnavailableError(_how_to_get(name, root, split, download)) from None
+        return _to_dataset(info, arrays, str(root), f"{files} (downloaded)")
+    raise DataUnavailableError(_how_to_get(name, root, split, download))

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fedcore.errors import ConfigError
 from fedcore.partition import MANIFEST_HEADER, Partition, _as_labels, _check
 
 
@@ -43,15 +44,56 @@ def write_manifest(partition: Partition, labels: np.ndarray, path: str | Path) -
     _atomic_write_text(path, "\n".join(rows) + "\n")
 
 
-def read_manifest(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The manifest's ``client_id``, ``sample_index`` and ``label`` columns as int64 arrays."""
-    text = Path(path).read_text(encoding="utf-8")
+def read_manifest(
+    path: str | Path, num_samples: int | None = None, labels: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The manifest's ``client_id``, ``sample_index`` and ``label`` columns as int64 arrays.
+
+    A malformed file stops in one line naming the file, the row (1-based, the header is row
+    1) and the column: a cell that is not an integer >= 0, a ``sample_index`` >= ``num_samples``
+    (the split's size) or a ``label`` that differs from ``labels[sample_index]``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError(f"{path}: cannot read the manifest ({reason})") from None
     header, _, body = text.partition("\n")
     _check(
         header.strip() == MANIFEST_HEADER,
         f"{path}: not a partition manifest (first line {header[:60]!r}, expected {MANIFEST_HEADER!r})",
     )
-    data = np.array([ln.split(",") for ln in body.splitlines()], dtype=np.int64).reshape(-1, 3)
+    columns = MANIFEST_HEADER.split(",")
+    lines = body.splitlines()
+    data = np.empty((len(lines), 3), dtype=np.int64)
+    for r, line in enumerate(lines):
+        cells = line.split(",")
+        _check(
+            len(cells) == 3,
+            f"{path}: row {r + 2} has {len(cells)} cells, expected 3 ({MANIFEST_HEADER})",
+        )
+        for c, cell in enumerate(cells):
+            cell = cell.strip()
+            _check(
+                cell.isascii() and cell.isdigit(),
+                f"{path}: row {r + 2}, column {columns[c]}: {cell[:40]!r} is not an integer >= 0",
+            )
+            data[r, c] = int(cell)
+    if num_samples is not None and len(data):
+        r = int(np.argmax(data[:, 1]))
+        _check(
+            int(data[r, 1]) < num_samples,
+            f"{path}: row {r + 2}, column sample_index: {int(data[r, 1])} is out of range for "
+            f"a train split of {num_samples} samples (0..{num_samples - 1})",
+        )
+        if labels is not None:
+            bad = np.flatnonzero(np.asarray(labels)[data[:, 1]] != data[:, 2])
+            if len(bad):
+                r = int(bad[0])
+                _check(
+                    False,
+                    f"{path}: row {r + 2}, column label: {int(data[r, 2])} but sample "
+                    f"{int(data[r, 1])} has label {int(np.asarray(labels)[data[r, 1]])}",
+                )
     return data[:, 0].copy(), data[:, 1].copy(), data[:, 2].copy()
 
 

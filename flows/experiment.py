@@ -26,7 +26,14 @@ from flows import services
 from tasks import checkpoint
 from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, load_params
-from tasks.data import build_partition, load_experiment_data, load_partition, partition_task
+from tasks.data import (
+    build_partition,
+    check_partition_data,
+    load_experiment_data,
+    load_partition,
+    partition_task,
+)
+from tasks.io import check_writable
 from tasks.pretrain import log_base_task, pretrain_task, source_split
 from tasks.report import (
     end_tracking_task,
@@ -65,6 +72,7 @@ def preflight(
     not to ``storage.bucket``, so they need no S3 server.
     """
     check_names(params)
+    check_writable("experiment.reports_dir", experiment_dir(params))
     if params.runtime.tracking:
         check_tracking_server()
     if storage and params.storage.bucket:
@@ -77,7 +85,9 @@ def preflight(
     if partition_dir is None:
         build_partition(params, data)  # bad partition options and values
         return
-    part = load_partition(partition_dir)
+    labels = data.train.labels.numpy()
+    part = load_partition(partition_dir, num_samples=len(labels), labels=labels)
+    check_partition_data(params, data, partition_dir, part)  # another subset -> one line
     want = (params.partition.scheme, params.partition.num_clients)
     if (part.scheme, part.num_clients) != want:
         raise ConfigError(

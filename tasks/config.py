@@ -302,6 +302,13 @@ class RuntimeSection(_Section):
     # with code 3 after writing its outputs; true: exit 0 (the warning is printed either way).
     allow_divergence: bool = False
 
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: int | str) -> int | str:
+        if not isinstance(v, str) and v < 0:
+            raise ValueError("workers is auto or a number of worker processes >= 0")
+        return v
+
     @field_validator("cohort_size")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:

@@ -101,6 +101,15 @@ def _split(name: str, root: Path, split: str, download: bool) -> Any:
     return load_dataset(name, root, split, download=download)
 
 
+def data_sources(params: Params) -> str:
+    """The files the experiment's splits were read from, e.g. the embedded copy (one line;
+    empty for text datasets). Reuses the splits this process already read."""
+    d = params.data
+    root = Path(d.root).resolve()
+    got = [getattr(_split(d.dataset, root, s, d.download), "source", "") for s in ("train", "test")]
+    return "; ".join(dict.fromkeys(s for s in got if s))  # once when both splits share it
+
+
 def load_experiment_data(params: Params) -> ExperimentData:
     """The experiment's data. A split is read once per process and shared (preflight, the
     partition task and every training cell of a run use the same tensors; nothing writes to
@@ -109,6 +118,16 @@ def load_experiment_data(params: Params) -> ExperimentData:
     root = Path(d.root).resolve()
     train = _split(d.dataset, root, "train", d.download)
     test = _split(d.dataset, root, "test", d.download)
+    for key, size, ds in (
+        ("train_subset", d.train_subset, train),
+        ("test_subset", d.test_subset, test),
+    ):
+        if size is not None and size > len(ds):
+            split = key.removesuffix("_subset")
+            raise ConfigError(
+                f"data.{key}: {size} rows asked, but the {split} split of {d.dataset} has "
+                f"{len(ds)}; use at most {len(ds)}, or null for the whole split"
+            )
     seed = params.experiment.seed
     return ExperimentData(
         train=train,
@@ -117,6 +136,61 @@ def load_experiment_data(params: Params) -> ExperimentData:
         test_idx=subset_indices(len(test), d.test_subset, seed, "test"),
         tokenizer=text_tokenizer_for(params, train),
     )
+
+
+def data_selection(params: Params, data: ExperimentData) -> dict[str, Any]:
+    """What a partition was drawn from: the dataset and a sha256 of the selected train rows
+    (data.train_subset and experiment.seed decide them). Written to stats.json and checked by
+    preflight against the current params, so a partition of other rows is refused."""
+    rows = np.ascontiguousarray(np.asarray(data.train_idx, dtype=np.int64))
+    return {
+        "dataset": params.data.dataset,
+        "train_subset": params.data.train_subset,
+        "seed": params.experiment.seed,
+        "train_rows": int(len(rows)),
+        "train_rows_sha256": hashlib.sha256(rows.tobytes()).hexdigest(),
+    }
+
+
+def check_partition_data(
+    params: Params, data: ExperimentData, partition_dir: str | Path, part: Partition
+) -> None:
+    """The partition in ``partition_dir`` must be for this data selection: refused in one
+    line naming what differs. Partitions written before stats.json recorded the selection
+    are accepted when every row they hold is a row of the current selection."""
+    stats_path = Path(partition_dir) / "stats.json"
+    stats = _read_stats(stats_path)
+    recorded = stats.get("data_selection")
+    if isinstance(recorded, dict):
+        current = data_selection(params, data)
+        keys = ("dataset", "train_subset", "seed", "train_rows", "train_rows_sha256")
+        diff = [k for k in keys if recorded.get(k) != current[k]]
+        if diff:
+            shown = (
+                ", ".join(
+                    f"{k} {recorded.get(k)!r} (now {current[k]!r})"
+                    for k in diff
+                    if k != "train_rows_sha256"
+                )
+                or "the selected train rows differ"
+            )
+            raise ConfigError(
+                f"--partition {partition_dir}: built for another data selection: {shown}; "
+                f"re-run: fedapt partition --out {partition_dir} (with these params)"
+            )
+        return
+    if stats.get("dataset", params.data.dataset) != params.data.dataset:
+        raise ConfigError(
+            f"--partition {partition_dir}: built for dataset {stats.get('dataset')!r}, params "
+            f"ask for {params.data.dataset!r}; re-run: fedapt partition --out {partition_dir}"
+        )
+    held = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in part.client_indices])
+    if not np.isin(held, data.train_idx).all():
+        raise ConfigError(
+            f"--partition {partition_dir}: holds rows outside the current data selection "
+            f"(data.train_subset {params.data.train_subset}, experiment.seed "
+            f"{params.experiment.seed}); re-run: fedapt partition --out {partition_dir}"
+        )
 
 
 # Partitions drawn in this process, by what determines them: preflight's draw is the one the
@@ -161,6 +235,7 @@ def write_partition(
     write_manifest(part, labels, manifest)
     stats = partition_stats(part, labels, data.train.info.num_classes)
     stats["dataset"] = params.data.dataset
+    stats["data_selection"] = data_selection(params, data)
     write_stats(stats, stats_path)
     return manifest, stats_path
 
@@ -169,21 +244,52 @@ def shards_of(part: Partition) -> list[np.ndarray]:
     return [np.asarray(ix, dtype=np.int64) for ix in part.client_indices]
 
 
-def load_partition(partition_dir: str | Path) -> Partition:
-    """Rebuild a Partition from ``manifest.csv`` + ``stats.json`` and check its hash."""
+def _read_stats(path: Path) -> dict[str, Any]:
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(
+            f"{path}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
+            f"re-run: fedapt partition --out {path.parent}"
+        ) from None
+    if not isinstance(stats, dict):
+        raise ConfigError(f"{path}: not a partition's stats.json (a JSON object expected)")
+    return stats
+
+
+def load_partition(
+    partition_dir: str | Path,
+    num_samples: int | None = None,
+    labels: np.ndarray | None = None,
+) -> Partition:
+    """Rebuild a Partition from ``manifest.csv`` + ``stats.json`` and check its hash; with
+    ``num_samples`` (the train split's size) and ``labels`` (its labels), every row's
+    sample_index and label are checked against the data (one line naming the row)."""
     d = Path(partition_dir)
     manifest, stats_path = d / "manifest.csv", d / "stats.json"
     if not (manifest.is_file() and stats_path.is_file()):
         raise ConfigError(
             f"no partition in {d}: expected manifest.csv and stats.json (run: fedapt partition --out {d})"
         )
-    stats = json.loads(stats_path.read_text())
-    cid, idx, _ = read_manifest(manifest)
-    n = int(stats["num_clients"])
+    stats = _read_stats(stats_path)
+    cid, idx, _ = read_manifest(manifest, num_samples=num_samples, labels=labels)
+    try:
+        n = int(stats["num_clients"])
+        noise = tuple(float(c["noise_var"]) for c in stats["clients"])
+        scheme, options = str(stats["scheme"]), stats["params"]
+        hash_ = stats["content_hash"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{stats_path}: missing or malformed field {exc}; re-run: fedapt partition --out {d}"
+        ) from None
+    if len(noise) != n or (len(cid) and (int(cid.min()) < 0 or int(cid.max()) >= n)):
+        raise ConfigError(
+            f"{manifest}: client_id outside 0..{n - 1} or stats.json lists "
+            f"{len(noise)} clients for num_clients {n}; re-run: fedapt partition --out {d}"
+        )
     parts = tuple(np.sort(idx[cid == c]) for c in range(n))
-    noise = tuple(float(c["noise_var"]) for c in stats["clients"])
-    part = Partition(stats["scheme"], stats["params"], parts, noise)
-    if part.content_hash() != stats["content_hash"]:
+    part = Partition(scheme, options, parts, noise)
+    if part.content_hash() != hash_:
         raise ConfigError(
             f"{manifest}: content hash differs from {stats_path}; re-run fedapt partition"
         )

@@ -9,6 +9,32 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fedcore.errors import ConfigError
+
+
+def check_writable(key: str, path: str | Path) -> None:
+    """``path`` (a folder to write into, existing or not) can be created and written: one
+    line naming ``key`` and the path when a part of it is a file or is not writable."""
+    path = Path(path)
+    for part in (path, *path.parents):
+        if not part.exists():
+            if part.is_symlink():  # a dangling link: mkdir would fail on it
+                raise ConfigError(
+                    f"{key}: {part} is a broken symbolic link; fix it or choose another path"
+                )
+            continue
+        if not part.is_dir():
+            raise ConfigError(
+                f"{key}: {part} is a file, not a folder, so {path} cannot be created; "
+                "choose another path"
+            )
+        if not os.access(part, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{key}: cannot write under {part} (permission denied); choose a writable "
+                "folder or fix its permissions"
+            )
+        return
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)

@@ -321,22 +321,23 @@ def test_fashion_mnist_real_files():
 def test_fashion_mnist_debian_fallback(tmp_path):
     if not (ds.DEBIAN_FASHION_MNIST / "t10k-labels-idx1-ubyte.gz").is_file():
         pytest.skip("Debian package dataset-fashion-mnist not installed")
-    got = ds.load_dataset("fashion_mnist", tmp_path, "test", download=False)  # empty root
+    # an empty root: the embedded copy stands in only where asked (default: data/raw only)
+    got = ds.load_dataset("fashion_mnist", tmp_path, "test", download=False, embedded=True)
     ref = ds.load_dataset("fashion_mnist", REPO_RAW, "test", download=False)
     assert got.images.is_contiguous() and got.images.dtype == torch.uint8
     assert torch.equal(got.images, ref.images) and torch.equal(got.labels, ref.labels)
 
 
-def test_corrupt_debian_file_falls_through_to_the_how_to_line(tmp_path, monkeypatch):
+def test_corrupt_debian_file_says_to_reinstall_it(tmp_path, monkeypatch):
     debian = tmp_path / "debian"
     debian.mkdir()
     for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         (debian / name).write_bytes(gzip.compress(b"\x00\x00\x08\x01\x00\x00\x00\x09short"))
     monkeypatch.setattr(ds, "DEBIAN_FASHION_MNIST", debian)
     with pytest.raises(
-        DataUnavailableError, match="apt-get install -y dataset-fashion-mnist"
+        DataUnavailableError, match="apt-get install --reinstall dataset-fashion-mnist"
     ) as exc:
-        ds.load_dataset("fashion_mnist", tmp_path / "root", "test", download=False)
+        ds.load_dataset("fashion_mnist", tmp_path / "root", "test", download=False, embedded=True)
     assert isinstance(exc.value.__cause__, ValueError)  # the parse error is kept for debugging
 
 

@@ -8,9 +8,7 @@ from fedcore.errors import ConfigError
 from tasks import tracking
 
 
-def test_champion_moves_only_to_a_better_version_on_the_same_evaluation_set(
-    tmp_path, monkeypatch
-):
+def test_champion_moves_only_to_a_better_version_on_the_same_evaluation_set(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     from mlflow import MlflowClient
 
@@ -95,4 +93,3 @@ def test_which_runs_register(tmp_path):
     assert not registers(load_params(None, ["tracking.register=never"]), whole, ok)
     assert eval_set_sha256(auto, whole) != eval_set_sha256(auto, part)
     assert eval_set_sha256(auto, whole) == eval_set_sha256(auto, data(np.arange(10)))
-

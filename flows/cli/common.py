@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 # Offline and quiet by default; the project keeps its own Prefect home (DESIGN.md).
 _ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,14 @@ def quiet_prefect_tracebacks() -> None:
                 handler.addFilter(flt)
 
 
+def print_error(message: str) -> None:
+    """``fedapt: error: <message>`` on stderr, the prefix red; the message as plain text (a
+    value such as ``[/x]`` or ``[full]`` is printed as is, never read as Rich markup)."""
+    line = Text("fedapt: error: ", style="red")
+    line.append(" ".join(message.splitlines()) if message else "(no message)")
+    err.print(line, highlight=False, soft_wrap=True)
+
+
 def guard(fn: Callable[[], Any]) -> Any:
     """Run a command body; a FedaptError becomes one line on stderr and exit code 2."""
     from fedcore.errors import FedaptError
@@ -72,7 +81,16 @@ def guard(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except FedaptError as exc:
-        err.print(f"[red]fedapt: error:[/red] {exc}", highlight=False, soft_wrap=True)
+        print_error(str(exc))
+        raise typer.Exit(2) from None
+    except OSError as exc:  # at the edges: a path that cannot be read or written
+        if exc.filename is None:
+            raise
+        path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        print_error(
+            f"{path}: {exc.strerror or type(exc).__name__}; check that the path exists, is "
+            "the right kind (file or folder) and that you may read and write it"
+        )
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err.print("fedapt: interrupted")

@@ -77,7 +77,9 @@ def run(
 def _where_results(params: Any) -> list[str]:
     import os
 
-    lines = []
+    from tasks.data import data_sources
+
+    lines = [f"data: {src}"] if (src := data_sources(params)) else []
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if params.runtime.tracking:
         lines.append(
@@ -103,12 +105,19 @@ def partition(
 
     def body() -> None:
         from tasks.config import experiment_dir
-        from tasks.data import build_partition, load_experiment_data, write_partition
+        from tasks.data import (
+            build_partition,
+            data_sources,
+            load_experiment_data,
+            write_partition,
+        )
+        from tasks.io import check_writable
 
         p = load(params, set_)
+        target = out_dir or experiment_dir(p) / "partition"
+        check_writable("--out" if out_dir else "experiment.reports_dir", target)
         data = load_experiment_data(p)
         part = build_partition(p, data)
-        target = out_dir or experiment_dir(p) / "partition"
         manifest, stats = write_partition(p, data, part, target)
         counts = part.label_counts(data.train.labels.numpy(), data.train.info.num_classes)
         t = Table(title=f"{part.scheme} {part.params}  hash {part.content_hash()[:12]}")
@@ -125,6 +134,8 @@ def partition(
             t.add_row(*cells)
         out.print(t)
         out.print(f"manifest: {manifest}\nstats: {stats}")
+        if src := data_sources(p):
+            out.print(f"data: {src}", highlight=False)
 
     guard(body)
 
