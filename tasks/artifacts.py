@@ -1,60 +1,22 @@
-"""What a run leaves to look at: PNG figures beside the outputs (DVC declares them as image
-plots, which render offline) and the files and figures of each MLflow run's Artifacts tab.
+"""The files and figures of each MLflow run's Artifacts tab (the PNGs are drawn beside the
+outputs by ``tasks.figures``; DVC declares them as image plots, which render offline).
 
 A cell's MLflow run gets ``metrics.json`` and ``rounds.csv``, its figures (accuracy per round,
 accuracy vs cumulative MiB, FedNILO's traffic by phase), and the partition it trained on
 (``stats.json``, ``validation.json``, the clients x classes label histogram). The experiment's
 parent run gets the summary, the communication-cost report and the grid's accuracy-vs-MiB
-figure. Figures are drawn once, by ``tasks.figures``, into the output folders; MLflow gets
-copies of those files.
+figure. MLflow gets copies of the files in the output folders.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tasks import figures, tracking
-from tasks.io import atomic_write_bytes
-
-FIGURES = "figures"  # folder of a cell's figures (and the artifact path in MLflow)
-LABEL_HISTOGRAM = "label_histogram.png"
-PARETO = "accuracy_vs_mib.png"
-
-
-def write_cell_figures(cell_dir: str | Path, rounds: Sequence[Mapping[str, Any]]) -> list[Path]:
-    """``<cell_dir>/figures/*.png`` from the cell's round records (same records, same bytes)."""
-    out = Path(cell_dir) / FIGURES
-    cell = Path(cell_dir).name
-    return [
-        atomic_write_bytes(out / name, figures.save_png(fig))
-        for name, fig in figures.cell_figures(rounds, cell).items()
-    ]
-
-
-def write_label_histogram(partition_dir: str | Path) -> Path:
-    """``<partition_dir>/label_histogram.png`` from its ``stats.json``."""
-    d = Path(partition_dir)
-    stats = json.loads((d / "stats.json").read_text())
-    counts = np.array([c["label_counts"] for c in stats["clients"]], dtype=np.int64)
-    title = f"{stats['scheme']} over {stats['num_clients']} clients: samples per class"
-    return atomic_write_bytes(
-        d / LABEL_HISTOGRAM, figures.save_png(figures.label_histogram(counts, title))
-    )
-
-
-def write_grid_figure(
-    runs: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | Path, experiment: str
-) -> Path:
-    """The grid's accuracy-vs-MiB figure: which cell reaches which accuracy for how many MiB."""
-    fig = figures.pareto(runs, f"{experiment}: accuracy vs MiB transmitted")
-    return atomic_write_bytes(Path(out_dir) / PARETO, figures.save_png(fig))
+from tasks.figures import FIGURES, LABEL_HISTOGRAM, PARETO, write_label_histogram
 
 
 def _log(client: Any, run_id: str, path: Path, artifact_path: str | None = None) -> None:
@@ -64,6 +26,8 @@ def _log(client: Any, run_id: str, path: Path, artifact_path: str | None = None)
 
 def log_cell(run_id: str, cell_dir: str | Path, partition_dir: str | Path) -> None:
     """A cell's files, figures and partition into its MLflow run's artifacts."""
+    from tasks import tracking  # here: the stages that only draw need no MLflow
+
     client = tracking.client()
     cell, part = Path(cell_dir), Path(partition_dir)
     for name in ("metrics.json", "rounds.csv"):
@@ -82,6 +46,8 @@ def log_cell(run_id: str, cell_dir: str | Path, partition_dir: str | Path) -> No
 
 def log_experiment(run_id: str, experiment_dir: str | Path) -> None:
     """The experiment's summary, communication-cost report and grid figure into the parent run."""
+    from tasks import tracking
+
     client = tracking.client()
     d = Path(experiment_dir)
     for name in ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO):
@@ -90,6 +56,8 @@ def log_experiment(run_id: str, experiment_dir: str | Path) -> None:
 
 def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """cell -> the URL of its run in the MLflow UI (an http tracking server only)."""
+    from tasks import tracking
+
     uri = tracking.tracking_uri()
     ids = {f"{r['algorithm']}-{r['adapter']}": r.get("mlflow_run_id") for r in records}
     if not uri.startswith("http") or not any(ids.values()):

@@ -228,7 +228,10 @@ def _draw_partition(params: Params, data: ExperimentData) -> Partition:
 def write_partition(
     params: Params, data: ExperimentData, part: Partition, out_dir: str | Path
 ) -> tuple[Path, Path]:
-    """Write ``manifest.csv`` and ``stats.json``; returns their paths."""
+    """Write ``manifest.csv``, ``stats.json`` and the clients x classes figure
+    ``label_histogram.png``; returns the first two's paths."""
+    from tasks.figures import write_label_histogram
+
     out = Path(out_dir)
     labels = data.train.labels.numpy()
     manifest, stats_path = out / "manifest.csv", out / "stats.json"
@@ -237,6 +240,7 @@ def write_partition(
     stats["dataset"] = params.data.dataset
     stats["data_selection"] = data_selection(params, data)
     write_stats(stats, stats_path)
+    write_label_histogram(out)  # from stats.json: what MLflow and `dvc plots show` display
     return manifest, stats_path
 
 

@@ -2,15 +2,18 @@
 ``metrics.json`` rounds, the partition's label counts, the grid's records): what MLflow shows
 in a run's Artifacts tab and what ``dvc plots show`` renders offline as images.
 
-Each function returns a ``matplotlib.figure.Figure`` (Agg backend, no display needed);
-:func:`save_png` writes one with no timestamp or version in the file, so the same records give
-the same bytes. Pure: no MLflow, no files read.
+Each drawing function returns a ``matplotlib.figure.Figure`` (Agg backend, no display
+needed); :func:`save_png` renders one with no timestamp or version in the bytes, so the same
+records give the same file. The ``write_*`` functions put the PNGs beside the outputs (atomic
+writes); no MLflow here (``tasks.artifacts`` logs them).
 """
 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -21,7 +24,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from tasks.io import atomic_write_bytes  # noqa: E402
+
 MIB = float(2**20)
+FIGURES = "figures"  # folder of a cell's figures (and the artifact path in MLflow)
+LABEL_HISTOGRAM = "label_histogram.png"
+PARETO = "accuracy_vs_mib.png"
 _SIZE = (6.4, 4.0)
 
 
@@ -150,3 +158,30 @@ def cell_figures(rounds: Sequence[Mapping[str, Any]], cell: str) -> dict[str, Fi
     if phases is not None:
         figs["traffic_by_phase.png"] = phases
     return figs
+
+
+def write_cell_figures(cell_dir: str | Path, rounds: Sequence[Mapping[str, Any]]) -> list[Path]:
+    """``<cell_dir>/figures/*.png`` from the cell's round records (same records, same bytes)."""
+    out = Path(cell_dir) / FIGURES
+    cell = Path(cell_dir).name
+    return [
+        atomic_write_bytes(out / name, save_png(fig))
+        for name, fig in cell_figures(rounds, cell).items()
+    ]
+
+
+def write_label_histogram(partition_dir: str | Path) -> Path:
+    """``<partition_dir>/label_histogram.png`` from its ``stats.json``."""
+    d = Path(partition_dir)
+    stats = json.loads((d / "stats.json").read_text())
+    counts = np.array([c["label_counts"] for c in stats["clients"]], dtype=np.int64)
+    title = f"{stats['scheme']} over {stats['num_clients']} clients: samples per class"
+    return atomic_write_bytes(d / LABEL_HISTOGRAM, save_png(label_histogram(counts, title)))
+
+
+def write_grid_figure(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | Path, experiment: str
+) -> Path:
+    """The grid's accuracy-vs-MiB figure: which cell reaches which accuracy for how many MiB."""
+    fig = pareto(runs, f"{experiment}: accuracy vs MiB transmitted")
+    return atomic_write_bytes(Path(out_dir) / PARETO, save_png(fig))

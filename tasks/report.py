@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedcore.errors import ConfigError
-from tasks import artifacts, storage, tracking
+from tasks import artifacts, figures, storage, tracking
 from tasks.config import Params
 from tasks.io import atomic_write_json, atomic_write_text
 
@@ -149,7 +149,7 @@ def write_grid_figure(params: Params, runs_dir: str | Path, out_dir: str | Path)
         path = Path(runs_dir) / cell / "metrics.json"
         if path.is_file():
             runs[cell] = json.loads(path.read_text())["rounds"]
-    return artifacts.write_grid_figure(runs, out_dir, params.experiment.name)
+    return figures.write_grid_figure(runs, out_dir, params.experiment.name)
 
 
 @task(name="summary", cache_policy=NO_CACHE)

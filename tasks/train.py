@@ -25,7 +25,7 @@ from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, summarize
 from models.serving import ImageServing
-from tasks import artifacts, checkpoint, tracking
+from tasks import artifacts, checkpoint, figures, tracking
 from tasks.backbone import model_input
 from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, require_base
 from tasks.config import Params
@@ -236,7 +236,7 @@ def write_cell_outputs(
     atomic_write_json(out / "metrics.json", exact)
     atomic_write_json(out / "scores.json", scores(record))  # `dvc metrics show`: numbers only
     atomic_write_text(out / "rounds.csv", rounds_csv(history))
-    artifacts.write_cell_figures(out, exact["rounds"])  # figures/*.png (DVC image plots)
+    figures.write_cell_figures(out, exact["rounds"])  # figures/*.png (DVC image plots)
     timing = {k: record[k] for k in _TIMING_KEYS if k in record}
     timing["round_seconds"] = [r["seconds"] for r in rounds]
     # The process the cell ran in (a Dask worker under runtime.task_runner: dask).
