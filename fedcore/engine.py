@@ -333,9 +333,7 @@ class Simulation:
         configuration): the next :meth:`run` starts at the round after it."""
         rounds = int(state["round"])
         if not 0 <= rounds <= self.cfg.rounds or len(state["rounds"]) != rounds:
-            raise ConfigError(
-                f"checkpoint holds {rounds} rounds, the run has {self.cfg.rounds}"
-            )
+            raise ConfigError(f"checkpoint holds {rounds} rounds, the run has {self.cfg.rounds}")
         missing = sorted(set(self.global_state) ^ set(state["global_state"]))
         if missing:
             raise ConfigError(f"checkpoint model differs from this run's: {', '.join(missing[:4])}")
