@@ -28,6 +28,7 @@ from torch.optim.sgd import sgd
 
 from fedcore.inputs import to_model_input
 from fedcore.payload import StateDict
+from fedcore.sampling import derive_seed
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, StateDict], torch.Tensor]
 
@@ -71,6 +72,11 @@ class LocalConfig:
 
 
 OPTIMIZERS = ("sgd", "adamw")
+
+# The stream of a client's stochastic layers (dropout, drop-connect / stochastic depth, PEFT's
+# lora_dropout): derive_seed(seed, MODEL_STREAM) of the job's own seed, i.e. of (run seed,
+# round, client, slot). Distinct from the batch-order / noise generator seeded with ``seed``.
+MODEL_STREAM = 0x6D6F64656C  # "model"
 
 
 @dataclass
@@ -273,6 +279,40 @@ def train_locally(
     ``trainable`` names the parameters SGD updates (None: all). The others are frozen: they
     take part in the forward pass like buffers but get no gradient (seed 004 Algorithm 4).
     """
+    # Stochastic layers (dropout, drop-connect) draw from torch's global generator. Seeding it
+    # from the job's seed for the duration of the job makes their masks a function of
+    # (seed, round, client) whatever process, worker or order runs the job (a spawned worker
+    # otherwise starts at torch's fixed default seed and advances with every job it happens to
+    # get); fork_rng restores the caller's state afterwards, so nothing else changes. Not
+    # thread-safe: two jobs training at once in one process would share the generator.
+    dev = torch.device(device)
+    devices = (
+        []
+        if dev.type != "cuda"
+        else [torch.cuda.current_device() if dev.index is None else dev.index]
+    )
+    with torch.random.fork_rng(devices=devices, device_type="cuda"):
+        torch.manual_seed(derive_seed(seed, MODEL_STREAM))
+        return _train_locally(
+            model, state, data, indices, lr=lr, cfg=cfg, seed=seed, noise_var=noise_var,
+            loss_fn=loss_fn, device=device, trainable=trainable,
+        )  # fmt: skip
+
+
+def _train_locally(
+    model: nn.Module,
+    state: StateDict,
+    data: ImageData,
+    indices: np.ndarray,
+    *,
+    lr: float,
+    cfg: LocalConfig,
+    seed: int,
+    noise_var: float,
+    loss_fn: LossFn,
+    device: torch.device | str,
+    trainable: frozenset[str] | None,
+) -> LocalResult:
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
     shard = torch.as_tensor(indices, dtype=torch.int64)

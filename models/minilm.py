@@ -24,8 +24,9 @@ encoder stays frozen (``head`` adapter).
 Input: int64 token ids (B, L) right-padded with the tokenizer's pad id; the attention mask
 is ``ids != pad_id`` (``fedcore.text.TextData``). ``max_length`` (default 64 tokens: 99% of
 the tweets fit) is the data pipeline's truncation length; the model takes any L <= 512.
-No dropout: the engine gives a client no random stream for the model, so global-RNG dropout
-would make metrics depend on the worker layout (the FL runs stay deterministic without it).
+No dropout: it would keep the model off the cohort engine (a vmapped step cannot draw
+per-client masks); the sequential engine would draw it from the client's seeded stream
+(``fedcore.client.MODEL_STREAM``), so runs would still be deterministic.
 
 Layout for adapters (``models.text`` docstring): ``bert.embeddings``, the blocks
 ``bert.encoder.layer.{0..5}`` (``blocks``), each with ``attention.self.{query,key,value}``,

@@ -28,6 +28,7 @@ from pydantic import (
     create_model,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from fedcore.algorithms import ALGORITHMS, FederatedAlgorithm, build_algorithm
@@ -45,10 +46,19 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+AUTO_NAME = "auto"  # experiment.name absent, null or "auto": derived by Params (derived_name)
+
+
 class ExperimentSection(_Section):
-    name: str = Field("fedapt", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    # reports/<name>/ and the MLflow experiment; absent/null/auto: derived from the params
+    name: str = Field(AUTO_NAME, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     seed: int = Field(0, ge=0)
     reports_dir: str = "reports"
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _absent(cls, v: Any) -> Any:
+        return AUTO_NAME if v is None else v
 
 
 class DataSection(_Section):
@@ -367,6 +377,52 @@ class Params(_Section):
 
         walk("", self.model_dump(mode="json"))
         return out
+
+    @model_validator(mode="after")
+    def _name(self) -> Params:
+        if self.experiment.name == AUTO_NAME:  # frozen: set once, here, before anyone reads it
+            named = self.experiment.model_copy(update={"name": derived_name(self)})
+            object.__setattr__(self, "experiment", named)
+        return self
+
+
+# partition.scheme -> (tag, the option in the name): dirichlet_classwise beta 0.5 -> "dir05"
+_SCHEME_TAGS: dict[str, tuple[str, str | None]] = {
+    "iid": ("iid", None),
+    "dirichlet_classwise": ("dir", "beta"),
+    "dirichlet_clientwise": ("dirc", "alpha"),
+    "labels_per_client": ("lpc", "m"),
+    "gaussian_noise": ("noise", "sigma"),
+    "quantity_normal": ("qn", "rel_std"),
+    "quantity_dirichlet": ("qdir", "beta"),
+}
+MAX_NAME = 96
+
+
+def derived_name(params: Params) -> str:
+    """The name of an experiment given no ``experiment.name``:
+    ``<dataset>-<model>-<scheme tag><option>n<clients>-<algorithms>-<adapters>``, lists joined
+    with ``.``, e.g. ``fashion_mnist-efficientnet_lite0-dir05n10-fedavg-full``. Numbers drop
+    their point (0.5 -> 05, 1.0 -> 1); a name over MAX_NAME characters is cut and ends with 8
+    hex digits of the full name's sha256, so two grids never share a directory."""
+    import hashlib
+
+    tag, key = _SCHEME_TAGS.get(params.partition.scheme, (params.partition.scheme, None))
+    if key is not None:
+        value = getattr(params.partition.options, key)
+        tag += f"{value:g}".replace(".", "").replace("-", "m")
+    parts = [
+        params.data.dataset,
+        params.model.name,
+        f"{tag}n{params.partition.num_clients}",
+        ".".join(params.grid.algorithms),
+        ".".join(params.grid.adapters),
+    ]
+    name = "-".join(parts)
+    if len(name) > MAX_NAME:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[: MAX_NAME - 9]}-{digest}"
+    return name
 
 
 def experiment_dir(params: Params) -> Path:

@@ -164,3 +164,53 @@ def test_unreadable_params_files_are_one_line(tmp_path, content, needle):
     with pytest.raises(ConfigError) as exc:
         load_params(f)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_experiment_name_derived_when_absent(tmp_path):
+    """No experiment.name (absent, null or auto): reports/<dataset>-<model>-<partition>-<grid>,
+    so experiments that differ in data, model, partition or grid never share a directory;
+    an explicit name is kept (params.yaml's fmnist-dir05-fedavg)."""
+    from tasks.config import experiment_dir
+
+    assert load_params(REPO / "params.yaml").experiment.name == "fmnist-dir05-fedavg"
+    f = write(tmp_path, "experiment:\n  seed: 1\n")
+    p = load_params(f)
+    assert p.experiment.name == "fashion_mnist-cifar_cnn-dir05n10-fedavg-full"
+    assert experiment_dir(p) == Path("reports/fashion_mnist-cifar_cnn-dir05n10-fedavg-full")
+    assert p.flat()["experiment.name"] == p.experiment.name  # what tracking and summary see
+    for override in ("experiment.name=null", "experiment.name=auto"):
+        assert load_params(REPO / "params.yaml", [override]).experiment.name == p.experiment.name
+    names = {
+        load_params(f, overrides).experiment.name
+        for overrides in (
+            [],
+            ["model.name=efficientnet_lite0"],
+            ["data.dataset=mnist"],
+            ["partition.dirichlet_classwise.beta=0.3"],
+            ["partition.num_clients=4"],
+            ["partition.scheme=iid"],
+            ["partition.scheme=labels_per_client"],
+            ["grid.algorithms=[fedavg,fedprox]"],
+            ["grid.adapters=[full,lora]"],
+        )
+    }
+    assert len(names) == 9
+    grid = load_params(f, ["grid.algorithms=[fedavg,fedprox]", "grid.adapters=[head,lora]"])
+    assert grid.experiment.name == "fashion_mnist-cifar_cnn-dir05n10-fedavg.fedprox-head.lora"
+    assert load_params(f, ["experiment.name=mine"]).experiment.name == "mine"
+
+
+def test_derived_experiment_name_is_short_and_filesystem_safe(tmp_path):
+    import re
+
+    from tasks.config import MAX_NAME
+
+    algorithms = "[fedavg,fedprox,fednova,fedavgm,fedadagrad,fedadam,fedyogi,fedir,fedvc]"
+    f = write(tmp_path, "experiment:\n  seed: 0\n")
+    a = load_params(f, [f"grid.algorithms={algorithms}", "grid.adapters=[full,head,lora]"])
+    b = load_params(f, [f"grid.algorithms={algorithms}", "grid.adapters=[full,head,bn_head]"])
+    for name in (a.experiment.name, b.experiment.name):
+        assert len(name) <= MAX_NAME and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name)
+    assert a.experiment.name != b.experiment.name  # cut, but told apart by the digest
+    q = load_params(f, ["partition.scheme=quantity_normal"])
+    assert q.experiment.name == "fashion_mnist-cifar_cnn-qn03n10-fedavg-full"
