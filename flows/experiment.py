@@ -197,8 +197,8 @@ def _experiment_name() -> str:
     try:
         if isinstance(p, Params):
             return p.experiment.name
-        if isinstance(p, dict):
-            return str(p["experiment"]["name"])
+        if isinstance(p, dict):  # a deployment's JSON params: typed (and named) as the run is
+            return Params.model_validate(p).experiment.name
         path = given.get("params_file", "params.yaml")
         return load_params(path, given.get("overrides")).experiment.name
     except Exception:  # a bad params file fails the run itself, with its one line
