@@ -197,8 +197,9 @@ def _experiment_name() -> str:
     try:
         if isinstance(p, Params):
             return p.experiment.name
-        if isinstance(p, dict):  # a deployment's JSON params: typed (and named) as the run is
-            return Params.model_validate(p).experiment.name
+        if isinstance(p, dict):  # a deployment's JSON params (typed by Prefect later)
+            name = str((p.get("experiment") or {}).get("name") or "auto")
+            return "fedapt" if name == "auto" else name
         path = given.get("params_file", "params.yaml")
         return load_params(path, given.get("overrides")).experiment.name
     except Exception:  # a bad params file fails the run itself, with its one line
