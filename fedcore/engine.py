@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import math
 import multiprocessing as mp
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms.base import (
+    ClientTask,
     ClientUpdate,
     FederatedAlgorithm,
     FederationSetup,
@@ -51,12 +55,12 @@ from fedcore.jobs import (
     client_job,
     eval_job,
     eval_state,
-    init_worker,
+    init_pool_worker,
     worker_client_job,
     worker_eval_job,
 )
 from fedcore.sampling import CLIENT_STREAM as _CLIENT_STREAM
-from fedcore.sampling import derive_seed, sample_clients
+from fedcore.sampling import Outcome, derive_seed, dropout_active, round_outcomes, sample_clients
 from fedcore.schedules import LRSchedule
 from fedcore.wire import downloads, restrict
 
@@ -80,6 +84,31 @@ class FederationConfig:
     eval_every: int = 1  # 0: never evaluate (benchmarks)
     last_rounds: int = 5  # L of "mean accuracy of the last L rounds" (seed 004 §6.1.5)
     seed: int = 0
+    # Clients that may not report (seed 000's cross-device setting; fedcore.sampling
+    # round_outcomes, docs/accounting.md): a sampled client fails to report with probability
+    # ``dropout`` (per client from Beta(k(1-d), k d) with ``availability_concentration`` k);
+    # one whose local steps exceed ``deadline_steps`` x its speed (exp(speed_spread z) per
+    # client) is a straggler: ``stragglers`` "drop" or "partial" (its update cut there).
+    dropout: float = 0.0
+    availability_concentration: float | None = None
+    deadline_steps: int | None = None
+    speed_spread: float = 0.0
+    stragglers: str = "drop"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"federation.dropout must be in [0, 1) (got {self.dropout})")
+        k = self.availability_concentration
+        if k is not None and not k > 0.0:
+            raise ConfigError(f"federation.availability_concentration must be > 0 (got {k})")
+        if self.deadline_steps is not None and self.deadline_steps < 1:
+            raise ConfigError(f"federation.deadline_steps must be >= 1 (got {self.deadline_steps})")
+        if not self.speed_spread >= 0.0:
+            raise ConfigError(f"federation.speed_spread must be >= 0 (got {self.speed_spread})")
+        if self.stragglers not in ("drop", "partial"):
+            raise ConfigError(
+                f"federation.stragglers must be one of drop, partial (got {self.stragglers!r})"
+            )
 
 
 def initial_model(model_fn: Callable[[], nn.Module], federation: FederationConfig) -> nn.Module:
@@ -183,16 +212,21 @@ class Simulation:
         return counts / max(1, counts.sum())
 
     # ---- execution back-ends -----------------------------------------------------------
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        # Workers die with this process (jobs.die_with_parent), even when it is killed -9.
+        return cf.ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=mp.get_context("spawn"),
+            initializer=init_pool_worker,
+            initargs=(os.getpid(), self.model_fn, *self._ctx_args),
+        )
+
     def _start(self) -> None:
+        self._lost_streak = 0
         if self.workers >= 1:
             self.train.share_memory_()
             self.test.share_memory_()
-            self._pool = cf.ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=mp.get_context("spawn"),
-                initializer=init_worker,
-                initargs=(self.model_fn, *self._ctx_args),
-            )
+            self._pool = self._new_pool()
         else:
             model = self._model.to(self.device)  # the initial model trains the clients in turn
             self._local_ctx = Context(model, *self._ctx_args)
@@ -210,10 +244,15 @@ class Simulation:
                 self._test_dev = self.test.to(self.device) if to else self.test
                 self.global_state = {k: v.to(self.device) for k, v in self.global_state.items()}
 
-    def _map(self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple]) -> list:
+    def _map(
+        self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple], *, what: str = "job"
+    ) -> list:
+        """The jobs' results in submission order. With worker processes, a job lost to a
+        dead worker (the pool broken: killed, out of memory, a crash in native code) is run
+        again once, alone, on a restarted pool; lost again, its result is None (``what``
+        "client": the engine counts it as dropped) or, for other jobs, an error."""
         if self._pool is not None:
-            futures = [self._pool.submit(fn_worker, *job) for job in jobs]
-            return [f.result() for f in futures]  # results in submission order
+            return self._map_pool(fn_worker, jobs, what)
         assert self._local_ctx is not None
         threads = torch.get_num_threads()
         if self.device == "cpu" and self.engine == "sequential":
@@ -222,6 +261,60 @@ class Simulation:
             return [fn_local(self._local_ctx, *job) for job in jobs]
         finally:
             torch.set_num_threads(threads)
+
+    def _restart_pool(self) -> None:
+        assert self._pool is not None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+
+    def _map_pool(self, fn: Callable, jobs: list[tuple], what: str) -> list:
+        assert self._pool is not None
+        futures: list[cf.Future | None] = []
+        for job in jobs:
+            try:
+                futures.append(self._pool.submit(fn, *job))
+            except cf.process.BrokenProcessPool:
+                futures.append(None)  # broken while submitting: lost, retried below
+        out: list[Any] = [None] * len(jobs)
+        lost: list[int] = []
+        for i, f in enumerate(futures):
+            try:
+                if f is None:
+                    raise cf.process.BrokenProcessPool
+                out[i] = f.result()
+                self._lost_streak = 0
+            except cf.process.BrokenProcessPool:
+                lost.append(i)
+        if not lost:
+            return out
+        print(
+            f"fedapt: a worker process died; {len(lost)} {what} job(s) lost, the pool "
+            f"restarted and each retried once, alone",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._restart_pool()
+        for i in lost:
+            try:
+                out[i] = self._pool.submit(fn, *jobs[i]).result()
+                self._lost_streak = 0
+                continue
+            except cf.process.BrokenProcessPool:
+                self._restart_pool()
+            self._lost_streak += 1
+            # A worker that cannot start (its initializer fails) loses every job: stop then.
+            if what != "client" or self._lost_streak >= 3:
+                raise RuntimeError(
+                    f"worker processes died on {self._lost_streak} {what} job(s) in a row, "
+                    f"each retried once: giving up (a worker's own error, if any, is above)"
+                )
+            client = getattr(jobs[i][0], "client_id", "?")
+            print(
+                f"fedapt: client {client} dropped: its worker process died again on the retry",
+                file=sys.stderr,
+                flush=True,
+            )
+        return out
 
     def close(self) -> None:
         if self._pool is not None:
@@ -367,28 +460,53 @@ class Simulation:
             # the frozen base of an adapter never changes: encoded once per run
             base_cache=self._base_cache if self.payload_keys is not None else None,
         )
-        jobs = [
-            (t, lr, derive_seed(self.cfg.seed, _CLIENT_STREAM, r, t.client_id, slot), blob, held)
-            for slot, (t, (blob, held, _)) in enumerate(zip(tasks, payloads, strict=True))
+        # Who reports (fedcore.sampling.round_outcomes), decided before anything trains from
+        # (seed, round, client, slot): a client that does not report still downloaded.
+        outcomes = round_outcomes(
+            self.cfg, r, [t.client_id for t in tasks], [self._planned_steps(t) for t in tasks]
+        )
+        seeds = [
+            derive_seed(self.cfg.seed, _CLIENT_STREAM, r, t.client_id, slot)
+            for slot, t in enumerate(tasks)
         ]
+        train = [i for i, o in enumerate(outcomes) if o.trains]
+        results: list[Any] = [None] * len(tasks)
+        trained: list[Any]
         if self._cohort is not None:
-            results = cohort_round(
+            trained = cohort_round(
                 self._cohort, self.algorithm, self.global_state, self._train_dev,
-                self.train.labels, self.shards, self.noise_var, self.local, tasks, lr,
-                [j[2] for j in jobs],
+                self.train.labels, self.shards, self.noise_var, self.local,
+                [tasks[i] for i in train], lr, [seeds[i] for i in train],
+                [outcomes[i].max_steps for i in train],
             )  # fmt: skip
         else:
-            results = [
-                (cid, payload.decode(upload), len(upload), n, steps, loss, secs)
-                for cid, upload, n, steps, loss, secs in self._map(
-                    client_job, worker_client_job, jobs
-                )
+            jobs: list[tuple[Any, ...]] = [
+                (tasks[i], lr, seeds[i], *payloads[i][:2])
+                + (() if outcomes[i].max_steps is None else (outcomes[i].max_steps,))
+                for i in train
             ]
+            trained = [
+                None if res is None else
+                (res[0], payload.decode(res[1]), len(res[1]), *res[2:])
+                for res in self._map(client_job, worker_client_job, jobs, what="client")
+            ]  # fmt: skip
+        for i, res in zip(train, trained, strict=True):
+            if res is None:  # its worker died twice (_map_pool): counted as dropped
+                outcomes[i] = Outcome("crashed")
+            results[i] = res
         updates: list[ClientUpdate] = []
         rejected = 0
-        for (cid, state, up_bytes, n, steps, loss, secs), (_, _, down_bytes) in zip(
-            results, payloads, strict=True
-        ):
+        up = 0
+        for t, o, res, (_, _, down_bytes) in zip(tasks, outcomes, results, payloads, strict=True):
+            if res is None:  # no upload: dropped, straggler or crashed
+                record = ClientRecord(
+                    r, t.client_id, len(t.indices), 0, math.nan, down_bytes, 0, 0.0, False,
+                    o.status,
+                )  # fmt: skip
+                self._emit("on_client_end", record)
+                continue
+            cid, state, up_bytes, n, steps, loss, secs = res
+            up += up_bytes
             ok = payload.is_finite(state)
             if ok:
                 updates.append(ClientUpdate(cid, state, n, steps, loss, up_bytes))
@@ -396,9 +514,16 @@ class Simulation:
                 rejected += 1  # a NaN/Inf update never reaches the global model
             self._emit(
                 "on_client_end",
-                ClientRecord(r, cid, n, steps, loss, down_bytes, up_bytes, secs, ok),
+                ClientRecord(r, cid, n, steps, loss, down_bytes, up_bytes, secs, ok, o.status),
             )
+        dropped = tuple(t.client_id for t, res in zip(tasks, results, strict=True) if res is None)
         extra: dict[str, float] = {}
+        if dropout_active(self.cfg) or dropped:
+            # Only for runs that configure dropout or lose a worker: other records unchanged.
+            for status in ("reported", "partial", "dropped", "straggler", "crashed"):
+                extra[f"clients_{status}"] = float(sum(o.status == status for o in outcomes))
+            if len(dropped) == len(tasks):
+                extra["no_client_reported"] = 1.0  # the model and server state are unchanged
         if updates:  # else the model and any server optimiser state stay as they were
             aggregated = self.algorithm.aggregate(self.global_state, updates)
             new = self.algorithm.server_update(self.global_state, aggregated, r)
@@ -408,8 +533,7 @@ class Simulation:
             else:
                 extra["nonfinite_global_rejected"] = 1.0
         extra.update(self.algorithm.round_extra(r, updates))
-        down = sum(p[2] for p in payloads)
-        up = sum(res[2] for res in results)
+        down = sum(p[2] for p in payloads)  # every sampled client downloaded
         acc = test_loss = None
         if self.cfg.eval_every and (r % self.cfg.eval_every == 0 or r == self.cfg.rounds):
             acc, test_loss = self.evaluate()
@@ -434,7 +558,14 @@ class Simulation:
             rejected=rejected,
             seconds=time.perf_counter() - t0,
             extra=extra,
+            dropped=dropped,
         )
+
+    def _planned_steps(self, task: ClientTask) -> int:
+        """The local steps ``task``'s client would take (fedcore.client.batch_order)."""
+        per_epoch = -(-len(task.indices) // self.local.batch_size)
+        steps = self.local.local_epochs * per_epoch
+        return steps if self.local.max_steps is None else min(steps, self.local.max_steps)
 
     def _emit(self, event: str, *args: Any) -> None:
         for cb in self.callbacks:

@@ -24,6 +24,10 @@ class ClientRecord:
     upload_bytes: int
     seconds: float
     accepted: bool = True
+    # "reported" (trained and uploaded), "partial" (a straggler's update cut at the deadline),
+    # or no upload: "dropped" (failed to report), "straggler" (missed the deadline),
+    # "crashed" (its worker process died twice). Only "reported"/"partial" upload bytes.
+    status: str = "reported"
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,20 @@ class RoundRecord:
     rejected: int
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+    # Sampled clients that sent no update (dropout, missed deadline, crashed worker), in
+    # sampling order; their downloads are counted, no upload. Left out of to_dict when empty.
+    dropped: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dropped", tuple(int(c) for c in self.dropped))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["clients"] = list(self.clients)
+        if self.dropped:
+            d["dropped"] = list(self.dropped)
+        else:
+            del d["dropped"]  # the records of runs without dropout stay as they were
         return d
 
 

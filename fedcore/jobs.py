@@ -1,11 +1,19 @@
 """The work a client or an evaluator does, in this process or in a worker process.
 
 A job decodes what it receives, runs, and encodes what it sends back: the wire on both sides.
-A worker process builds its model once (``init_worker``) and serves every client after it.
+A worker process builds its model once (``init_worker``) and serves every client after it,
+and dies with the process that started it (``init_pool_worker``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,14 +51,59 @@ def init_worker(model_fn: Callable[[], nn.Module], *args: Any) -> None:
     WORKER = Context(model_fn(), *args)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
+    """End this process when ``parent`` (the process that started it) dies, even by kill -9:
+    on Linux the kernel sends SIGKILL at once (prctl PR_SET_PDEATHSIG; it fires when the
+    parent *thread* that spawned this process ends, and the engine's pool lives and dies in
+    one thread); everywhere a daemon thread also checks every ``poll_seconds`` that the
+    parent is still this process's parent (reparented: it died) and exits."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no libc prctl: the watchdog alone
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_seconds)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="fedapt-parent-watchdog", daemon=True).start()
+
+
+def init_pool_worker(parent: int, model_fn: Callable[[], nn.Module], *args: Any) -> None:
+    """A worker of the engine's pool: dies with ``parent``, then :func:`init_worker`."""
+    die_with_parent(parent)
+    init_worker(model_fn, *args)
+
+
 def client_job(
-    ctx: Context, task: ClientTask, lr: float, seed: int, download: bytes, held: bytes | None
+    ctx: Context,
+    task: ClientTask,
+    lr: float,
+    seed: int,
+    download: bytes,
+    held: bytes | None,
+    max_steps: int | None = None,
 ) -> tuple[int, bytes, int, int, float, float]:
     """Decode the download, train locally, encode the upload: the wire on both sides.
 
     ``held`` is what the client already holds from earlier rounds (FedNILO's frozen layers):
-    it never crosses the wire this round, so its bytes are not counted.
+    it never crosses the wire this round, so its bytes are not counted. ``max_steps``: a
+    straggler's partial update, cut after that many local steps (the first steps of the
+    same batch order; None: the configured local training).
     """
+    local = ctx.local
+    if max_steps is not None:
+        cap = max_steps if local.max_steps is None else min(max_steps, local.max_steps)
+        local = dataclasses.replace(local, max_steps=cap)
     received = payload.decode(download)
     message = {k[len(MESSAGE) :]: v for k, v in received.items() if k.startswith(MESSAGE)}
     state = {k: v for k, v in received.items() if not k.startswith(MESSAGE)}
@@ -66,7 +119,7 @@ def client_job(
         ctx.train,
         task.indices,
         lr=lr,
-        cfg=ctx.local,
+        cfg=local,
         seed=seed,
         noise_var=ctx.noise_var[task.client_id],
         loss_fn=ctx.algorithm.client_objective(state, view),

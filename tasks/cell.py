@@ -125,6 +125,11 @@ def build_simulation(
         eval_every=params.federation.eval_every,
         last_rounds=params.federation.last_rounds,
         seed=params.experiment.seed,
+        dropout=params.federation.dropout,
+        availability_concentration=params.federation.availability_concentration,
+        deadline_steps=params.federation.deadline_steps,
+        speed_spread=params.federation.speed_spread,
+        stragglers=params.federation.stragglers,
     )
     # The cell's one model in this process: the Simulation's initial global model, its
     # in-process clients' model, and (trained state loaded) what registration logs.

@@ -178,6 +178,29 @@ class FederationSection(_Section):
     sampling: Literal["without_replacement", "with_replacement"] = "without_replacement"
     eval_every: int = Field(1, ge=1)
     last_rounds: int = Field(5, ge=1)
+    # Clients that may not report (docs/accounting.md, "Dropout and stragglers"): a sampled
+    # client fails to report with probability dropout; availability_concentration k (null:
+    # the same for all) draws each client's report probability from Beta(k(1-d), k d).
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    availability_concentration: float | None = Field(None, gt=0.0)
+    # A client whose local steps exceed deadline_steps x its speed (exp(speed_spread z) per
+    # client; 0: all 1) is a straggler: dropped, or its update cut there (partial).
+    deadline_steps: int | None = Field(None, ge=1)
+    speed_spread: float = Field(0.0, ge=0.0)
+    stragglers: Literal["drop", "partial"] = "drop"
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The dropout keys are dumped only when set: the params, fingerprints and reports
+        of configurations without dropout stay as they were."""
+        defaults = {
+            "dropout": 0.0,
+            "availability_concentration": None,
+            "deadline_steps": None,
+            "speed_spread": 0.0,
+            "stragglers": "drop",
+        }
+        return {k: v for k, v in handler(self).items() if k not in defaults or v != defaults[k]}
 
 
 class ClientSection(_Section):

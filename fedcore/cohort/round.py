@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ def cohort_round(
     tasks: list[ClientTask],
     lr: float,
     seeds: list[int],
+    max_steps: Sequence[int | None] | None = None,
 ) -> list[Result]:
     """The round's ``tasks`` trained as cohorts on ``data`` (device-resident; ``labels`` the
     host copy of its labels): one result per task, in task order, as ``client_job`` returns it.
@@ -39,12 +41,19 @@ def cohort_round(
     global state), so a cohort shares one start state. Clients with a different plan (trained
     or uploaded keys: FedNILO) train in separate cohorts. Upload bytes are
     ``len(payload.encode(upload))`` of each client's upload (``payload.encoded_size``).
+    ``max_steps``: per task, a straggler's cut (None: the configured local training); clients
+    with different cuts train in separate cohorts, each with its own step cap.
     """
+    caps = [None] * len(tasks) if max_steps is None else list(max_steps)
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tasks):
-        groups.setdefault((t.trainable, t.upload_keys), []).append(i)
+        groups.setdefault((t.trainable, t.upload_keys, caps[i]), []).append(i)
     out: list[Any] = [None] * len(tasks)
-    for (trainable, upload_keys), members in groups.items():
+    for (trainable, upload_keys, cap), members in groups.items():
+        cfg = local
+        if cap is not None:
+            steps = cap if local.max_steps is None else min(cap, local.max_steps)
+            cfg = dataclasses.replace(local, max_steps=steps)
         objectives = []
         clients = []
         for i in members:
@@ -54,7 +63,7 @@ def cohort_round(
             objectives.append(algorithm.client_objective(global_state, view))
             clients.append(CohortClient(t.client_id, t.indices, seeds[i], noise_var[t.client_id]))
         fn, ctxs = shared_objective(algorithm.name, objectives)
-        size = trainer.cohort_size(global_state, data, clients, local, trainable)
+        size = trainer.cohort_size(global_state, data, clients, cfg, trainable)
         for lo in range(0, len(members), size):
             part = slice(lo, lo + size)
             results = trainer.train(
@@ -62,7 +71,7 @@ def cohort_round(
                 data,
                 clients[part],
                 lr=lr,
-                cfg=local,
+                cfg=cfg,
                 fn=fn,
                 ctxs=ctxs[part],
                 trainable=trainable,
