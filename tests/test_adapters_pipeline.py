@@ -141,7 +141,10 @@ def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
     from tasks.train import run_cell
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    p = small_params(tmp_path, "runtime.tracking=true", "federation.rounds=1")
+    # 100 test images: registered because tracking.register says so (auto: whole split only)
+    p = small_params(
+        tmp_path, "runtime.tracking=true", "tracking.register=always", "federation.rounds=1"
+    )
     data = load_experiment_data(p)
     write_partition(p, data, build_partition(p, data), tmp_path / "partition")
     record = run_cell(p, tmp_path / "partition", "fedavg", "residual", tmp_path / "cell")

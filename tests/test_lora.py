@@ -276,6 +276,7 @@ def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
             f"data.root={REPO / 'data/raw'}",
             "data.train_subset=200",
             "data.test_subset=100",
+            "tracking.register=always",  # a test subset: registered on request
             "partition.num_clients=4",
             "partition.dirichlet_classwise.min_size=5",
             "validation.min_shard_size=5",

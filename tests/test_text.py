@@ -350,7 +350,15 @@ def test_fedapt_run_on_tweets_registers_the_model(tmp_path, monkeypatch):
     small += ["--set", "model.options.max_length=32", "--set", "validation.min_shard_size=1"]
     small += ["--set", "experiment.name=tweets-minilm"]
     with prefect_test_harness(server_startup_timeout=180):
-        res = fedapt(tmp_path, "run", *small, "--set", "runtime.tracking=true")
+        res = fedapt(
+            tmp_path,
+            "run",
+            *small,
+            "--set",
+            "runtime.tracking=true",
+            "--set",
+            "tracking.register=always",  # a test subset: registered on request
+        )
     assert res.exit_code == 0, res.output
     out = tmp_path / "reports" / "tweets-minilm"
     (run,) = json.loads((out / "summary.json").read_text())["runs"]
