@@ -23,7 +23,7 @@ from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from flows import services
-from tasks import checkpoint
+from tasks import checkpoint, tracking
 from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, load_params
 from tasks.data import (
@@ -263,8 +263,14 @@ def experiment_flow(
     ``Params`` through Prefect's validation, and every task receives that object."""
     p = params if params is not None else load_params(params_file, overrides)
     # Deployment runs get the same environment as `fedapt run`: the services that are up,
-    # else an embedded S3 for the outputs (a no-op when the CLI already set it up).
-    with services.run_environment(need_s3=bool(p.storage.bucket)):
+    # else an embedded S3 for the outputs (a no-op when the CLI already set it up); and the
+    # experiment directory's lock (re-entrant: `fedapt run` already holds it). MLflow runs
+    # still open when the flow fails are ended FAILED (KILLED on SIGINT/SIGTERM).
+    with (
+        services.run_lock(experiment_dir(p), "flow run of fedapt-experiment"),
+        services.run_environment(need_s3=bool(p.storage.bucket)),
+        tracking.ended_on_error(),
+    ):
         out = experiment_dir(p)
         parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
         part_dir = partition_dir or partition_task(p, str(out / "partition"))

@@ -90,7 +90,9 @@ def upload_tree(local_dir: str | Path, bucket: str, prefix: str) -> list[str]:
     ensure_bucket(bucket, client)
     root = Path(local_dir)
     keys = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    # not the run's lock file (flows/services/locks.py; named here to keep this module light)
+    files = (p for p in root.rglob("*") if p.is_file() and p.name != ".fedapt.lock")
+    for path in sorted(files):
         key = f"{prefix.strip('/')}/{path.relative_to(root).as_posix()}"
         try:
             client.upload_file(str(path), bucket, key)

@@ -11,10 +11,15 @@ local SQLite store at ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
+import socket
 import subprocess
+import threading
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,24 @@ from fedcore.payload import mib
 ROOT = Path(__file__).resolve().parents[1]
 CHAMPION = "champion"
 CHALLENGER = "challenger"  # the newest registered version, whether or not it beat the champion
+log = logging.getLogger("fedapt.tracking")
+
+# Runs this process started and has not ended: ended KILLED/FAILED when the process stops on
+# a signal or an error (``end_active_runs``), so the UI never shows them running forever.
+_active: set[str] = set()
+_ended: set[str] = set()  # ended by end_active_runs: a late end_run does not overwrite it
+_active_lock = threading.Lock()
+
+
+def _owner_tags() -> dict[str, str]:
+    """Which process owns a run: a later run finds runs left RUNNING by a dead one."""
+    return {"fedapt.pid": str(os.getpid()), "fedapt.host": socket.gethostname()}
+
+
+def _started(run_id: str) -> str:
+    with _active_lock:
+        _active.add(run_id)
+    return run_id
 
 
 def tracking_uri() -> str:
@@ -73,8 +96,31 @@ def _client() -> Any:
     import mlflow
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(tracking_uri())
-    return MlflowClient(tracking_uri())
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    if uri.startswith("sqlite:///") and uri not in _ready_stores:
+        return _init_sqlite_store(uri)
+    return MlflowClient(uri)
+
+
+_ready_stores: set[str] = set()
+
+
+def _init_sqlite_store(uri: str) -> Any:
+    """Open (create, migrate) a local SQLite store one process at a time: two runs starting
+    together on a new store would both create its tables ("table runs already exists")."""
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(f".{db.name}.fedapt-init.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)  # opens the store: tables, migrations
+    _ready_stores.add(uri)
+    return client
 
 
 client = _client  # the MlflowClient of the tracking URI in use (tasks.artifacts)
@@ -114,8 +160,9 @@ def start_experiment_run(experiment: str, flat_params: dict[str, Any]) -> str:
     run = client.create_run(
         _experiment_id(client, experiment),
         run_name=experiment,
-        tags={"fedapt.kind": "experiment", **provenance_tags()},
+        tags={"fedapt.kind": "experiment", **provenance_tags(), **_owner_tags()},
     )
+    _started(run.info.run_id)
     _log_params(client, run.info.run_id, flat_params)
     return run.info.run_id
 
@@ -142,14 +189,92 @@ def start_cell_run(
     run = client.create_run(
         _experiment_id(client, experiment),
         run_name=name,
-        tags={**parent, "fedapt.kind": "cell", **provenance_tags(), **tags},
+        tags={**parent, "fedapt.kind": "cell", **provenance_tags(), **_owner_tags(), **tags},
     )
+    _started(run.info.run_id)
     _log_params(client, run.info.run_id, flat_params)
     return run.info.run_id
 
 
 def end_run(run_id: str, status: str = "FINISHED") -> None:
+    with _active_lock:
+        if run_id in _ended:  # already ended KILLED/FAILED by end_active_runs
+            return
     _client().set_terminated(run_id, status=status)
+    with _active_lock:
+        _active.discard(run_id)
+
+
+def end_active_runs(status: str) -> list[str]:
+    """End every run this process started and did not end (``KILLED`` on a signal,
+    ``FAILED`` on an error); best effort, never raises. Returns the run ids ended."""
+    with _active_lock:
+        runs = sorted(_active)
+        _active.clear()
+        _ended.update(runs)
+    done = []
+    for run_id in runs:
+        try:
+            _client().set_terminated(run_id, status=status)
+            done.append(run_id)
+        except Exception as exc:  # noqa: BLE001 - the store may be gone; the next run fixes it
+            log.warning("could not mark MLflow run %s %s: %s", run_id, status, type(exc).__name__)
+    return done
+
+
+@contextlib.contextmanager
+def ended_on_error() -> Iterator[None]:
+    """Runs started in the block and still open when it fails are ended: ``KILLED`` on
+    Ctrl-C / SIGTERM (a KeyboardInterrupt), ``FAILED`` on any other exception."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        end_active_runs("KILLED")
+        raise
+    except BaseException:
+        end_active_runs("FAILED")
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def close_stale_runs(experiment: str) -> list[str]:
+    """Mark ``KILLED`` the runs of ``experiment`` left RUNNING by a process that died (kill -9,
+    power loss): their owner pid (tag ``fedapt.pid``) is dead on this host; runs from before
+    that tag (no owner recorded) count as stale unless a DVC stage made them. Call it holding
+    the experiment's lock (no other live ``fedapt run`` of it). Returns the run ids."""
+    client = _client()
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    host = socket.gethostname()
+    stale = []
+    for run in client.search_runs(
+        [exp.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000
+    ):
+        tags = run.data.tags
+        if tags.get("fedapt.kind") not in ("experiment", "cell") or run.info.run_id in _active:
+            continue
+        pid = tags.get("fedapt.pid")
+        if pid is None:
+            dead = tags.get("fedapt.entry") != "dvc"
+        else:
+            dead = tags.get("fedapt.host") == host and pid.isdigit() and not _pid_alive(int(pid))
+        if dead:
+            client.set_terminated(run.info.run_id, status="KILLED")
+            stale.append(run.info.run_id)
+    return stale
 
 
 class MlflowRounds(Callback):
@@ -246,7 +371,7 @@ def log_and_register_model(
     import torch
 
     client = _client()
-    with mlflow.start_run(run_id=run_id):
+    with _registry_lock(name), mlflow.start_run(run_id=run_id):
         info = mlflow.pytorch.log_model(
             model.eval(),
             name="model",
@@ -259,9 +384,24 @@ def log_and_register_model(
         client.set_model_version_tag(name, version, "final_accuracy", f"{accuracy:.6f}")
     for key, value in (tags or {}).items():
         client.set_model_version_tag(name, version, key, value)
-    client.set_registered_model_alias(name, CHALLENGER, version)
-    update_champion(name, version)
+    with _registry_lock(name):  # compare-and-move: one run at a time per registered model
+        client.set_registered_model_alias(name, CHALLENGER, version)
+        update_champion(name, version)
     return version
+
+
+@contextlib.contextmanager
+def _registry_lock(name: str) -> Iterator[None]:
+    """Serialise registrations of ``name`` on this machine: runs of different experiments
+    register the same model (``fedapt-<dataset>-<model>-<adapter>``) at the same time, and
+    the champion alias is read, compared and moved."""
+    import fcntl
+    import tempfile
+
+    key = hashlib.sha256(f"{tracking_uri()}|{name}".encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"fedapt-registry-{key}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # blocks: a registration takes seconds
+        yield
 
 
 EVAL_SET_TAG = "eval_set_sha256"

@@ -364,9 +364,9 @@ def run_cell(
                 record.update(register_model(params, data, adapter, model, run_id, record))
             record["mlflow_run_id"] = run_id
             tracking.end_run(run_id)
-    except BaseException:
-        if run_id is not None:
-            tracking.end_run(run_id, "FAILED")
+    except BaseException as exc:
+        if run_id is not None:  # Ctrl-C / SIGTERM: KILLED; any other failure: FAILED
+            tracking.end_run(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     return record
 

@@ -3,10 +3,14 @@ guard, params loading and the results table. Heavy imports happen inside command
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -92,9 +96,102 @@ def guard(fn: Callable[[], Any]) -> Any:
             "the right kind (file or folder) and that you may read and write it"
         )
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted):  # the command unwound: stop now, threads and all
+            _exit_now(exc.exit_code, exc.signame)
         err.print("fedapt: interrupted")
         raise typer.Exit(130) from None
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM under ``stop_on_signals``: unwinds like Ctrl-C; exit 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signame = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        super().__init__(self.signame)
+
+
+_stop_line = threading.Lock()  # the one line of a stop, whoever prints it
+
+
+def _exit_now(code: int, signame: str) -> None:
+    if _stop_line.acquire(blocking=False):
+        err.print(
+            f"fedapt: interrupted by {signame} (exit {code})",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    grace: float = 4.0, cleanup: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread, so the command unwinds:
+    its temporary servers stop, its MLflow runs are marked KILLED, its lock is released.
+    ``guard`` then prints one line and exits at once (130 / 143) without waiting for a
+    training thread to finish its cell. If unwinding takes longer than ``grace`` seconds
+    (a task runner waiting for the cell in training), ``cleanup`` runs and the process exits
+    anyway: its tied servers die with it, the kernel drops its locks.
+
+    The grace timer starts from the signal itself, seen through ``signal.set_wakeup_fd``:
+    while a flow runs, Prefect's own SIGTERM handler is installed instead of ours (it raises
+    ``TerminationSignal`` and re-sends the signal once its engine has unwound).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    timer_started = threading.Event()
+    raised = threading.Event()
+
+    def start_timer(signum: int) -> None:
+        if timer_started.is_set():
+            return
+        timer_started.set()
+
+        def late() -> None:
+            time.sleep(grace)
+            if cleanup is not None:
+                with contextlib.suppress(Exception):
+                    cleanup()
+            _exit_now(128 + signum, signal.Signals(signum).name)
+
+        threading.Thread(target=late, name="fedapt-stop", daemon=True).start()
+
+    def handler(signum: int, frame: Any) -> None:
+        start_timer(signum)
+        if raised.is_set():  # a second signal while stopping: the timer ends it
+            return
+        raised.set()
+        raise Interrupted(signum)
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while data := os.read(read_end, 64):
+                for signum in data:
+                    if signum in (signal.SIGINT, signal.SIGTERM):
+                        start_timer(signum)
+        os.close(read_end)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    threading.Thread(target=watch, name="fedapt-signals", daemon=True).start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        os.close(write_end)  # the watcher reads end-of-file and ends
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 EXIT_DIVERGED = 3  # the outputs were written, but training diverged (runtime.allow_divergence)

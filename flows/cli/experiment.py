@@ -13,12 +13,14 @@ from flows.cli.common import (
     ParamsOpt,
     SetOpt,
     app,
+    err,
     exit_if_diverged,
     guard,
     load,
     out,
     quiet_prefect_tracebacks,
     results_table,
+    stop_on_signals,
 )
 
 
@@ -45,25 +47,43 @@ def run(
             extra.append(f"runtime.workers={workers}")
         p = load(params, set_, extra)
         # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
-        # before Prefect is imported, which reads its settings once.
-        with services.patched_environ(services.env_for_clients()):
+        # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind
+        # (servers stopped, MLflow runs KILLED, lock released), then exit 130/143 in one line.
+        with (
+            stop_on_signals(cleanup=_runs_killed),
+            services.patched_environ(services.env_for_clients()),
+        ):
             from flows.experiment import (
                 check_checkpoints,
                 check_names,
                 experiment_flow,
                 preflight,
             )
+            from tasks import tracking
             from tasks.config import experiment_dir
+            from tasks.io import check_writable
 
             check_names(p)  # bad names stop here, before any server starts
-            with services.run_environment(need_s3=bool(p.storage.bucket)):
+            check_writable("experiment.reports_dir", experiment_dir(p))
+            with (
+                # one run per experiment directory: a second one stops here, naming the first,
+                # before it writes anything or starts a server
+                services.run_lock(experiment_dir(p), "fedapt run"),
+                # temporary servers (S3; Prefect once the inputs are checked) are tied to this
+                # process: they die with it, kill -9 included
+                services.run_environment(need_s3=bool(p.storage.bucket)),
+                tracking.ended_on_error(),  # runs still open on an error: FAILED / KILLED
+            ):
                 preflight(p, partition_dir)
                 check_checkpoints(p, partition_dir)  # another configuration's -> one line
+                if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
+                    _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
                 quiet_prefect_tracebacks()
-                records = experiment_flow(
-                    params=p,
-                    partition_dir=str(partition_dir) if partition_dir else None,
-                )
+                with services.prefect_environment():  # a temporary server if none is set/up
+                    records = experiment_flow(
+                        params=p,
+                        partition_dir=str(partition_dir) if partition_dir else None,
+                    )
             where = _where_results(p)
         out.print(results_table(records))
         out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
@@ -72,6 +92,23 @@ def run(
         exit_if_diverged(p, records)
 
     guard(body)
+
+
+def _runs_killed() -> None:
+    from tasks import tracking
+
+    tracking.end_active_runs("KILLED")
+
+
+def _note_stale_runs(run_ids: list[str], params: Any) -> None:
+    if run_ids:
+        err.print(
+            f"mlflow: marked {len(run_ids)} run(s) of {params.experiment.name} KILLED that an "
+            "earlier run left RUNNING when it died",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def _where_results(params: Any) -> list[str]:

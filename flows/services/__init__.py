@@ -16,7 +16,10 @@ a 0600 identities file for SeaweedFS and never printed or logged.
 Modules, each importing only those before it: ``config`` (names, ports, state directory,
 mlflow/server.toml, errors), ``procs`` (state file, lock, processes, ports and probes), ``s3``
 (SeaweedFS, S3 client, buckets), ``supervisor`` (commands, up, down, status), ``clients``
-(env_for_clients, embedded_s3, run_environment). This package re-exports their public API
+(env_for_clients, embedded_s3, temporary_prefect, run_environment), ``locks`` (the exclusive
+lock of an output directory: one run per experiment). Servers a run starts for itself are
+tied to it (``procs._spawn(tied=True)``: a watchdog stops them when the run's process is gone,
+kill -9 included). This package re-exports their public API
 (``from flows import services``; ``services.up(...)``); a function is looked up in the module
 that calls it, so patch it there (e.g. ``flows.services.supervisor._spawn``).
 """
@@ -28,7 +31,9 @@ from flows.services.clients import (
     embedded_s3,
     env_for_clients,
     patched_environ,
+    prefect_environment,
     run_environment,
+    temporary_prefect,
     user_configured_s3,
 )
 from flows.services.config import (
@@ -56,6 +61,7 @@ from flows.services.config import (
     resolve_ports,
     state_dir,
 )
+from flows.services.locks import LOCK_NAME, DirectoryLocked, run_lock
 from flows.services.procs import free_port, port_free, probe, read_state, write_state
 from flows.services.s3 import s3_client, s3_client_env, weed_binary
 from flows.services.supervisor import down, status, up, work_pool_status, worker_limit
@@ -64,6 +70,7 @@ __all__ = [
     "DEFAULT_BUCKET",
     "DEFAULT_PORTS",
     "DEPENDS",
+    "LOCK_NAME",
     "HEALTH_PATHS",
     "HOST",
     "MLFLOW_CONFIG",
@@ -75,6 +82,7 @@ __all__ = [
     "USER_S3_VARS",
     "WORK_POOL",
     "WORK_POOL_TYPE",
+    "DirectoryLocked",
     "EmbeddedS3",
     "PortInUseError",
     "ServiceError",
@@ -89,14 +97,17 @@ __all__ = [
     "patched_environ",
     "port_env_var",
     "port_free",
+    "prefect_environment",
     "probe",
     "read_state",
     "resolve_ports",
     "run_environment",
+    "run_lock",
     "s3_client",
     "s3_client_env",
     "state_dir",
     "status",
+    "temporary_prefect",
     "up",
     "user_configured_s3",
     "weed_binary",

@@ -11,6 +11,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -179,36 +180,170 @@ def _terminate(pid: int, timeout: float = STOP_TIMEOUT) -> None:
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
+    _untie(pid)
 
 
 def _spawn(
-    cmd: list[str], env: Mapping[str, str], cwd: Path, log: Path, lock: Path | None = None
+    cmd: list[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    log: Path,
+    lock: Path | None = None,
+    *,
+    tied: bool = False,
+    users: Path | None = None,
+    info: Mapping[str, Any] | None = None,
 ) -> int:
-    """Start ``cmd`` detached. With ``lock``, the child inherits an exclusive flock on it and
-    holds it for its lifetime (one SeaweedFS per data directory)."""
+    """Start ``cmd`` detached (own session and process group). With ``lock``, the child
+    inherits an exclusive flock on it and holds it for its lifetime (one SeaweedFS per data
+    directory). With ``tied``, the server dies with this process on every exit path, kill -9
+    included: it runs under a watchdog (``watchdog.py``) that stops its process group when the
+    pipe from this process reaches end-of-file, and, with ``users``, no process holds a shared
+    flock on that file any more (runs sharing the server). ``info`` goes into the lock file
+    (e.g. the server's URL). Returns the pid (the process group's id)."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    label = Path(cmd[0]).name
     with contextlib.ExitStack() as stack:
         pass_fds: tuple[int, ...] = ()
+        lock_fd = None
         if lock is not None:
-            lock_fh = stack.enter_context(open(lock, "a"))
-            try:
-                fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise ServiceError(
-                    f"{cmd and Path(cmd[0]).name} cannot start: {lock.parent} is in use by "
-                    "another server (a running `fedapt run` or `fedapt up`?)"
-                ) from None
-            pass_fds = (lock_fh.fileno(),)
-        proc = _popen(cmd, env, cwd, log, pass_fds)
+            lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            stack.callback(os.close, lock_fd)
+            _take_data_lock(lock, lock_fd, cmd)
+            pass_fds = (lock_fd,)
+        write_end = None
+        if tied:
+            read_end, write_end = os.pipe()  # both close-on-exec; the read end is passed on
+            stack.callback(os.close, read_end)
+            shared = ["--users", str(users)] if users is not None else []
+            cmd = [sys.executable, "-I", "-S", _WATCHDOG, str(read_end), *shared, *cmd]
+            pass_fds = (*pass_fds, read_end)
+        try:
+            proc = _popen(cmd, env, cwd, log, pass_fds, label)
+        except BaseException:
+            if write_end is not None:
+                os.close(write_end)
+            raise
+        if write_end is not None:
+            _ties[proc.pid] = write_end
+        if lock_fd is not None:
+            holder = {
+                "pid": proc.pid,
+                "owner": os.getpid() if tied else None,  # embedded: dies with its owner
+                "kind": "embedded" if tied else "service",
+                "host": socket.gethostname(),
+                "started_at": _now(),
+                **(info or {}),
+            }
+            os.ftruncate(lock_fd, 0)
+            os.pwrite(lock_fd, (json.dumps(holder) + "\n").encode(), 0)
     _children[proc.pid] = proc
     return proc.pid
 
 
+_WATCHDOG = str(Path(__file__).with_name("watchdog.py"))  # see that file
+
+_ties: dict[int, int] = {}  # pid of a tied server -> the write end of its watchdog pipe
+
+
+def _close_ties_in_child() -> None:
+    for fd in _ties.values():  # a forked worker must not keep our servers alive
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _ties.clear()
+
+
+os.register_at_fork(after_in_child=_close_ties_in_child)
+
+
+def _untie(pid: int) -> None:
+    fd = _ties.pop(pid, None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _take_data_lock(lock: Path, fd: int, cmd: list[str], wait: float = 15.0) -> None:
+    """flock ``lock`` for a server. Held by an embedded server (a run's): wait for it, since
+    its watchdog stops it when its last user is gone; one that predates the watchdog and whose
+    run is dead is stopped here. Held by a ``fedapt up`` service or still held after ``wait``
+    seconds: one line naming the holder."""
+    name = Path(cmd[0]).name if cmd else "server"
+    start = time.monotonic()
+    signalled: set[tuple[int, int]] = set()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        info = _lock_holder(lock)
+        pid, owner = info.get("pid"), info.get("owner")
+        embedded = (
+            info.get("kind") == "embedded"
+            and info.get("host") == socket.gethostname()
+            and isinstance(pid, int)
+            and pid > 1
+        )
+        waited = time.monotonic() - start
+        if not embedded or waited >= wait:
+            who = f"pid {pid}" if isinstance(pid, int) else _lock_users(lock.parent)
+            if isinstance(owner, int) and _pid_alive(owner):
+                who += f" of `fedapt run` pid {owner}"
+            elif info.get("kind") == "service":
+                who += " of `fedapt up`"
+            raise ServiceError(
+                f"{name} cannot start: {lock.parent} is in use by another server ({who}; "
+                "a running `fedapt run` or `fedapt up`?)"
+            )
+        stale = isinstance(owner, int) and not _pid_alive(owner) and not _is_watchdog(pid)
+        if stale:  # its run died and nothing else will stop it: its process group, then -9
+            sig = signal.SIGTERM if waited < wait / 2 else signal.SIGKILL
+            if (pid, sig) not in signalled:
+                _signal_group(pid, sig)
+                signalled.add((pid, sig))
+        time.sleep(0.1)
+
+
+def _is_watchdog(pid: int) -> bool:
+    try:
+        return _WATCHDOG.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _lock_users(data: Path) -> str:
+    """Servers serving ``data`` (their command line names it), for the message."""
+    needle = f"-dir={data}".encode()
+    pids = []
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if needle in (entry / "cmdline").read_bytes().split(b"\0"):
+                        pids.append(entry.name)
+    return f"pid {', '.join(pids)}" if pids else "another process"
+
+
+def _lock_holder(lock: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(lock.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _popen(
-    cmd: list[str], env: Mapping[str, str], cwd: Path, log: Path, pass_fds: tuple[int, ...]
+    cmd: list[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    log: Path,
+    pass_fds: tuple[int, ...],
+    label: str | None = None,
 ) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
-        fh.write(f"\n=== fedapt: starting {Path(cmd[0]).name} at {_now()}\n".encode())
+        name = label or Path(cmd[0]).name
+        fh.write(f"\n=== fedapt: starting {name} at {_now()}\n".encode())
         fh.flush()
         proc = subprocess.Popen(
             cmd,
@@ -217,7 +352,7 @@ def _popen(
             stderr=subprocess.STDOUT,
             cwd=cwd,
             env=dict(env),
-            start_new_session=True,  # own session and process group: survives the CLI
+            start_new_session=True,  # own session and process group: see _spawn
             close_fds=True,
             pass_fds=pass_fds,
         )
