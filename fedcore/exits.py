@@ -8,6 +8,9 @@ anytime stream, from the client's derived seed) and evaluates every exit in one 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 from torch import nn
@@ -27,6 +30,36 @@ def begin_client(model: nn.Module, client_id: int, seed: int) -> None:
     plan = exit_plan(model)
     if plan is not None:
         plan.begin_client(client_id, seed)
+
+
+def client_exit(model: nn.Module, client_id: int) -> int | None:
+    """The exit fixed for client ``client_id`` (None: no early exits): its tier in multi-tier
+    FL (``tiers[c % len(tiers)]``), else the inference exit (``exit``, default the last).
+    Seed 001 App. A: a client's exit "should be persistently fixed in both training and
+    testing", and personalization fine-tunes "with a predefined exit layer"."""
+    plan = exit_plan(model)
+    if plan is None:
+        return None
+    tiers = getattr(plan, "tiers", ())  # multi-tier plans (``models.adapters.exits``)
+    if getattr(plan, "mode", "last") == "multitier" and tiers:
+        return int(tiers[client_id % len(tiers)])
+    return plan.num_exits - 1 if plan.exit is None else int(plan.exit)
+
+
+@contextmanager
+def fixed_exit(model: nn.Module, k: int | None) -> Iterator[None]:
+    """Every forward call inside ends at exit ``k``, training and evaluation alike (nothing
+    for ``k`` None or a model without exits); the plan is restored on leaving."""
+    plan = exit_plan(model)
+    if plan is None or k is None:
+        yield
+        return
+    saved = (plan.forced, plan.exit)
+    plan.forced, plan.exit = int(k), int(k)
+    try:
+        yield
+    finally:
+        plan.forced, plan.exit = saved
 
 
 @torch.no_grad()

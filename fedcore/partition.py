@@ -237,7 +237,11 @@ def dirichlet_classwise(
             p = rng.dirichlet(np.full(num_clients, beta)) * is_open
             while not p.sum() > 0:  # tiny beta: all mass underflowed onto closed clients, where
                 p = rng.dirichlet(np.full(num_clients, beta)) * is_open  # NIID-Bench gets NaN
-            cuts = (np.cumsum(p / p.sum()) * len(idx_k)).astype(np.int64)[:-1]
+            cum = np.cumsum(p / p.sum())
+            # From the last open client on, the cumulative share is exactly 1: rounding
+            # (0.9999999 x len) would hand a closed client after it one sample.
+            cum[np.flatnonzero(p)[-1] :] = 1.0
+            cuts = (cum * len(idx_k)).astype(np.int64)[:-1]
             for c, chunk in enumerate(np.split(idx_k, cuts)):
                 parts[c].extend(chunk.tolist())
         if min(len(c) for c in parts) >= min_size:
@@ -338,10 +342,13 @@ def gaussian_noise(
     labels: np.ndarray, num_clients: int, seed: int, *, sigma: Annotated[Float, Ge(0)] = 0.1
 ) -> Partition:
     """Noise-based feature skew (seed 000 §IV; NIID-Bench ``noise``): the ``iid`` split for
-    the same seed, and client i (0-based) of N gets x^ ~ Gau(sigma * i / N), "mean 0 and
-    variance sigma * i / N" -- ``noise_var[i] = sigma * i / N`` is a variance, not a std."""
+    the same seed, and client C_i, i = 1..N, gets x^ ~ Gau(sigma * i / N), "mean 0 and
+    variance sigma * i / N": the clients are C_1..C_N, so shard k (0-based) is C_{k+1} with
+    ``noise_var[k] = sigma * (k + 1) / N`` (a variance, not a std; the last client gets sigma,
+    none is noise-free)."""
     base = iid(labels, num_clients, seed)
-    noise = tuple(sigma * i / base.num_clients for i in range(base.num_clients))
+    n = base.num_clients
+    noise = tuple(sigma * (k + 1) / n for k in range(n))
     return Partition("gaussian_noise", {**base.params, "sigma": sigma}, base.client_indices, noise)
 
 

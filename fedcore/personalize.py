@@ -21,6 +21,12 @@ the engine's own local SGD (:func:`fedcore.client.train_locally`) on the chosen 
 * ``client_token``: only the Accumulator's client token (the seed's "Client Token Only", 0.38K
   parameters at H = 384).
 
+With early exits, a client tunes and is tested at one fixed exit (seed 001 App. A: "we
+fine-tune the pre-trained multi-tier model with a predefined exit layer"; §5: a client's exit
+"should be persistently fixed in both training and testing"): its tier in multi-tier FL, else
+the inference exit (:func:`fedcore.exits.client_exit`); accuracy before and after are both
+read there.
+
 Hand-written: no FL library ships this protocol.
 """
 
@@ -37,7 +43,7 @@ from torch import nn
 
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.errors import ConfigError
-from fedcore.exits import begin_client
+from fedcore.exits import begin_client, client_exit, fixed_exit
 from fedcore.payload import StateDict
 from fedcore.sampling import derive_seed
 from fedcore.text import TextData
@@ -155,20 +161,21 @@ def personalize(
         order = np.random.default_rng(derive_seed(cfg.seed, _STREAM, c, 1)).permutation(len(rows))
         n_tune = min(len(rows) - 1, max(1, round(cfg.tune_fraction * len(rows))))
         tune, test = np.sort(order[:n_tune]), np.sort(order[n_tune:])
-        before = _accuracy(model, state, own, test, device)
         begin_client(model, c, derive_seed(cfg.seed, _STREAM, c, 2))  # early exits: its tier
-        tuned = train_locally(
-            model,
-            state,
-            own,
-            tune,
-            lr=cfg.lr,
-            cfg=cfg.local,
-            seed=derive_seed(cfg.seed, _STREAM, c, 3),
-            device=device,
-            trainable=keys,
-        ).state
-        after = _accuracy(model, tuned, own, test, device)
+        with fixed_exit(model, client_exit(model, c)):  # tuned and tested at the same exit
+            before = _accuracy(model, state, own, test, device)
+            tuned = train_locally(
+                model,
+                state,
+                own,
+                tune,
+                lr=cfg.lr,
+                cfg=cfg.local,
+                seed=derive_seed(cfg.seed, _STREAM, c, 3),
+                device=device,
+                trainable=keys,
+            ).state
+            after = _accuracy(model, tuned, own, test, device)
         result = ClientResult(c, severity, len(tune), len(test), before, after)
         results.append(result)
         if on_client is not None:

@@ -301,6 +301,11 @@ class ReportSection(_Section):
     accuracy_levels: tuple[float, ...] = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85)
     baseline: str | None = None  # a grid cell "algorithm-adapter"; null: fedavg's first cell
     style: Literal["seed004", "seed001"] = "seed004"
+    # The accuracy a level is compared with (fedcore/commcost.py): "mean", seed 004 §6.1.5's
+    # ACC, the mean test accuracy of the last `window` evaluated rounds; "round", the round's
+    # own accuracy (seed 001 Table 6).
+    accuracy: Literal["mean", "round"] = "mean"
+    window: int = Field(30, ge=1)
 
     @field_validator("accuracy_levels")
     @classmethod

@@ -61,13 +61,24 @@ def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -
         runs[cell] = json.loads(path.read_text())["rounds"]
     base = report_baseline(params)
     levels = list(params.report.accuracy_levels)
-    rep = comm_cost_report(runs, levels, baseline=base)
+    rep = comm_cost_report(
+        runs,
+        levels,
+        baseline=base,
+        accuracy=params.report.accuracy,
+        window=params.report.window,
+    )
     phases = phase_report(runs, base)
     out = Path(out_dir)
     md = [
         f"# Communication cost: {params.experiment.name}",
         "",
-        f"Cumulative MiB (upload + download) to first reach each test accuracy; baseline {base}.",
+        f"Cumulative MiB (upload + download) to first reach each test accuracy; baseline {base}"
+        + (
+            f"; accuracy: mean of the last {params.report.window} evaluated rounds."
+            if params.report.accuracy == "mean"
+            else "; accuracy: the round's own."
+        ),
         "",
         comm_cost_markdown(rep, style=params.report.style),
         "Upload and download apart:",

@@ -104,8 +104,9 @@ def test_iid_is_array_split_of_a_permutation():
 
 def test_gaussian_noise_variance_is_sigma_i_over_n():
     p = part("gaussian_noise", num_clients=4, sigma=0.2)
-    assert p.noise_var == tuple(0.2 * i / 4 for i in range(4))  # exactly seed 000's formula
-    assert np.allclose(p.noise_var, [0.0, 0.05, 0.1, 0.15])
+    # exactly seed 000's formula for clients C_1..C_N: the last client gets sigma
+    assert p.noise_var == tuple(0.2 * i / 4 for i in range(1, 5))
+    assert np.allclose(p.noise_var, [0.05, 0.1, 0.15, 0.2])
     same_split = part("iid", num_clients=4)
     assert all(
         np.array_equal(a, b)
@@ -390,4 +391,4 @@ def test_stats_fields_and_values(tmp_path):
     write_stats(partition_stats(p, LABELS, 10), path)
     assert path.read_bytes() == first and json.loads(first) == stats
     noisy = partition_stats(part("gaussian_noise", num_clients=4, sigma=0.2), LABELS, 10)
-    assert [c["noise_var"] for c in noisy["clients"]] == [0.2 * i / 4 for i in range(4)]
+    assert [c["noise_var"] for c in noisy["clients"]] == [0.2 * i / 4 for i in range(1, 5)]

@@ -199,7 +199,7 @@ def _clean_and_noisy(data, idx, var, seed):
 def test_noisy_batch_has_variance_sigma_i_over_n():
     labels = np.tile(np.arange(2), 200)
     part = make_partition("gaussian_noise", labels, num_clients=4, seed=0, sigma=1.0)
-    assert part.noise_var == pytest.approx((0.0, 0.25, 0.5, 0.75))
+    assert part.noise_var == pytest.approx((0.25, 0.5, 0.75, 1.0))  # C_1..C_N: i from 1
     data = toy_data(400, size=12)
     for i, var in enumerate(part.noise_var):
         idx = torch.as_tensor(part.client_indices[i], dtype=torch.int64)
@@ -209,7 +209,8 @@ def test_noisy_batch_has_variance_sigma_i_over_n():
             assert torch.equal(noisy, clean)
         else:
             # std of the sample variance of 14,400 normals: var * sqrt(2 / n) ~ 1.2% of var;
-            # a std of var would give var^2 (0.0625, 0.25, 0.5625): 4 to 75% away.
+            # a std of var would give var^2 (0.0625, 0.25, 0.5625, 1.0): 25 to 75% away for
+            # the first three clients.
             assert float(diff.var()) == pytest.approx(var, rel=0.04), i
             assert abs(float(diff.mean())) < 0.03
 
@@ -252,7 +253,7 @@ def test_noise_reaches_each_client_batch_in_the_engine():
         per_client.setdefault(client, []).append(var)
     assert sorted(per_client) == [0, 1, 2, 3]
     for c, vars_ in per_client.items():
-        expected = 2.0 * c / 4  # 0, 0.5, 1.0, 1.5 (as a std: 0, 0.25, 1.0, 2.25)
+        expected = 2.0 * (c + 1) / 4  # C_1..C_4: 0.5, 1.0, 1.5, 2.0 (as a std: 0.25 .. 4.0)
         assert np.mean(vars_) == pytest.approx(expected, rel=0.05, abs=1e-9), c
 
 

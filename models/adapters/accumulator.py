@@ -1,11 +1,14 @@
 """``accumulator``: seed 001 §4.2, a one-block transformer over the history of CLS tokens of a
 frozen transformer, with an exit after every block. Hand-written: no library ships it.
 
-After block ``l`` (CLS state z^l, (B, H)), with the client token z_client and layer
-embeddings p' (one per block):
+The history starts at the embedding level: z^0 is the CLS state the first block reads (eq. 4,
+recorded by a forward pre-hook on ``blocks[0]``) and z^l (l = 1..L) the CLS state after block
+``l`` (exit ``l - 1``, 0-based in the code). With the client token z_client and the layer
+embeddings p' = [p'_0, ..., p'_L] (L + 1 rows: one for the embedding level, one per block):
 
 * eq. 7: h^l = Accumulator_phi([z_client, z^0 + p'_0, ..., z^l + p'_l])  # (B, l + 2, H)
-  and z^l <- h^l_{l+1}: the next block reads the revised CLS token (token replacement);
+  and z^l <- h^l_{l+1}: the next block reads the revised CLS token (token replacement); the
+  history keeps the original states;
 * eq. 8: y^l = MLP-head_psi(h^l_0 + z^l): the exit reads the client token's output plus the
   *original* CLS state (the "parallel connection" of Table 5, right).
 
@@ -27,7 +30,8 @@ from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.options import Float, Int
-from models.adapters.exits import ExitMethod, ExitOptions
+from fedcore.protocols import cls_blocks, cls_index
+from models.adapters.exits import _ACTIVE, ExitMethod, ExitOptions
 
 
 class Accumulator(nn.Module):
@@ -36,7 +40,8 @@ class Accumulator(nn.Module):
     ) -> None:
         super().__init__()
         self.client_token = nn.Parameter(torch.zeros(hidden))  # z_client
-        self.layer_embed = nn.Parameter(torch.randn(depth, hidden) * 0.02)  # p'
+        # p'_0..p'_L: the embedding level plus one per block (eq. 7)
+        self.layer_embed = nn.Parameter(torch.randn(depth + 1, hidden) * 0.02)
         self.block = nn.TransformerEncoderLayer(
             hidden,
             heads,
@@ -51,7 +56,8 @@ class Accumulator(nn.Module):
         )
 
     def forward(self, history: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(revised CLS (B, H), exit logits (B, classes)) from the CLS states z^0..z^l."""
+        """(revised CLS (B, H), exit logits (B, classes)) from the CLS states z^0..z^l
+        (z^0 the embedding-level state, z^l the last block's output)."""
         z = torch.stack(history, dim=1)  # (B, l + 1, H)
         depth = z.shape[1]
         tokens = torch.cat(
@@ -94,3 +100,19 @@ class AccumulatorMethod(ExitMethod):
         self, model: nn.Module, index: int, z: torch.Tensor, history: list[torch.Tensor]
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         return model.accumulator(history)  # type: ignore[operator]
+
+    def add_modules(self, model: nn.Module) -> None:
+        super().add_modules(model)
+        # z^0: the CLS state entering the first block, the head of the history (eq. 7). The
+        # model pre-hook (``_begin``) has emptied the history before any block runs.
+        blocks = cls_blocks(model)
+        assert blocks is not None  # applies_to checked it
+        blocks[0].register_forward_pre_hook(_record_embedding_cls, with_kwargs=True)
+
+
+def _record_embedding_cls(block: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook on ``blocks[0]``: append z^0 (B, H) to the running model's history.
+    Module-level (picklable; a deep copy of the model uses its own plan, as in ``exits``)."""
+    model = _ACTIVE[-1]
+    hidden = args[0] if args else kwargs["hidden_states"]  # (B, T, H)
+    model.exit_plan._cls.append(hidden[:, cls_index(model)])  # type: ignore[operator, union-attr]

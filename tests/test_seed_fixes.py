@@ -1,0 +1,370 @@
+"""Issue 18's audit fixes, each against its paper (the seeds are the spec): tests that fail
+on the code before the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from models.adapters import adapt
+
+# ---- 1. Accumulator history (seed 001 §4.2, eqs. 7 and 8) -----------------------------------
+
+
+class _AddBlock(nn.Module):
+    """A frozen 'transformer block' that adds a constant vector to every token."""
+
+    def __init__(self, c: list[float]) -> None:
+        super().__init__()
+        self.register_buffer("c", torch.tensor(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.c
+
+
+class _TinyEncoder(nn.Module):
+    """CLS plumbing (``blocks``, ``cls_index``, ``hidden_size``) over input tokens (B, T, 2):
+    z^0 is the input's CLS token, block k adds c_k."""
+
+    cls_index = 0
+    hidden_size = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_AddBlock([1.0, 1.0]), _AddBlock([0.0, 3.0])])
+        self.head = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x[:, 0])
+
+
+class _MeanMix(nn.Module):
+    """Stands in for phi: h_j = t_j + mean_j(t_j) (records its inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        self.seen.append(t.detach().clone())
+        return t + t.mean(dim=1, keepdim=True)
+
+
+def _accumulator_model() -> tuple[nn.Module, _MeanMix]:
+    model = adapt(_TinyEncoder(), "accumulator", options={"heads": 1})
+    acc = model.accumulator
+    mix = _MeanMix()
+    acc.block = mix
+    acc.head = nn.Identity()  # psi = identity: the exit logits are h_0 + z
+    with torch.no_grad():
+        acc.client_token.copy_(torch.tensor([1.0, 0.0]))
+        acc.layer_embed.copy_(torch.tensor([[0.0, 1.0], [0.0, -1.0], [2.0, 0.0]]))
+    return model.eval(), mix
+
+
+def test_accumulator_history_starts_at_the_embedding_cls_eq7_eq8():
+    model, mix = _accumulator_model()
+    # p' = [p'_0, p'_1, p'_2]: the embedding level plus one per block (L + 1 rows)
+    assert tuple(model.accumulator.layer_embed.shape) == (3, 2)
+    x = torch.tensor([[[2.0, 2.0], [5.0, 7.0]]])  # (B=1, T=2, H=2); z^0 = (2, 2)
+    model.exit_plan.output = "all"
+    with torch.no_grad():
+        logits = model(x)  # (E=2, 1, 2)
+    # exit 0 (l = 1): z^1 = z^0 + (1, 1) = (3, 3)
+    #   tokens = [z_client, z^0 + p'_0, z^1 + p'_1] = [(1, 0), (2, 3), (3, 2)], mean (2, 5/3)
+    #   h = tokens + mean; eq. 8: y^1 = h_0 + z^1 = (3, 5/3) + (3, 3) = (6, 14/3)
+    #   eq. 7: z^1 <- h_2 = (5, 11/3), the CLS the next block reads
+    assert torch.allclose(mix.seen[0], torch.tensor([[[1.0, 0.0], [2.0, 3.0], [3.0, 2.0]]]))
+    assert torch.allclose(logits[0], torch.tensor([[6.0, 14.0 / 3]]))
+    # exit 1 (l = 2): z^2 = (5, 11/3) + (0, 3) = (5, 20/3); the history holds the original z^1
+    #   tokens = [(1, 0), (2, 3), (3, 2), z^2 + p'_2 = (7, 20/3)], mean (13/4, 35/12)
+    #   eq. 8: y^2 = h_0 + z^2 (original CLS, not the revised one) = (37/4, 115/12)
+    assert torch.allclose(
+        mix.seen[1], torch.tensor([[[1.0, 0.0], [2.0, 3.0], [3.0, 2.0], [7.0, 20.0 / 3]]])
+    )
+    assert torch.allclose(logits[1], torch.tensor([[37.0 / 4, 115.0 / 12]]))
+    # the history is per call: a second forward sees the same tokens
+    mix.seen.clear()
+    with torch.no_grad():
+        assert torch.allclose(model(x), logits)
+    assert len(mix.seen) == 2 and mix.seen[0].shape == (1, 3, 2)
+
+
+# ---- 2. Communication cost to reach ACC (seed 004 §6.1.5) ---------------------------------
+
+
+def _rising(n: int = 60) -> list[tuple[int, float, int, int]]:
+    """Round r: accuracy r / 100, 1 MiB per round each way (cumulative bytes)."""
+    from fedcore.payload import MIB
+
+    return [(r, r / 100, r * MIB, r * MIB) for r in range(1, n + 1)]
+
+
+def test_comm_cost_reaches_acc_the_mean_of_the_last_30_rounds():
+    from fedcore.commcost import comm_cost_report, windowed
+
+    runs = {"fedavg": _rising()}
+    # ACC at round r >= 30: mean of (r - 29 .. r) / 100 = (2r - 29) / 200 >= 0.4 first at r = 55
+    # (r = 54: 0.395); the round's own accuracy reaches 0.4 at r = 40.
+    rep = comm_cost_report(runs, [0.4])
+    assert (rep["accuracy"], rep["window"]) == ("mean", 30)
+    assert rep["rows"][0]["cost"]["fedavg"]["round"] == 55
+    assert rep["rows"][0]["cost"]["fedavg"]["mib"] == 110.0
+    assert rep["final"]["fedavg"]["final_acc"] == (31 + 60) / 200
+    # the window is configurable: 10 rounds -> (2r - 9) / 200 >= 0.4 first at r = 45
+    assert comm_cost_report(runs, [0.4], window=10)["rows"][0]["cost"]["fedavg"]["round"] == 45
+    # the single-round variant (seed 001 Table 6) is kept as an option
+    single = comm_cost_report(runs, [0.4], accuracy="round")
+    assert single["rows"][0]["cost"]["fedavg"]["round"] == 40
+    # a run's first rounds average what has been evaluated so far; unevaluated rounds skip
+    pts = windowed([(1, 0.2, 0, 0), (2, None, 0, 0), (3, 0.4, 0, 0), (4, 0.9, 0, 0)], window=2)
+    assert [p.accuracy for p in pts] == [0.2, None, pytest.approx(0.3), pytest.approx(0.65)]
+
+
+def test_comm_cost_acc_options_in_params():
+    from tasks.config import ReportSection
+
+    assert (ReportSection().accuracy, ReportSection().window) == ("mean", 30)
+    assert ReportSection(accuracy="round", window=5).accuracy == "round"
+    with pytest.raises(ValueError):
+        ReportSection(window=0)
+
+
+# ---- 3. Personalization in multi-tier FL (seed 001 App. A, §5) ----------------------------
+
+
+def test_multitier_personalization_tunes_and_tests_at_the_clients_exit():
+    import numpy as np
+
+    from fedcore.client import LocalConfig
+    from fedcore.exits import client_exit
+    from fedcore.personalize import PersonalizeConfig, personalize
+    from models.adapters import get_adapter
+    from tests.helpers import toy_data
+    from tests.test_accuracy_bookkeeping import independent_accuracy, personal_test_split
+    from tests.test_lora import tiny_vit
+
+    options = {"exits": "multitier", "tiers": [0, 1]}
+    torch.manual_seed(0)
+    model = adapt(tiny_vit(2), "accumulator", "vit", options)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    shards = [np.arange(0, 60), np.arange(60, 120)]
+    assert [client_exit(model, c) for c in (0, 1, 2)] == [0, 1, 0]  # tiers[c % 2]
+    calls: list[tuple[int, int]] = []  # (client being personalized, block run)
+    current = [0]
+    for i, block in enumerate(model.blocks):
+        block.register_forward_hook(lambda *_, i=i: calls.append((current[0], i)))
+    tuned: list[dict] = []
+
+    def on_client(result, s):
+        tuned.append(s)
+        current[0] += 1
+
+    results = personalize(
+        model,
+        state,
+        toy_data(120),
+        shards,
+        get_adapter("accumulator", options).trainable_keys(model),
+        PersonalizeConfig(local=LocalConfig(local_epochs=1, batch_size=10), lr=0.05),
+        on_client=on_client,
+    )
+    # client 0 (tier 0) never runs block 1: not in tuning, not in testing (before or after)
+    assert {b for c, b in calls if c == 0} == {0}
+    assert {b for c, b in calls if c == 1} == {0, 1}
+    plan = model.exit_plan
+    assert (plan.forced, plan.exit) == (None, None)  # restored
+    # before and after are the accuracies at the client's exit, evaluated apart
+    for r, s in zip(results, tuned, strict=True):
+        own, rows = personal_test_split(
+            toy_data(120), shards[r.client], r.client, r.severity, 0, 0.5
+        )
+        plan.exit = client_exit(model, r.client)
+        assert r.accuracy_before == pytest.approx(independent_accuracy(model, state, own, rows))
+        assert r.accuracy_after == pytest.approx(independent_accuracy(model, s, own, rows))
+    plan.exit = None
+
+
+# ---- 4. Seed 002's server optimizers (Algorithms 3 and 4) ---------------------------------
+
+
+def _server_step(algo, x: float, target: float) -> float:
+    out = algo.server_update({"w": torch.tensor([x])}, {"w": torch.tensor([target])}, 1)
+    return out["w"].item()
+
+
+def test_seed002_adagrad_algorithm3_with_lr_decay():
+    from fedcore.algorithms import build_algorithm
+
+    algo = build_algorithm(
+        "fedadagrad", {"form": "seed002", "server_lr": 0.1, "tau": 0.1, "lr_decay": 0.5}
+    )
+    # t = 1: g = -Delta = -2, s = 0 + 4, gamma = 0.1 -> x = 1 + 0.1 * 2 / (2 + 0.1)
+    assert _server_step(algo, 1.0, 3.0) == pytest.approx(1.0 + 0.2 / 2.1, rel=1e-6)
+    # t = 2: g = -1, s = 5, gamma = 0.1 / (1 + 0.5) -> x = 0 + gamma * 1 / (sqrt(5) + 0.1)
+    assert _server_step(algo, 0.0, 1.0) == pytest.approx((0.1 / 1.5) / (5**0.5 + 0.1), rel=1e-6)
+    assert algo.state_dict()["m"] == {}  # no momentum in Algorithm 3
+    start = build_algorithm("fedadagrad", {"form": "seed002", "initial_accumulator": 5.0})
+    # s_0 = 5: s_1 = 9 -> 1 + 0.01 * 2 / (3 + 0.001)
+    assert _server_step(start, 1.0, 3.0) == pytest.approx(1.0 + 0.02 / 3.001, rel=1e-6)
+
+
+def test_seed002_adam_algorithm4_with_bias_correction():
+    from fedcore.algorithms import build_algorithm
+
+    algo = build_algorithm(
+        "fedadam", {"form": "seed002", "server_lr": 0.1, "tau": 0.1, "beta2": 0.99}
+    )
+    # t = 1: m = -0.2, v = 0.04; m^ = -2, v^ = 4 -> x = 1 + 0.1 * 2 / (2 + 0.1)
+    assert _server_step(algo, 1.0, 3.0) == pytest.approx(1.0 + 0.2 / 2.1, rel=1e-6)
+    # t = 2: g = -1: m = -0.28, v = 0.0496; m^ = -0.28 / 0.19, v^ = 0.0496 / 0.0199
+    m_hat, v_hat = 0.28 / 0.19, 0.0496 / 0.0199
+    assert _server_step(algo, 0.0, 1.0) == pytest.approx(0.1 * m_hat / (v_hat**0.5 + 0.1), rel=1e-6)
+    # Reddi et al.'s form stays the default (no bias correction: a different first step)
+    reddi = build_algorithm("fedadam", {"server_lr": 0.1, "tau": 0.1})
+    assert reddi.form == "reddi"
+    assert _server_step(reddi, 1.0, 3.0) == pytest.approx(
+        1.0 + 0.1 * 0.2 / ((0.99 * 0.01 + 0.01 * 4) ** 0.5 + 0.1), rel=1e-6
+    )
+
+
+def test_seed002_form_options():
+    from fedcore.algorithms import algorithm_options, build_algorithm
+    from fedcore.errors import ConfigError
+
+    assert "form" in algorithm_options("fedadam")
+    assert {"lr_decay", "initial_accumulator"} <= set(algorithm_options("fedadagrad"))
+    with pytest.raises(ConfigError):
+        build_algorithm("fedyogi", {"form": "seed002"})  # Yogi is not in seed 002
+    with pytest.raises(ConfigError):
+        build_algorithm("fedadam", {"lr_decay": 0.1})  # Algorithm 4 has no decay
+
+
+def test_yogi_second_branch_v_above_delta_squared():
+    """sign(v - Delta^2) = +1: v shrinks, v_0 = tau^2 - (1 - beta2) Delta^2."""
+    from fedcore.algorithms.fedopt import FedYogi
+
+    algo = FedYogi(server_lr=0.1, beta1=0.9, beta2=0.99, tau=3.0)  # v_{-1} = 9 > Delta^2 = 4
+    v = 9.0 - 0.01 * 4.0  # Adam would give 0.99 * 9 + 0.04 = 8.95, the other branch 9.04
+    assert _server_step(algo, 1.0, 3.0) == pytest.approx(1.0 + 0.1 * 0.2 / (v**0.5 + 3.0))
+    assert algo.state_dict()["v"]["w"].item() == pytest.approx(v)
+
+
+# ---- 5. Gaussian feature noise (seed 000 §IV: clients C_1..C_N) ----------------------------
+
+
+def test_gaussian_noise_clients_are_c1_to_cn_and_batches_have_that_variance():
+    import numpy as np
+
+    from fedcore.partition import make_partition
+    from tests.helpers import toy_data
+
+    labels = np.tile(np.arange(2), 250)
+    part = make_partition("gaussian_noise", labels, num_clients=5, seed=0, sigma=0.5)
+    # C_i of N gets variance sigma * i / N, i = 1..N: the last client gets sigma, none is clean
+    assert part.noise_var == pytest.approx((0.1, 0.2, 0.3, 0.4, 0.5))
+    data = toy_data(500, size=12)
+    for k in (0, 4):
+        idx = torch.as_tensor(part.client_indices[k], dtype=torch.int64)  # 100 images
+        clean, _ = data.batch(idx)
+        gen = torch.Generator().manual_seed(k)
+        noisy, _ = data.batch(idx, noise_var=part.noise_var[k], generator=gen)
+        # sample variance of 14,400 draws: relative std sqrt(2 / n) ~ 1.2%
+        assert float((noisy - clean).var()) == pytest.approx(0.5 * (k + 1) / 5, rel=0.05)
+
+
+# ---- 6. Exponential schedule (seed 004 §6.1.4) --------------------------------------------
+
+
+def test_exponential_schedule_t_is_rounds_elapsed():
+    """eta_t = eta_0 0.998^t; SGD "starts with an initial learning rate of 0.01": round 1
+    trains at eta_0, round r at eta_0 0.998^(r - 1), as ExponentialLR stepped per round."""
+    from fedcore.schedules import LRSchedule
+
+    sched = LRSchedule(kind="exponential", lr=0.01)  # decay 0.998 by default (the paper's)
+    assert sched.decay == 0.998
+    assert sched.at(1) == 0.01
+    assert sched.at(2) == pytest.approx(0.01 * 0.998)
+    assert sched.at(2000) == pytest.approx(0.01 * 0.998**1999)  # the paper's round cap
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.01)
+    torch_sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.998)
+    for r in range(1, 6):
+        assert sched.at(r) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12)
+        opt.step()
+        torch_sched.step()
+
+
+# ---- strengthened tests the audit found weak ------------------------------------------------
+
+
+def test_classwise_dirichlet_balancing_closes_full_clients():
+    """NIID-Bench labeldir balancing: before class k is cut, a client already holding >= n/N
+    samples gets no share of class k; with a small beta that happens, so it is exercised."""
+    import numpy as np
+
+    from fedcore.partition import make_partition
+
+    labels = np.repeat(np.arange(10), 100)  # n = 1000, N = 5: a client closes at >= 200
+    closures = 0
+    for seed in range(10):
+        p = make_partition("dirichlet_classwise", labels, num_clients=5, seed=seed, beta=0.1)
+        counts = p.label_counts(labels, 10)  # (clients, classes)
+        before = np.cumsum(counts, axis=1) - counts  # each client's size before class k
+        closed = before >= 1000 / 5
+        assert (counts[closed] == 0).all(), seed  # a closed client gets nothing of class k
+        closures += int(closed.sum())
+        # so no client grows past n/N + one class (100) minus one sample
+        assert p.sizes().max() < 200 + 100
+    assert closures > 0  # the balancing step did close clients
+
+
+@pytest.mark.parametrize("kind", ["bert", "vit"])
+def test_pfeiffer_adapter_sits_after_the_ffn_output_only(kind):
+    """Pfeiffer (AdapterFusion, seed 003 [15]): one adapter per block after the feed-forward
+    output projection; nothing after the attention output (Houlsby has both)."""
+    from models.adapters.bottleneck import SequentialAdapter
+    from tests.test_lora import tiny_bert, tiny_vit
+
+    torch.manual_seed(0)
+    model = adapt({"bert": tiny_bert, "vit": tiny_vit}[kind](), "pfeiffer", kind)
+    sites = [n for n, m in model.named_modules() if isinstance(m, SequentialAdapter)]
+    ffn_out = {"bert": "output.dense", "vit": "mlp.fc2"}[kind]
+    prefix = {"bert": "bert.encoder.layer", "vit": "blocks"}[kind]
+    assert sites == [f"{prefix}.{i}.{ffn_out}" for i in range(2)]
+    for block in model.blocks:
+        attn_out = {"bert": "attention.output.dense", "vit": "attn.proj"}[kind]
+        assert isinstance(block.get_submodule(attn_out), nn.Linear)
+    # the adapter reads the FFN output projection's output y and adds to it: y + A(y)
+    site = model.get_submodule(sites[0])
+    with torch.no_grad():
+        for p in site.adapter.parameters():
+            p.copy_(torch.randn(p.shape) * 0.1)
+        x = torch.randn(3, site.base.in_features)
+        y = site.base(x)
+        assert torch.allclose(site(x), y + site.adapter(y))
+        assert not torch.allclose(site(x), y)
+
+
+def test_anytime_exits_are_uniform_per_step():
+    """Seed 001 App. A: the exit of each training iteration is drawn from a uniform
+    distribution over the exits; draws differ between steps and between clients."""
+    import numpy as np
+
+    from models.adapters.exits import ExitPlan
+
+    plan = ExitPlan(num_exits=4, mode="anytime")
+    draws = []
+    for client in range(4):
+        plan.begin_client(client, 1000 + client)
+        draws += [plan.stop_exit(training=True) for _ in range(1000)]
+    counts = np.bincount(draws, minlength=4)
+    # 4000 draws: each count ~ 1000 +- 27 (binomial sd); 5 sd
+    assert np.all(np.abs(counts - 1000) < 140), counts
+    pairs = np.bincount(4 * np.array(draws[:-1]) + np.array(draws[1:]), minlength=16)
+    assert np.all(np.abs(pairs - 3999 / 16) < 5 * np.sqrt(3999 / 16)), pairs  # step to step
+    plan.begin_client(0, 1000)
+    assert plan.client_exits(0, 1000, 1000) == draws[:1000]  # what the engine groups by
