@@ -12,6 +12,21 @@ from typing import Any
 from fedcore.errors import ConfigError
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is alive (a zombie counts as dead; a process of
+    another user, which we may not signal, as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def check_writable(key: str, path: str | Path) -> None:
     """``path`` (a folder to write into, existing or not) can be created and written: one
     line naming ``key`` and the path when a part of it is a file or is not writable."""

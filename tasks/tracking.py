@@ -26,6 +26,7 @@ from typing import Any
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, RoundRecord
 from fedcore.payload import mib
+from tasks.io import pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAMPION = "champion"
@@ -236,19 +237,6 @@ def ended_on_error() -> Iterator[None]:
         raise
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def close_stale_runs(experiment: str) -> list[str]:
     """Mark ``KILLED`` the runs of ``experiment`` left RUNNING by a process that died (kill -9,
     power loss): their owner pid (tag ``fedapt.pid``) is dead on this host; runs from before
@@ -270,7 +258,7 @@ def close_stale_runs(experiment: str) -> list[str]:
         if pid is None:
             dead = tags.get("fedapt.entry") != "dvc"
         else:
-            dead = tags.get("fedapt.host") == host and pid.isdigit() and not _pid_alive(int(pid))
+            dead = tags.get("fedapt.host") == host and pid.isdigit() and not pid_alive(int(pid))
         if dead:
             client.set_terminated(run.info.run_id, status="KILLED")
             stale.append(run.info.run_id)

@@ -121,10 +121,13 @@ def test_forked_children_do_not_keep_the_lock_of_a_killed_run(tmp_path):
         "import os, signal, sys, time\n"
         "from flows.services.locks import run_lock\n"
         f"with run_lock({str(target)!r}):\n"
+        "    r, w = os.pipe()\n"
         "    child = os.fork()\n"
-        "    if child == 0:\n"
+        "    if child == 0:\n"  # the at-fork handlers have run once the child runs code
+        "        os.write(w, b'1')\n"
         "        time.sleep(60)\n"
         "        os._exit(0)\n"
+        "    os.read(r, 1)\n"
         "    print(child, flush=True)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )

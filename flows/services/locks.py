@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.errors import FedaptError
+from tasks.io import pid_alive
 
 LOCK_NAME = ".fedapt.lock"
 
@@ -46,19 +47,6 @@ def _close_in_child() -> None:
 os.register_at_fork(after_in_child=_close_in_child)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def holder(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """What the lock file of ``directory`` says about its last holder ({} if nothing)."""
     try:
@@ -75,7 +63,7 @@ def _describe(directory: Path, info: dict[str, Any]) -> str:
         return f"{directory} is in use by {what} (lock {directory / LOCK_NAME})"
     where = f"pid {pid}" + (f" on {host}" if host else "")
     since = f", started {info['started_at']}" if info.get("started_at") else ""
-    if host == socket.gethostname() and not _pid_alive(pid):
+    if host == socket.gethostname() and not pid_alive(pid):
         return (
             f"{directory} is locked by leftover processes of {what} ({where}{since}), which is "
             f"no longer running; stop them or wait, then retry (lock {directory / LOCK_NAME})"

@@ -31,6 +31,7 @@ from flows.services.config import (
     port_env_var,
     state_dir,
 )
+from tasks.io import pid_alive
 
 # ----------------------------------------------------------------------------- state file
 
@@ -101,17 +102,7 @@ def _pid_alive(pid: int | None) -> bool:
     proc = _children.get(pid)
     if proc is not None and proc.poll() is not None:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return pid_alive(pid)
 
 
 def _is_ours(pid: int | None, name: str) -> bool:
