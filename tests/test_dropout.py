@@ -319,6 +319,46 @@ def test_a_worker_that_keeps_dying_drops_its_client(capfd):
     assert r.accuracy is not None and np.isfinite(r.train_loss)  # the 4 others averaged
 
 
+@dataclass(frozen=True)
+class SigkilledFedAvg(FedAvg):
+    """FedAvg whose client with ``victim_samples`` samples gets its worker process killed by
+    SIGKILL (as `kill -9 <worker pid>` from a shell would) whenever it trains."""
+
+    victim_samples: int = -1
+
+    def client_objective(self, global_state, client: ClientView):
+        if len(client.labels) == self.victim_samples:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return cross_entropy
+
+
+def test_dropout_and_a_killed_worker_complete_with_exact_bytes(capfd):
+    """Issue 16's done-when: dropout 0.3 and a worker killed by SIGKILL in the same run. The
+    run completes; every sampled client's download counts, only arrived uploads count; the
+    killed client (retried once, killed again) is dropped like a client that did not report."""
+    rec = Records()
+    victim = 32  # SHARDS[1]: client 1
+    sim = make_sim(rounds=2, workers=2, dropout=0.3, algorithm=SigkilledFedAvg(victim),
+                   callbacks=[rec])  # fmt: skip
+    h = sim.run()
+    size = model_bytes()
+    err = capfd.readouterr().err
+    assert "worker process died" in err and "Traceback" not in err
+    assert len(h.rounds) == 2 and all(np.isfinite(r.train_loss) for r in h.rounds if r.accuracy)
+    by_status = {c.status for c in rec.clients}
+    assert {"dropped", "crashed"} <= by_status  # both kinds of no-report happened
+    for r in h.rounds:
+        mine = [c for c in rec.clients if c.round == r.round]
+        reported = [c for c in mine if c.status not in ("dropped", "crashed")]
+        assert r.download_bytes == len(r.clients) * size
+        assert r.upload_bytes == len(reported) * size == sum(c.upload_bytes for c in mine)
+        assert set(r.dropped) == {c.client_id for c in mine if c.status in ("dropped", "crashed")}
+    crashed = [c for c in rec.clients if c.status == "crashed"]
+    assert all(c.client_id == 1 and c.upload_bytes == 0 for c in crashed)
+    assert h.rounds[-1].cum_upload_bytes == sum(c.upload_bytes for c in rec.clients)
+    assert h.rounds[-1].cum_download_bytes == sum(c.download_bytes for c in rec.clients)
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
