@@ -1,6 +1,7 @@
 """Seed sweeps (``experiment.seeds``): every grid cell trained once per seed, reported as the
-mean and sample standard deviation over the seeds, the "mean ± std over runs" of seed 000
-Tables I-II.
+mean and sample standard deviation over the seeds (seed 000 §IV: "each experiment is run for
+five different random seeds and the mean and standard deviation of these runs are shown on
+Tables I and II").
 
 Each seed is a whole single-seed run of its own: ``seed_params`` is the experiment with
 ``experiment.seed`` set to the seed, so the train/test subsets, the partition, the pretrain
@@ -9,8 +10,8 @@ base, the model's initialisation and every client's draws follow from it, and
 writes under ``reports/<experiment>/`` (partition, runs, summary, results, comm_cost). The
 experiment directory itself gets the sweep's summary.json and results.md.
 
-The standard deviation is the sample one (ddof=1: ± over independent runs, as papers report
-it); with one seed it is null. A value a run does not have (no evaluation) is left out of its
+The standard deviation is the sample one (ddof=1, the usual ± over independent runs; seed 000
+does not say which); with one seed it is null. A value a run does not have (no evaluation) is left out of its
 cell's mean and std, and ``n`` says how many seeds entered them.
 """
 
