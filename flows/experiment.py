@@ -1,5 +1,7 @@
 """The experiment flow (Prefect 3): partition -> validate shards -> one training task per
-grid cell -> summary (MLflow tracking and model registration inside the training tasks).
+grid cell -> summary (MLflow tracking and model registration inside the training tasks). A
+seed sweep (``experiment.seeds``) does each step per seed, under ``seed-<s>/``, trains every
+(seed, cell) on one task runner and adds the mean ± std over the seeds (``tasks.sweep``).
 
 ``preflight`` checks every input in the calling process before the flow starts, so bad
 parameters stop with one line and leave no partial outputs; every output file is written
@@ -45,6 +47,13 @@ from tasks.report import (
     upload_task,
 )
 from tasks.storage import ensure_bucket
+from tasks.sweep import (
+    log_sweep_metrics_task,
+    seed_dir,
+    seed_params,
+    sweep_markdown,
+    sweep_summary_task,
+)
 from tasks.tracking import check_tracking_server
 from tasks.train import train_task
 from tasks.validate import validate_task
@@ -84,6 +93,11 @@ def preflight(
         source_split(params)  # no source rows left, classes out of range, missing dataset
     if partition_dir is None:
         build_partition(params, data)  # bad partition options and values
+        for seed in params.experiment.seeds or ():  # a sweep: every seed's own draw
+            ps = seed_params(params, seed)
+            build_partition(ps, load_experiment_data(ps))
+            if params.model.base == "pretrain":
+                source_split(ps)
         return
     labels = data.train.labels.numpy()
     part = load_partition(partition_dir, num_samples=len(labels), labels=labels)
@@ -96,14 +110,36 @@ def preflight(
         )
 
 
+def check_sweep(params: Params, partition_dir: str | Path | None) -> None:
+    """A seed sweep draws each seed's partition itself: a given partition is refused."""
+    if params.experiment.seeds is not None and partition_dir is not None:
+        raise ConfigError(
+            f"--partition {partition_dir}: a seed sweep (experiment.seeds "
+            f"{list(params.experiment.seeds)}) draws a partition per seed; drop --partition, "
+            "or set experiment.seeds=null to run experiment.seed on this partition"
+        )
+
+
 def check_checkpoints(params: Params, partition_dir: str | Path | None = None) -> list[str]:
     """A rerun's cell checkpoints (reports/<experiment>/checkpoints) must be for this
-    configuration: refused in one line before anything runs. Returns the cells that resume."""
+    configuration: refused in one line before anything runs. Returns the cells that resume
+    (a seed sweep's as ``seed-<s>/<cell>``, from each seed's own checkpoints)."""
+    if params.experiment.seeds is not None:
+        check_sweep(params, partition_dir)
+        out = experiment_dir(params)
+        return [
+            f"seed-{seed}/{cell}"
+            for seed in params.experiment.seeds
+            for cell in _resuming(seed_params(params, seed), None, seed_dir(out, seed))
+        ]
+    return _resuming(params, partition_dir, experiment_dir(params))
+
+
+def _resuming(params: Params, partition_dir: str | Path | None, out: Path) -> list[str]:
     if partition_dir is None:
         part = build_partition(params, load_experiment_data(params))  # drawn once per process
     else:
         part = load_partition(partition_dir)
-    out = experiment_dir(params)
     base = out / "pretrain" / "base.pt" if params.model.base == "pretrain" else None
     return checkpoint.check_cells(params, part.content_hash(), out / "checkpoints", base)
 
@@ -246,6 +282,43 @@ def train_grid_flow(
     return [f.result() for f in futures]  # in grid order, whatever order they finish in
 
 
+@flow(name="fedapt-train-sweep", flow_run_name=grid_run_name)
+def train_sweep_flow(
+    params: Params,
+    partition_dirs: list[str],
+    experiment_dir: str,
+    parent_run_id: str | None = None,
+    base_paths: list[str | None] | None = None,
+) -> list[list[dict[str, Any]]]:
+    """A seed sweep's grid: one training task per (seed, cell), all on the configured task
+    runner; seed ``s`` (``partition_dirs`` and ``base_paths`` in the order of
+    ``experiment.seeds``) writes under ``seed-<s>/runs`` and ``seed-<s>/checkpoints``.
+    Returns the records per seed, in grid order, whatever order they finish in."""
+    seeds = params.experiment.seeds or ()
+    bases = base_paths or [None] * len(seeds)
+    futures = []
+    for seed, part_dir, base in zip(seeds, partition_dirs, bases, strict=True):
+        ps, out = seed_params(params, seed), seed_dir(experiment_dir, seed)
+        futures.append(
+            [
+                train_task.with_options(task_run_name=f"train-{a}-{d}-seed-{seed}").submit(
+                    ps,
+                    part_dir,
+                    a,
+                    d,
+                    str(out / "runs"),
+                    parent_run_id,
+                    base,
+                    str(out / "checkpoints"),
+                    seed,
+                )  # fmt: skip
+                for a in params.grid.algorithms
+                for d in params.grid.adapters
+            ]
+        )
+    return [[f.result() for f in per_seed] for per_seed in futures]
+
+
 @flow(
     name="fedapt-experiment",
     flow_run_name=experiment_run_name,
@@ -262,6 +335,7 @@ def experiment_flow(
     Parameters are typed once (``tasks.config``): a deployment's JSON ``params`` become a
     ``Params`` through Prefect's validation, and every task receives that object."""
     p = params if params is not None else load_params(params_file, overrides)
+    check_sweep(p, partition_dir)
     # Deployment runs get the same environment as `fedapt run`: the services that are up,
     # else an embedded S3 for the outputs (a no-op when the CLI already set it up); and the
     # experiment directory's lock (re-entrant: `fedapt run` already holds it). MLflow runs
@@ -273,6 +347,8 @@ def experiment_flow(
     ):
         out = experiment_dir(p)
         parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
+        if p.experiment.seeds is not None:
+            return run_sweep(p, out, parent)
         part_dir = partition_dir or partition_task(p, str(out / "partition"))
         num_classes = get_dataset_info(p.data.dataset).num_classes
         validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
@@ -294,4 +370,43 @@ def experiment_flow(
             upload_task(str(out), p.storage.bucket, prefix)
         if parent is not None:
             end_tracking_task(parent)
+    return records
+
+
+def run_sweep(p: Params, out: Path, parent: str | None) -> list[dict[str, Any]]:
+    """The flow's body for a seed sweep: each seed's partition (validated) and pretrain base
+    before any training, then every (seed, cell), each seed's own outputs (its summary,
+    results, comm_cost) under seed-<s>/, and the sweep's summary and results (mean ± std)
+    in the experiment directory. Returns the records, seed by seed, in grid order."""
+    seeds = list(p.experiment.seeds or ())
+    num_classes = get_dataset_info(p.data.dataset).num_classes
+    part_dirs: list[str] = []
+    bases: list[str | None] = []
+    for seed in seeds:
+        ps, sd = seed_params(p, seed), seed_dir(out, seed)
+        part_dirs.append(partition_task(ps, str(sd / "partition")))
+        validate_task(part_dirs[-1], num_classes, p.validation.min_shard_size)
+        base = None
+        if p.model.base == "pretrain":  # each seed's own base (its subset, its init)
+            base = pretrain_task(ps, str(sd / "pretrain"))
+            if parent is not None:
+                log_base_task(parent, base, f"seed-{seed}/pretrain")
+        bases.append(base)
+    grid = train_sweep_flow.with_options(task_runner=grid_task_runner(p))
+    by_seed = grid(cell_params(p), part_dirs, str(out), parent, bases)
+    for seed, records in zip(seeds, by_seed, strict=True):
+        sd = seed_dir(out, seed)
+        summary_task(seed_params(p, seed), records, str(sd / "summary.json"), str(sd / "runs"))
+    records = [r for per_seed in by_seed for r in per_seed]
+    cells = sweep_summary_task(p, records, str(out))
+    results_artifact_task(p.experiment.name, records, sweep_markdown(p, cells))
+    if parent is not None:
+        log_sweep_metrics_task(parent, cells)
+        log_results_task(parent, str(out), seeds)
+    for seed in seeds:  # the sweep is done: nothing to resume
+        shutil.rmtree(seed_dir(out, seed) / "checkpoints", ignore_errors=True)
+    if p.storage.bucket:
+        upload_task(str(out), p.storage.bucket, f"{p.storage.prefix}/{p.experiment.name}")
+    if parent is not None:
+        end_tracking_task(parent)
     return records

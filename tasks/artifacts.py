@@ -44,14 +44,21 @@ def log_cell(run_id: str, cell_dir: str | Path, partition_dir: str | Path) -> No
             _log(client, run_id, write_label_histogram(tmp), "partition")
 
 
-def log_experiment(run_id: str, experiment_dir: str | Path) -> None:
-    """The experiment's summary, communication-cost report and grid figure into the parent run."""
+def log_experiment(
+    run_id: str, experiment_dir: str | Path, seeds: Sequence[int] | None = None
+) -> None:
+    """The experiment's summary, communication-cost report and grid figure into the parent
+    run; in a seed sweep (``seeds``) also each seed's, under ``seed-<s>/``."""
     from tasks import tracking
 
     client = tracking.client()
     d = Path(experiment_dir)
-    for name in ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO):
+    names = ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO)
+    for name in names:
         _log(client, run_id, d / name)
+    for seed in seeds or ():
+        for name in names:
+            _log(client, run_id, d / f"seed-{seed}" / name, f"seed-{seed}")
 
 
 def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:

@@ -47,6 +47,9 @@ class _Section(BaseModel):
 
 
 AUTO_NAME = "auto"  # experiment.name absent, null or "auto": derived by Params (derived_name)
+_SEEDS = (
+    "must be a list of distinct seeds >= 0, e.g. [0, 1, 2, 3, 4], or null for experiment.seed alone"
+)
 
 
 class ExperimentSection(_Section):
@@ -54,11 +57,54 @@ class ExperimentSection(_Section):
     name: str = Field(AUTO_NAME, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     seed: int = Field(0, ge=0)
     reports_dir: str = "reports"
+    # A seed sweep (tasks/sweep.py): every grid cell once per seed, reported as mean +- std;
+    # null: experiment.seed alone. In a sweep, seed (absent: the smallest of seeds) is the one
+    # `fedapt partition` and the DVC stages use, so it must be one of them.
+    seeds: tuple[int, ...] | None = None
 
     @field_validator("name", mode="before")
     @classmethod
     def _absent(cls, v: Any) -> Any:
         return AUTO_NAME if v is None else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sweep_seed(cls, data: Any) -> Any:
+        """In a sweep, an absent or null ``seed`` is the smallest of ``seeds``."""
+        if isinstance(data, Mapping) and data.get("seed") is None:
+            seeds = data.get("seeds")
+            if isinstance(seeds, list | tuple) and seeds and all(type(s) is int for s in seeds):
+                return {**data, "seed": min(seeds)}
+        return data
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _a_list(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, list | tuple):
+            raise ValueError(f"{_SEEDS} (got {v!r})")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _sweep(cls, v: tuple[int, ...] | None, info: ValidationInfo) -> tuple[int, ...] | None:
+        if v is None:
+            return v
+        if not v or min(v) < 0 or len(set(v)) != len(v):
+            raise ValueError(f"{_SEEDS} (got {list(v)})")
+        seed = info.data.get("seed")
+        if seed is not None and seed not in v:
+            raise ValueError(
+                f"experiment.seed {seed} is not one of the seeds {sorted(v)} (in a sweep, seed "
+                f"is what fedapt partition and the DVC stages run): add {seed} to seeds, or set "
+                "experiment.seed to one of them or to null"
+            )
+        return tuple(sorted(v))  # the order of the list never changes a result
+
+    @model_serializer(mode="wrap")
+    def _sweep_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``seeds`` is dumped only in a sweep: single-seed params, fingerprints and reports
+        stay as they were."""
+        return {k: v for k, v in handler(self).items() if k != "seeds" or v is not None}
 
 
 class DataSection(_Section):

@@ -226,9 +226,10 @@ def pretrain_task(params: Params, out_dir: str) -> str:
 
 
 @task(name="log-pretrain-base", cache_policy=NO_CACHE)
-def log_base_task(run_id: str, base_path: str) -> None:
-    """The base and its card as artifacts (``pretrain/``) of the experiment's MLflow run."""
+def log_base_task(run_id: str, base_path: str, artifact_path: str = "pretrain") -> None:
+    """The base and its card as artifacts (``pretrain/``; a sweep's ``seed-<s>/pretrain/``)
+    of the experiment's MLflow run."""
     from tasks import tracking
 
     base = Path(base_path)
-    tracking.log_artifacts(run_id, [str(base), str(base.with_name(CARD_FILE))], "pretrain")
+    tracking.log_artifacts(run_id, [str(base), str(base.with_name(CARD_FILE))], artifact_path)

@@ -180,20 +180,26 @@ def summary_task(
 
 
 @task(name="log-results", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def log_results_task(run_id: str, experiment_dir: str) -> None:
-    """The summary, results.md, comm_cost.md/.json and the grid figure into the parent run."""
-    artifacts.log_experiment(run_id, experiment_dir)
+def log_results_task(run_id: str, experiment_dir: str, seeds: list[int] | None = None) -> None:
+    """The summary, results.md, comm_cost.md/.json and the grid figure into the parent run
+    (a seed sweep's: also each seed's, under seed-<s>/)."""
+    artifacts.log_experiment(run_id, experiment_dir, seeds)
 
 
 @task(name="results-artifact", cache_policy=NO_CACHE)
-def results_artifact_task(experiment: str, records: list[dict[str, Any]]) -> None:
+def results_artifact_task(
+    experiment: str, records: list[dict[str, Any]], markdown: str | None = None
+) -> None:
     """The results table as a Prefect markdown artifact of the flow run, each cell linked to
-    its MLflow run when a tracking server is in use."""
+    its MLflow run when a tracking server is in use (``markdown``: this table instead, a
+    seed sweep's mean ± std)."""
     from prefect.artifacts import create_markdown_artifact
 
-    links = artifacts.run_links(records) if any("mlflow_run_id" in r for r in records) else {}
+    if markdown is None:
+        links = artifacts.run_links(records) if any("mlflow_run_id" in r for r in records) else {}
+        markdown = results_markdown(experiment, records, links)
     create_markdown_artifact(
-        results_markdown(experiment, records, links),
+        markdown,
         key=artifact_key(experiment),
         description=f"fedapt results of {experiment}",
     )

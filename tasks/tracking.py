@@ -426,3 +426,13 @@ def log_artifacts(run_id: str, paths: list[str], artifact_path: str) -> None:
     client = _client()
     for path in paths:
         client.log_artifact(run_id, path, artifact_path)
+
+
+def log_metrics(run_id: str, values: dict[str, float]) -> None:
+    """Single-value metrics (step 0) of a run, e.g. a sweep's per-cell mean and std."""
+    from mlflow.entities import Metric
+
+    metrics = [Metric(k, float(v), 0, 0) for k, v in sorted(values.items())]
+    client = _client()
+    for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
+        client.log_batch(run_id, metrics=metrics[i : i + 1000])

@@ -330,13 +330,15 @@ def run_cell(
     base_path: str | Path | None = None,
     checkpoint_file: str | Path | None = None,
     keep_checkpoint: bool = False,
+    label: str | None = None,
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
     per-round metrics and the final (merged) model registered. Returns the summary record.
-    ``checkpoint_file``: see ``train_cell_model``."""
+    ``checkpoint_file``: see ``train_cell_model``. ``label``: the progress lines' and the
+    MLflow run's name (default ``<algorithm>-<adapter>``)."""
     data = load_experiment_data(params)
     part = load_partition(partition_dir)
-    name = cell_name(algorithm, adapter)
+    name = label or cell_name(algorithm, adapter)
     callbacks: list[Callback] = [RichProgress(name, Console(stderr=True)), PrefectProgress(name)]
     run_id = None
     if params.runtime.tracking:
@@ -440,9 +442,12 @@ def warn_divergence(record: dict[str, Any]) -> None:
 
 
 def diverged(records: Sequence[dict[str, Any]]) -> list[str]:
-    """The cells of ``records`` that diverged, as ``<algorithm>-<adapter>@<round>``."""
+    """The cells of ``records`` that diverged, as ``<algorithm>-<adapter>@<round>`` (with
+    `` seed <seed>`` when the records are of several seeds)."""
+    seeds = len({r.get("seed") for r in records}) > 1
     return [
         f"{r['algorithm']}-{r['adapter']}@{r['diverged_at_round']}"
+        + (f" seed {r['seed']}" if seeds else "")
         for r in records
         if r.get("diverged_at_round") is not None
     ]
@@ -458,10 +463,12 @@ def train_task(
     parent_run_id: str | None = None,
     base_path: str | None = None,
     checkpoint_dir: str | None = None,
+    seed: int | None = None,
 ) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record.
     Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
-    removes them when the grid is done)."""
+    removes them when the grid is done). ``seed``: the cell's seed in a seed sweep (its
+    MLflow run is named ``<cell> seed <seed>`` and tagged ``seed``)."""
     name = cell_name(algorithm, adapter)
     return run_cell(
         params,
@@ -470,7 +477,9 @@ def train_task(
         adapter,
         Path(runs_dir) / name,
         parent_run_id,
+        tags=None if seed is None else {"seed": str(seed)},
         base_path=base_path,
         checkpoint_file=Path(checkpoint_dir) / f"{name}.pt" if checkpoint_dir else None,
         keep_checkpoint=True,
+        label=None if seed is None else f"{name} seed {seed}",
     )

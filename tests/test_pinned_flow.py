@@ -60,7 +60,10 @@ class FlowSpy:
         def summary_task(spec, records, path, runs_dir):
             self.summary_spec = _typed(spec)
 
-        env = types.SimpleNamespace(run_environment=lambda **_: contextlib.nullcontext({}))
+        env = types.SimpleNamespace(
+            run_environment=lambda **_: contextlib.nullcontext({}),
+            run_lock=lambda *a, **k: contextlib.nullcontext(),
+        )
         monkeypatch.setattr(fe, "services", env)  # no S3, no service lookup
         monkeypatch.setattr(fe, "partition_task", partition_task)
         monkeypatch.setattr(fe, "validate_task", lambda *a, **k: None)

@@ -263,6 +263,32 @@ def results_table(records: list[dict[str, Any]]) -> Table:
     return t
 
 
+def sweep_table(cells: list[dict[str, Any]], seeds: list[int]) -> Table:
+    """A seed sweep's table (``tasks.sweep.cell_stats``): one row per cell, mean ± sample
+    std over the seeds (n seeds) of the accuracies in %, of the traffic in MiB."""
+    from tasks.sweep import diverged_text, mean_std, rounds_text, with_n
+
+    t = Table(
+        title=f"fedapt results, mean ± std over seeds {', '.join(map(str, seeds))} "
+        "(sample std; MiB = 2^20 bytes)"
+    )
+    cols = ("run", "partition", "rounds", "final acc %", "mean acc last L %", "up MiB", "down MiB")
+    for col in (*cols, "diverged at"):
+        t.add_column(col, justify="left" if col in ("run", "partition") else "right")
+    for c in cells:
+        t.add_row(
+            f"{c['algorithm']}/{c['adapter']}",
+            c["partition"],
+            rounds_text(c["rounds"]),
+            with_n(c["final_accuracy"], 100),
+            with_n(c["mean_accuracy_last_L"], 100, L=c["last_rounds_L"]),
+            mean_std(c["upload_mib"], digits=1),
+            mean_std(c["download_mib"], digits=1),
+            diverged_text(c),
+        )
+    return t
+
+
 def _personal(by_scope: dict[str, Any]) -> str:
     """Mean personalized accuracy and its gain over the global model, per scope."""
     return (

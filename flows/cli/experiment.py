@@ -21,6 +21,7 @@ from flows.cli.common import (
     quiet_prefect_tracebacks,
     results_table,
     stop_on_signals,
+    sweep_table,
 )
 
 
@@ -56,6 +57,7 @@ def run(
             from flows.experiment import (
                 check_checkpoints,
                 check_names,
+                check_sweep,
                 experiment_flow,
                 preflight,
             )
@@ -64,6 +66,7 @@ def run(
             from tasks.io import check_writable
 
             check_names(p)  # bad names stop here, before any server starts
+            check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
             check_writable("experiment.reports_dir", experiment_dir(p))
             with (
                 # one run per experiment directory: a second one stops here, naming the first,
@@ -85,7 +88,12 @@ def run(
                         partition_dir=str(partition_dir) if partition_dir else None,
                     )
             where = _where_results(p)
-        out.print(results_table(records))
+        if p.experiment.seeds is not None:  # mean ± std over the seeds
+            from tasks.sweep import cell_stats
+
+            out.print(sweep_table(cell_stats(p, records), list(p.experiment.seeds)))
+        else:
+            out.print(results_table(records))
         out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
         for line in where:
             out.print(line)
