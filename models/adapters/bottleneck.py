@@ -15,7 +15,7 @@ twice that, the seed's 3.41 MB and 6.82 MB).
   the feed-forward output projection; half of Houlsby's parameters.
 * ``parallel`` (He et al. 2021, the PA of seed 001 §5): an adapter beside the feed-forward
   network, fed with the FFN's input and added, scaled by ``scaling`` (4, He et al.), to its
-  output.
+  output. ``exits_pa.py`` adds the same adapter to the early-exit methods (seed 001 "+PA").
 
 Where they attach (one place per backbone family, both reached through the model's
 ``blocks``, the CLS plumbing of ``models/text.py``): BERT-style blocks (``minilm``,
