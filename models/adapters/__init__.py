@@ -1,7 +1,8 @@
 """Adapter methods: which parameters train and travel (one registry for every backbone).
 
 One method = one module (``full``, ``head``, ``bn_head``, ``residual``, ``lora``,
-``lw_linear``, ``lw_mlp``, ``accumulator``: early exits, ``models.adapters.exits``); the contract is
+``lw_linear``, ``lw_mlp``, ``accumulator``: early exits, ``models.adapters.exits``; their ``_pa``
+variants with parallel adapters, ``models.adapters.exits_pa``); the contract is
 ``models.adapters.base.AdapterMethod``. ``adapt(model, name)`` injects a method into a
 backbone and freezes the base; a method that cannot adapt the backbone stops with one line
 saying why and which methods apply.
@@ -19,6 +20,7 @@ from models.adapters.accumulator import AccumulatorMethod
 from models.adapters.base import AdapterCounts, AdapterMethod, NoOptions
 from models.adapters.bn_head import BNHead
 from models.adapters.bottleneck import Houlsby, Parallel, Pfeiffer
+from models.adapters.exits_pa import AccumulatorPA, LayerwiseLinearPA, LayerwiseMLPPA
 from models.adapters.full import Full
 from models.adapters.head import Head
 from models.adapters.lora import Lora
@@ -41,6 +43,9 @@ ADAPTER_METHODS: dict[str, type[AdapterMethod]] = {
         LayerwiseLinear,
         LayerwiseMLP,
         AccumulatorMethod,
+        LayerwiseLinearPA,
+        LayerwiseMLPPA,
+        AccumulatorPA,
     )
 }
 

@@ -87,7 +87,7 @@ class AccumulatorMethod(ExitMethod):
         heads = self.options.heads or max(1, hidden // 64)
         if heads < 1 or hidden % heads:
             raise ConfigError(
-                f"adapter 'accumulator': heads {heads} must divide the width {hidden}"
+                f"adapter {self.name!r}: heads {heads} must divide the width {hidden}"
             )
         model.accumulator = Accumulator(  # type: ignore[assignment]
             hidden, num_classes, depth, heads, self.options.mlp_ratio

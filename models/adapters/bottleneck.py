@@ -15,7 +15,7 @@ twice that, the seed's 3.41 MB and 6.82 MB).
   the feed-forward output projection; half of Houlsby's parameters.
 * ``parallel`` (He et al. 2021, the PA of seed 001 §5): an adapter beside the feed-forward
   network, fed with the FFN's input and added, scaled by ``scaling`` (4, He et al.), to its
-  output.
+  output. ``exits_pa.py`` adds the same adapter to the early-exit methods (seed 001 "+PA").
 
 Where they attach (one place per backbone family, both reached through the model's
 ``blocks``, the CLS plumbing of ``models/text.py``): BERT-style blocks (``minilm``,
@@ -33,6 +33,7 @@ linear layers, so the registered model is the base with its adapters, one artifa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
@@ -133,6 +134,19 @@ def _set(parent: nn.Module, path: str, module: nn.Module) -> None:
     setattr(parent.get_submodule(owner) if owner else parent, attr, module)
 
 
+def encoder_reason(model: nn.Module) -> str | None:
+    """None when every block of ``model`` is one a bottleneck adapter attaches to; else why."""
+    blocks = _blocks(model)
+    if not blocks:
+        return "it is not a transformer encoder (no blocks with a CLS token)"
+    if any(_block_kind(b) is None for b in blocks):
+        return (
+            "its blocks are neither BERT-style (attention.output.dense, output.dense) "
+            "nor timm ViT-style (attn.proj, mlp.fc2)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class BottleneckOptions:
     """``grid.adapter_options.houlsby`` / ``.pfeiffer``. A method with another default
@@ -162,15 +176,7 @@ class BottleneckMethod(AdapterMethod):
         return self.options.reduction_factor
 
     def applies_to(self, model: nn.Module) -> str | None:
-        blocks = _blocks(model)
-        if not blocks:
-            return "it is not a transformer encoder (no blocks with a CLS token)"
-        if any(_block_kind(b) is None for b in blocks):
-            return (
-                "its blocks are neither BERT-style (attention.output.dense, output.dense) "
-                "nor timm ViT-style (attn.proj, mlp.fc2)"
-            )
-        return None
+        return encoder_reason(model)
 
     def bottleneck(self, hidden: int) -> int:
         return max(1, hidden // self.reduction_factor)
@@ -221,15 +227,31 @@ class Parallel(BottleneckMethod):
         return self.options.scaling
 
     def add_modules(self, model: nn.Module) -> None:
-        for block in _blocks(model):
-            if _block_kind(block) == "bert":
-                out = block.get_submodule("output")
-                hidden = _out_features(block, "output.dense")
-                wrapped: nn.Module = ParallelBertOutput(
-                    out, hidden, self.bottleneck(hidden), self.scaling
-                )
-                _set(block, "output", wrapped)
-            else:
-                mlp = block.get_submodule("mlp")
-                hidden = _out_features(block, "mlp.fc2")
-                _set(block, "mlp", ParallelFFN(mlp, hidden, self.bottleneck(hidden), self.scaling))
+        insert_parallel_adapters(model, self.bottleneck, self.scaling)
+
+
+def insert_parallel_adapters(
+    model: nn.Module, bottleneck: Callable[[int], int], scaling: float
+) -> None:
+    """A parallel adapter beside the FFN of every block (``parallel``, and the exit methods'
+    ``+PA`` variants, ``models/adapters/exits_pa.py``); ``bottleneck(H)`` is its width m."""
+    for block in _blocks(model):
+        if _block_kind(block) == "bert":
+            out = block.get_submodule("output")
+            hidden = _out_features(block, "output.dense")
+            wrapped: nn.Module = ParallelBertOutput(out, hidden, bottleneck(hidden), scaling)
+            _set(block, "output", wrapped)
+        else:
+            mlp = block.get_submodule("mlp")
+            hidden = _out_features(block, "mlp.fc2")
+            _set(block, "mlp", ParallelFFN(mlp, hidden, bottleneck(hidden), scaling))
+
+
+def parallel_adapter_names(model: nn.Module) -> set[str]:
+    """The parameter names of the parallel adapters in ``model`` (their ``Bottleneck``s)."""
+    return {
+        f"{path}.adapter.{name}"
+        for path, module in model.named_modules()
+        if isinstance(module, ParallelFFN | ParallelBertOutput)
+        for name, _ in module.adapter.named_parameters()
+    }
