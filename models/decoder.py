@@ -89,13 +89,18 @@ class DecoderLM(nn.Module):
         """(B, T) ids -> (B, T, H) final hidden states (after ``ln_f``); causal attention."""
         return self.transformer(input_ids=input_ids).last_hidden_state
 
+    def head_weight(self) -> torch.Tensor:
+        """(vocab, H): the LM head's weight, which is the input embedding's (tied)."""
+        wte: Any = self.transformer.wte
+        return wte.weight
+
     def lm_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, T, vocab): the next-token logits at every position (the pretrain stage)."""
-        return F.linear(self.hidden(input_ids), self.transformer.wte.weight)
+        return F.linear(self.hidden(input_ids), self.head_weight())
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         last = self.hidden(input_ids)[:, -1]  # (B, H): the window's last position
-        return F.linear(last, self.transformer.wte.weight)  # (B, vocab)
+        return F.linear(last, self.head_weight())  # (B, vocab)
 
 
 def _check_classes(name: str, num_classes: int, vocab: int) -> None:
@@ -173,7 +178,7 @@ def gpt2_small(
         raise ConfigError(
             f"model.options.hidden: must be a multiple of heads {heads} (got {hidden})"
         )
-    config = GPT2Config(
+    config = GPT2Config(  # type: ignore[call-arg]  # attn_implementation: a config kwarg
         activation_function="gelu_pytorch_tanh",  # GPT-2's tanh GELU as one fused op
         attn_implementation=ATTENTION,
         vocab_size=vocab_size,
