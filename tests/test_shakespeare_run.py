@@ -105,3 +105,44 @@ def test_pretrain_refusals_are_one_line():
         check_source(params("model.base=pretrain", "pretrain.classes=[1]"))
     with pytest.raises(ConfigError, match=r"^partition.num_clients: 5000 clients but only"):
         build_partition(params("partition.num_clients=5000"), load_experiment_data(params()))
+
+
+@pytest.mark.slow
+def test_fedapt_run_pretrains_federates_and_registers(tmp_path, monkeypatch):
+    """`fedapt run` on Shakespeare: partition by role, validation over the vocabulary, the
+    pretrain stage, a Houlsby cell, and a registered model that computes what the final
+    adapted model computes on a window of ids."""
+    from pathlib import Path
+
+    import mlflow.pytorch
+    import torch
+    from prefect.testing.utilities import prefect_test_harness
+    from typer.testing import CliRunner
+
+    from fedcore import payload
+    from flows.cli import app
+    from models import get_model
+    from models.adapters import adapt
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sets = [*SETS, "model.base=pretrain", "grid.adapters=[houlsby]", "runtime.tracking=true"]
+    sets += ["tracking.register=always", "storage.bucket=null", "experiment.name=shk"]
+    sets += [f"experiment.reports_dir={tmp_path / 'reports'}", "validation.min_shard_size=10"]
+    args = ["run", "--params", str(repo / "params.yaml")]
+    for s in sets:
+        args += ["--set", s]
+    with prefect_test_harness(server_startup_timeout=180):
+        res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "reports" / "shk"
+    assert json.loads((out / "partition" / "validation.json").read_text())["success"]
+    assert json.loads((out / "pretrain" / "base.json").read_text())["used"]
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert 0.0 <= run["final_accuracy"] <= 1.0
+    loaded = mlflow.pytorch.load_model(f"models:/{run['registered_model']}@champion")
+    ref = adapt(get_model("gpt2_small", num_classes=512, options=params().model.options), "houlsby")
+    ref.load_state_dict(payload.decode((out / "runs/fedavg-houlsby/model.pt").read_bytes()))
+    x = load_experiment_data(params()).text_example()  # (2, 8) ids, as logged
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), ref.eval()(x), atol=1e-5, rtol=1e-5)
