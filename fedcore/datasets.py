@@ -49,7 +49,9 @@ class DatasetInfo:
     mean: tuple[float, ...]  # per-channel normalisation constants of pixel/255
     std: tuple[float, ...]
     # "image": uint8 (N, C, H, W) arrays; "text": raw texts (fedcore.text), tokenized for the
-    # model at load, and input_shape/mean/std are placeholders (1, 1, 1), (0,), (1,).
+    # model at load, and input_shape/mean/std are placeholders (1, 1, 1), (0,), (1,); "lm":
+    # next-token windows of a decoder's tokens (fedcore.lm), num_classes 0 here and the
+    # tokenizer's vocabulary size in the loaded split's info.
     kind: str = "image"
 
 
@@ -106,6 +108,7 @@ _REGISTRY: dict[str, DatasetInfo] = {
         ),
         DatasetInfo("svhn", 10, (3, 32, 32), (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
         DatasetInfo("tweet_sentiment", 3, (1, 1, 1), (0.0,), (1.0,), kind="text"),
+        DatasetInfo("shakespeare", 0, (1, 1, 1), (0.0,), (1.0,), kind="lm"),
     )
 }
 # torchvision.datasets class that reads each registry entry's files (also its folder name).
@@ -254,11 +257,14 @@ def load_dataset(
     *,
     download: bool = True,
     embedded: bool | None = None,
+    tokenizer: Any = None,
 ) -> ArrayDataset:
     """One split of a registered dataset, from the source the module docstring names.
     ``embedded``: whether the Debian copy of FashionMNIST may stand in when ``root`` holds no
     files (default: only when ``root`` is the default ``data/raw``). Text datasets
-    (``kind="text"``) come back as ``fedcore.text.TextDataset``."""
+    (``kind="text"``) come back as ``fedcore.text.TextDataset``; next-token datasets
+    (``kind="lm"``) as ``fedcore.lm.WindowDataset`` in ``tokenizer``'s tokens (a
+    ``models.text.LMTokenizer``: its vocabulary, context and stride)."""
     info = get_dataset_info(name)
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
@@ -266,6 +272,10 @@ def load_dataset(
         from fedcore.text import load_text_dataset
 
         return load_text_dataset(info, split)  # type: ignore[return-value]
+    if info.kind == "lm":
+        from fedcore.lm import load_lm_dataset
+
+        return load_lm_dataset(info, split, tokenizer)  # type: ignore[return-value]
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise DataUnavailableError(

@@ -97,8 +97,17 @@ def read_manifest(
     return data[:, 0].copy(), data[:, 1].copy(), data[:, 2].copy()
 
 
+# Above this many classes (a decoder's vocabulary: next-token labels) the stats carry no
+# per-class counts: a clients x classes table of 1,000 roles x 50,257 GPT-2 tokens would be
+# 50M numbers. Each client keeps its size and number of distinct labels.
+LABEL_COUNTS_MAX_CLASSES = 1000
+
+
 def partition_stats(partition: Partition, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
-    """JSON-ready summary: scheme, params, content hash, per-client sizes/labels/noise, totals."""
+    """JSON-ready summary: scheme, params, content hash, per-client sizes/labels/noise, totals
+    (per-class counts only up to ``LABEL_COUNTS_MAX_CLASSES`` classes)."""
+    if num_classes > LABEL_COUNTS_MAX_CLASSES:
+        return _compact_stats(partition, _as_labels(labels), num_classes)
     counts = partition.label_counts(labels, num_classes)
     sizes = counts.sum(axis=1)
     return {
@@ -118,6 +127,34 @@ def partition_stats(partition: Partition, labels: np.ndarray, num_classes: int) 
                 "size": int(sizes[c]),
                 "label_counts": counts[c].tolist(),
                 "num_labels": int((counts[c] > 0).sum()),
+                "noise_var": float(partition.noise_var[c]),
+            }
+            for c in range(partition.num_clients)
+        ],
+    }
+
+
+def _compact_stats(partition: Partition, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
+    """:func:`partition_stats` without per-class counts (many classes)."""
+    sizes = partition.sizes()
+    held = [labels[ix] for ix in partition.client_indices]
+    every = np.concatenate(held) if held else np.empty(0, dtype=np.int64)
+    return {
+        "scheme": partition.scheme,
+        "params": partition.params,
+        "content_hash": partition.content_hash(),
+        "num_clients": partition.num_clients,
+        "num_classes": num_classes,
+        "total_samples": int(sizes.sum()),
+        "num_labels": len(np.unique(every)),  # distinct labels held by any client
+        "size_min": int(sizes.min()),
+        "size_max": int(sizes.max()),
+        "size_mean": float(sizes.mean()),
+        "clients": [
+            {
+                "client_id": c,
+                "size": int(sizes[c]),
+                "num_labels": len(np.unique(held[c])),
                 "noise_var": float(partition.noise_var[c]),
             }
             for c in range(partition.num_clients)

@@ -17,6 +17,9 @@ The two Dirichlet schemes are different experiments and are named apart:
 Feature skew (``gaussian_noise``, seed 000 §IV) is a per-client noise variance, applied by
 ``fedcore.client``.
 
+A dataset with natural clients (Shakespeare's speaking roles) gives each sample a ``group``;
+``natural`` puts each group on a client of its own (the other schemes ignore groups).
+
 A scheme's options are its keyword-only parameters, their annotations the allowed values
 (``beta: Annotated[Float, Gt(0)] = 0.5``); ``_register`` derives ``<scheme>.Options`` from them
 and wraps the scheme so that options, given directly or through :func:`make_partition`, pass
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -181,7 +185,7 @@ def client_sizes(
 
 PARTITIONERS: dict[str, Callable[..., Partition]] = {}  # name -> the wrapped scheme
 _OPTIONS: dict[str, type[Any]] = {}  # name -> its options dataclass
-_NOT_OPTIONS = ("labels", "num_clients", "seed")
+_NOT_OPTIONS = ("labels", "num_clients", "seed", "groups")
 _F = TypeVar("_F", bound=Callable[..., Partition])
 
 
@@ -190,11 +194,15 @@ def _register(fn: _F) -> _F:
     options dataclass, derived here from ``fn``'s signature and annotations (``wraps`` keeps
     both visible) and set as ``<scheme>.Options`` on the wrapper, where pickle finds it."""
     name = fn.__name__
+    takes_groups = "groups" in inspect.signature(fn).parameters
 
     @functools.wraps(fn)
-    def scheme(labels: Any, num_clients: Any, seed: Any, **options: Any) -> Partition:
+    def scheme(
+        labels: Any, num_clients: Any, seed: Any, groups: Any = None, **options: Any
+    ) -> Partition:
         valid = parse(_OPTIONS[name], options, f"partition.{name}")
-        return fn(labels, num_clients, seed, **dump(valid))
+        extra = {"groups": groups} if takes_groups else {}  # the others split by labels
+        return fn(labels, num_clients, seed, **extra, **dump(valid))
 
     _OPTIONS[name] = signature_options(scheme, f"{name}_options", skip=_NOT_OPTIONS)
     PARTITIONERS[name] = scheme
@@ -392,6 +400,54 @@ def quantity_dirichlet(
     return _quantity("quantity_dirichlet", labels, num_clients, seed, "beta", beta, min_size)
 
 
+@_register
+def natural(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    groups: np.ndarray | None = None,
+    *,
+    min_samples: Annotated[Int, Ge(1)] = 10,
+) -> Partition:
+    """The data's own clients: one client per group of samples (Shakespeare: one speaking
+    role of a play, as LEAF and TFF federate it; seed 003 §4's federated Shakespeare). The
+    groups holding at least ``min_samples`` samples are eligible; ``num_clients`` of them are
+    drawn without replacement from the seed (all of them when ``num_clients`` is their
+    number), and client c holds the c-th drawn group in group order, all its samples. The
+    drawn group ids are recorded in ``params["groups"]``; samples of undrawn groups are unused."""
+    scheme = "natural"
+    labels, num_clients, seed, rng = _setup(scheme, labels, num_clients, seed)
+    _check(
+        groups is not None,
+        f"partition.{scheme}: the dataset has no natural clients (groups of samples); use a "
+        "dataset that has them (shakespeare: its speaking roles) or another scheme",
+    )
+    groups = _as_labels(groups)
+    _check(
+        len(groups) == len(labels),
+        f"partition.{scheme}: {len(groups)} groups for {len(labels)} samples",
+    )
+    ids, counts = np.unique(groups, return_counts=True)
+    eligible = ids[counts >= min_samples]
+    _check(
+        num_clients <= len(eligible),
+        f"partition.num_clients: {num_clients} clients but only {len(eligible)} groups (roles) "
+        f"hold >= {min_samples} samples (partition.{scheme}.min_samples); use at most "
+        f"{len(eligible)} clients or lower min_samples",
+    )
+    chosen = np.sort(rng.choice(eligible, size=num_clients, replace=False))
+    order = np.argsort(groups, kind="stable")  # samples by group, then by index
+    bounds = np.searchsorted(groups[order], np.stack([chosen, chosen + 1]))
+    parts = [order[a:b] for a, b in bounds.T]
+    params = {
+        "num_clients": num_clients,
+        "seed": seed,
+        "min_samples": min_samples,
+        "groups": chosen.tolist(),
+    }
+    return _finish(scheme, params, parts)
+
+
 def list_partitioners() -> list[str]:
     return sorted(PARTITIONERS)
 
@@ -415,14 +471,16 @@ def make_partition(
     num_clients: int,
     seed: int,
     options: Mapping[str, Any] | object | None = None,
+    groups: np.ndarray | None = None,
     **kwargs: Any,
 ) -> Partition:
     """Partition ``labels`` with the registered ``scheme``. Its options: ``options`` (a typed
     ``scheme_options_type(scheme)`` instance, or a mapping) updated by keyword arguments; the
-    rest take their defaults. The scheme's wrapper parses them all, a hand-built instance too."""
+    rest take their defaults. The scheme's wrapper parses them all, a hand-built instance too.
+    ``groups``: each sample's natural client (``natural`` needs them; the others ignore them)."""
     cls = scheme_options_type(scheme)
     if options is None or isinstance(options, Mapping):
         given = dict(options or {})
     else:  # an instance of cls; anything else (another scheme's options) is refused here
         given = dump(parse(cls, options, f"partition.{scheme}"))
-    return PARTITIONERS[scheme](labels, num_clients, seed, **{**given, **kwargs})
+    return PARTITIONERS[scheme](labels, num_clients, seed, groups, **{**given, **kwargs})

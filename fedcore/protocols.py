@@ -12,6 +12,9 @@ method. fedcore reads a capability only through the accessors below, never by sc
   state-dict key prefixes (FedNILO freezes them front to back).
 * :class:`ClsEncoder`: a transformer whose CLS state after every block can be read
   (``blocks``, ``cls_index``, ``hidden_size``): the early-exit methods build on it.
+* :class:`Decoder`: a causal transformer decoder (``blocks``, ``is_decoder``; GPT-2) whose
+  logits are its LM head's at the last position: the block adapters (bottleneck, LoRA) apply
+  to its blocks as to an encoder's, the CLS-based early exits do not.
 * :class:`MultiExit`: a model with early exits (seed 001 §5). ``exit_plan`` decides which exit
   a forward call ends at; the engine tells it whose local training starts, the cohort
   engine forces an exit per group of clients and asks which exits a client's steps take.
@@ -41,6 +44,12 @@ class ClsEncoder(Protocol):
     blocks: nn.Module
     cls_index: int
     hidden_size: int
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    blocks: nn.Module
+    is_decoder: bool
 
 
 class ExitPlan(Protocol):
@@ -108,6 +117,15 @@ def cls_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
     blocks = getattr(model, "blocks", None)
     ok = isinstance(blocks, nn.ModuleList | nn.Sequential) and hasattr(model, "cls_index")
     return blocks if ok else None
+
+
+def transformer_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
+    """The blocks of a :class:`ClsEncoder` or of a :class:`Decoder`; None for other models."""
+    blocks = cls_blocks(model)
+    if blocks is None and getattr(model, "is_decoder", False) is True:
+        found = getattr(model, "blocks", None)
+        blocks = found if isinstance(found, nn.ModuleList | nn.Sequential) else None
+    return blocks
 
 
 def hidden_size(model: nn.Module, default: int) -> int:

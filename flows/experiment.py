@@ -29,12 +29,13 @@ from tasks.config import Params, experiment_dir, load_params
 from tasks.data import (
     build_partition,
     check_partition_data,
+    dataset_num_classes,
     load_experiment_data,
     load_partition,
     partition_task,
 )
 from tasks.io import check_writable
-from tasks.pretrain import log_base_task, pretrain_task, source_split
+from tasks.pretrain import check_source, log_base_task, pretrain_task
 from tasks.report import (
     end_tracking_task,
     log_results_task,
@@ -88,7 +89,7 @@ def preflight(
     for adapter in params.grid.adapters:  # unknown model or option; adapter not applicable
         model_factory(params, data, adapter)()
     if params.model.base == "pretrain":
-        source_split(params)  # no source rows left, classes out of range, missing dataset
+        check_source(params)  # no source rows left, classes out of range, missing dataset
     if partition_dir is None:
         build_partition(params, data)  # bad partition options and values
         for seed in params.experiment.seeds or ():  # a sweep: every seed's own draw
@@ -268,7 +269,7 @@ def experiment_flow(
         if p.experiment.seeds is not None:
             return run_sweep(p, out, parent)
         part_dir = partition_dir or partition_task(p, str(out / "partition"))
-        num_classes = get_dataset_info(p.data.dataset).num_classes
+        num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
         validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
         base = None
         if p.model.base == "pretrain":  # the frozen base, trained once and reused (cached)

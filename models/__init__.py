@@ -1,6 +1,7 @@
 """Backbones (registry of keyword-only builders) and adapter methods."""
 
 from models import cnn as _cnn  # noqa: F401  (registers cifar_cnn, lenet5)
+from models import decoder as _decoder  # noqa: F401  (gpt2_small offline, gpt2_hf online)
 from models import efficientnet as _efficientnet  # noqa: F401  (efficientnet_lite0, offline)
 from models import minilm as _minilm  # noqa: F401  (minilm offline, text_hf online)
 from models import pretrained as _pretrained  # noqa: F401  (tv_resnet18/34/50, online)

@@ -43,6 +43,7 @@ from fedcore.protocols import cls_blocks, cls_index
 from models.registry import parse_model_options
 
 _TOKENIZERS: dict[str, Callable[..., TextTokenizer]] = {}
+_NEXT_TOKEN: set[str] = set()  # text models that predict the next token (models/decoder.py)
 
 
 @dataclass
@@ -66,6 +67,22 @@ class TextTokenizer:
         return [e.ids for e in encodings], truncated
 
 
+@dataclass
+class LMTokenizer(TextTokenizer):
+    """The tokenizer of a next-token decoder: ``max_length`` is the window's context (n
+    tokens in, the n+1th predicted) and ``stride`` the step between windows
+    (``fedcore.lm``); ``pad_id`` is the end-of-text id (windows are never padded)."""
+
+    stride: int = 1
+
+    def encode_stream(self, texts: list[str]) -> list[list[int]]:
+        """Ids per text: no special tokens, no truncation (a role's whole stream)."""
+        self.backend.no_padding()
+        self.backend.no_truncation()
+        encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+        return [e.ids for e in encodings]
+
+
 def from_backend(
     name: str, backend: Any, max_length: int, pad_token: str = "[PAD]"
 ) -> TextTokenizer:
@@ -75,10 +92,18 @@ def from_backend(
     return TextTokenizer(name, backend, int(pad_id), int(backend.get_vocab_size()), max_length)
 
 
-def register_text_model(name: str, tokenizer: Callable[..., TextTokenizer]) -> None:
+def register_text_model(
+    name: str, tokenizer: Callable[..., TextTokenizer], *, task: str = "classify"
+) -> None:
     """Mark backbone ``name`` as a text model whose tokenizer ``tokenizer(**options)`` builds
-    (from the model's validated options: all of them, so it takes the builder's keywords)."""
+    (from the model's validated options: all of them, so it takes the builder's keywords).
+    ``task``: ``classify`` (a label per text) or ``next_token`` (a decoder whose classes are
+    its vocabulary; its tokenizer is an :class:`LMTokenizer`)."""
+    if task not in ("classify", "next_token"):
+        raise ValueError(f"task must be classify or next_token (got {task!r})")
     _TOKENIZERS[name] = tokenizer
+    if task == "next_token":
+        _NEXT_TOKEN.add(name)
 
 
 def text_models() -> list[str]:
@@ -87,6 +112,15 @@ def text_models() -> list[str]:
 
 def is_text_model(name: str) -> bool:
     return name in _TOKENIZERS
+
+
+def is_next_token_model(name: str) -> bool:
+    """A decoder predicting the next token (``gpt2_small``, ``gpt2_hf``)."""
+    return name in _NEXT_TOKEN
+
+
+def next_token_models() -> list[str]:
+    return sorted(_NEXT_TOKEN)
 
 
 def text_tokenizer(name: str, options: Any = None, **kw: Any) -> TextTokenizer:

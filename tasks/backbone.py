@@ -21,7 +21,7 @@ from fedcore.inputs import ModelInput, resolve_input
 from fedcore.protocols import classifier_name
 from models import get_model, input_spec, list_models, model_options
 from models.adapters import adapt
-from models.text import is_text_model
+from models.text import is_next_token_model, is_text_model
 from tasks.config import Params
 
 BASE_FILE = "base.pt"
@@ -36,10 +36,10 @@ def backbone_options(params: Params) -> Any:
     take it)."""
     name, base = params.model.name, params.model.base
     options = params.model.options
-    if base == "pretrain" and is_text_model(name):
+    if base == "pretrain" and is_text_model(name) and not is_next_token_model(name):
         raise ConfigError(
-            f"model.base: pretrain trains image backbones; text model {name!r} starts from its "
-            f"own pretrained weights: set model.base: none"
+            f"model.base: pretrain trains image backbones and decoders; text model {name!r} "
+            f"starts from its own pretrained weights: set model.base: none"
         )
     takes_pretrained = "pretrained" in model_options(name)
     if base == "imagenet":
@@ -68,7 +68,8 @@ def model_input(params: Params, info: DatasetInfo) -> ModelInput:
 
 
 def load_base(model: nn.Module, path: str | Path, model_name: str = "model") -> None:
-    """Copy a pretrained backbone's state into ``model``: every entry but the classifier."""
+    """Copy a pretrained backbone's state into ``model``: every entry but the classifier (a
+    decoder's tied LM head is its input embedding: part of the base, copied too)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
@@ -76,6 +77,8 @@ def load_base(model: nn.Module, path: str | Path, model_name: str = "model") -> 
         )
     state = payload.decode(path.read_bytes())
     head = classifier_name(model) or ""
+    if head and isinstance(model.get_submodule(head), nn.Embedding):
+        head = ""  # tied LM head (models/decoder.py): the embedding is pretrained weights
 
     def is_head(key: str) -> bool:
         return bool(head) and key.startswith(head + ".")

@@ -469,6 +469,7 @@ _SCHEME_TAGS: dict[str, tuple[str, str | None]] = {
     "gaussian_noise": ("noise", "sigma"),
     "quantity_normal": ("qn", "rel_std"),
     "quantity_dirichlet": ("qdir", "beta"),
+    "natural": ("nat", None),
 }
 MAX_NAME = 96
 

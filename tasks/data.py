@@ -15,10 +15,17 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedcore.client import ImageData
-from fedcore.datasets import ArrayDataset, load_dataset
+from fedcore.datasets import ArrayDataset, get_dataset_info, load_dataset
 from fedcore.errors import ConfigError
 from fedcore.inputs import ModelInput
-from fedcore.manifest import partition_stats, read_manifest, write_manifest, write_stats
+from fedcore.lm import WindowDataset
+from fedcore.manifest import (
+    LABEL_COUNTS_MAX_CLASSES,
+    partition_stats,
+    read_manifest,
+    write_manifest,
+    write_stats,
+)
 from fedcore.partition import (
     Partition,
     make_partition,
@@ -52,6 +59,8 @@ class ExperimentData:
         ds, idx = (self.train, self.train_idx) if split == "train" else (self.test, self.test_idx)
         if split == "test" and len(idx) < len(ds):
             ds = ds.subset(idx)
+        if isinstance(ds, WindowDataset):  # next-token windows: never padded (fedcore.lm)
+            return TextData(ds.tokens, ds.labels, pad_id=-1)  # type: ignore[return-value]
         if isinstance(ds, TextDataset):  # token ids for a text model (fedcore.text)
             return self.text_data(ds, idx if split == "train" else None)  # type: ignore[return-value]
         if model_input is None:
@@ -68,8 +77,48 @@ class ExperimentData:
     def text_example(self) -> torch.Tensor:
         """Two test texts as token ids (2, max_length): MLflow's input example for a text
         model (its exported program takes ids padded to max_length)."""
+        if isinstance(self.test, WindowDataset):
+            return self.test.tokens[:2].clone()
         tok = self.tokenizer
         return tokenize(self.test.texts[:2], tok, tok.max_length)[0]
+
+
+# Schemes that skew the label mix: with next-token labels (a vocabulary) they make no sense
+# (class-wise Dirichlet would split each of 4,096 tokens over the clients).
+_LABEL_SKEW = ("dirichlet_classwise", "dirichlet_clientwise", "labels_per_client")
+
+
+def lm_tokenizer_for(params: Params) -> Any:
+    """The decoder's tokenizer for a next-token dataset (``kind="lm"``), None for the others;
+    a model or partition scheme that does not fit -> one line, before anything is loaded."""
+    from models.text import is_next_token_model, next_token_models, text_tokenizer
+
+    name, dataset = params.model.name, params.data.dataset
+    lm = get_dataset_info(dataset).kind == "lm"
+    if is_next_token_model(name) and not lm:
+        raise ConfigError(
+            f"model {name!r} predicts the next token and dataset {dataset!r} has class labels; "
+            f"next-token datasets: shakespeare"
+        )
+    if not lm:
+        return None
+    if not is_next_token_model(name):
+        raise ConfigError(
+            f"dataset {dataset!r} is next-token prediction: its classes are a decoder's "
+            f"vocabulary; model {name!r} is not one (decoders: {', '.join(next_token_models())})"
+        )
+    scheme = params.partition.scheme
+    if scheme in (*_LABEL_SKEW, "gaussian_noise"):
+        why = (
+            "adds Gaussian noise to image features"
+            if scheme == "gaussian_noise"
+            else ("skews each client's label mix, and the labels here are next-token ids")
+        )
+        raise ConfigError(
+            f"partition.scheme: {scheme} {why}; on {dataset} use natural (one client per "
+            f"speaking role), iid, quantity_normal or quantity_dirichlet"
+        )
+    return text_tokenizer(name, params.model.options)
 
 
 def text_tokenizer_for(params: Params, dataset: Any) -> Any:
@@ -96,9 +145,22 @@ def text_tokenizer_for(params: Params, dataset: Any) -> Any:
     return text_tokenizer(name, params.model.options) if text else None
 
 
+_TOKENIZERS: dict[tuple[Any, ...], Any] = {}  # the tokenizer behind each cached LM split
+
+
+def _tokenizer_key(tokenizer: Any) -> tuple[Any, ...] | None:
+    """What a next-token split depends on: the tokenizer's name, vocabulary, context, stride."""
+    if tokenizer is None:
+        return None
+    key = (tokenizer.name, tokenizer.vocab_size, tokenizer.max_length, tokenizer.stride)
+    _TOKENIZERS.setdefault(key, tokenizer)
+    return key
+
+
 @functools.lru_cache(maxsize=4)
-def _split(name: str, root: Path, split: str, download: bool) -> Any:
-    return load_dataset(name, root, split, download=download)
+def _split(name: str, root: Path, split: str, download: bool, tok: Any = None) -> Any:
+    tokenizer = None if tok is None else _TOKENIZERS[tok]
+    return load_dataset(name, root, split, download=download, tokenizer=tokenizer)
 
 
 def data_sources(params: Params) -> str:
@@ -106,7 +168,11 @@ def data_sources(params: Params) -> str:
     empty for text datasets). Reuses the splits this process already read."""
     d = params.data
     root = Path(d.root).resolve()
-    got = [getattr(_split(d.dataset, root, s, d.download), "source", "") for s in ("train", "test")]
+    tok = _tokenizer_key(lm_tokenizer_for(params))
+    got = [
+        getattr(_split(d.dataset, root, s, d.download, tok), "source", "")
+        for s in ("train", "test")
+    ]
     return "; ".join(dict.fromkeys(s for s in got if s))  # once when both splits share it
 
 
@@ -116,8 +182,10 @@ def load_experiment_data(params: Params) -> ExperimentData:
     them); the subsets and the tokenizer are derived per call."""
     d = params.data
     root = Path(d.root).resolve()
-    train = _split(d.dataset, root, "train", d.download)
-    test = _split(d.dataset, root, "test", d.download)
+    lm_tokenizer = lm_tokenizer_for(params)  # next-token windows are in the decoder's tokens
+    tok = _tokenizer_key(lm_tokenizer)
+    train = _split(d.dataset, root, "train", d.download, tok)
+    test = _split(d.dataset, root, "test", d.download, tok)
     for key, size, ds in (
         ("train_subset", d.train_subset, train),
         ("test_subset", d.test_subset, test),
@@ -134,8 +202,17 @@ def load_experiment_data(params: Params) -> ExperimentData:
         test=test,
         train_idx=subset_indices(len(train), d.train_subset, seed, "train"),
         test_idx=subset_indices(len(test), d.test_subset, seed, "test"),
-        tokenizer=text_tokenizer_for(params, train),
+        tokenizer=lm_tokenizer or text_tokenizer_for(params, train),
     )
+
+
+def dataset_num_classes(params: Params) -> int:
+    """The experiment's number of classes: the registry's, or for a next-token dataset the
+    decoder's vocabulary (no data is loaded)."""
+    tokenizer = lm_tokenizer_for(params)
+    if tokenizer is not None:
+        return int(tokenizer.vocab_size)
+    return get_dataset_info(params.data.dataset).num_classes
 
 
 def data_selection(params: Params, data: ExperimentData) -> dict[str, Any]:
@@ -217,8 +294,16 @@ def _draw_partition(params: Params, data: ExperimentData) -> Partition:
         raise ConfigError(
             f"partition.num_clients: {p.num_clients} clients but only {len(labels)} training samples"
         )
+    groups = None  # a dataset's natural clients (next-token windows: their speaking roles)
+    if isinstance(data.train, WindowDataset):
+        groups = data.train.groups.numpy()[data.train_idx]
     part = make_partition(
-        p.scheme, labels, num_clients=p.num_clients, seed=params.experiment.seed, options=p.options
+        p.scheme,
+        labels,
+        num_clients=p.num_clients,
+        seed=params.experiment.seed,
+        options=p.options,
+        groups=groups,
     )
     # Map positions in the subset back to rows of the dataset so the manifest is self-contained.
     mapped = tuple(np.sort(data.train_idx[ix]) for ix in part.client_indices)
@@ -239,6 +324,9 @@ def write_partition(
     stats = partition_stats(part, labels, data.train.info.num_classes)
     stats["dataset"] = params.data.dataset
     stats["data_selection"] = data_selection(params, data)
+    if isinstance(data.train, WindowDataset) and "groups" in part.params:
+        names = data.train.group_names  # the natural clients' names (speaking roles)
+        stats["client_groups"] = [names[g] for g in part.params["groups"]]
     write_stats(stats, stats_path)
     write_label_histogram(out)  # from stats.json: what MLflow and `dvc plots show` display
     return manifest, stats_path
@@ -324,16 +412,22 @@ def dataset_card(params: Params, data: ExperimentData) -> dict:
     ):
         rows = torch.as_tensor(idx)
         labels = ds.labels.index_select(0, rows).numpy()
-        if isinstance(ds, TextDataset):  # the texts, NUL-separated, in row order
-            digest = hashlib.sha256("\x00".join(ds.texts[i] for i in idx).encode("utf-8"))
+        if isinstance(ds, WindowDataset):  # tokens, labels and groups of the rows
+            sha = ds.sha256(idx)
         else:
-            images = ds.images.index_select(0, rows).contiguous().numpy()
-            digest = hashlib.sha256(images.tobytes())
-        digest.update(labels.astype(np.int64).tobytes())
-        card[split] = {
-            "rows_used": int(len(idx)),
-            "rows_available": len(ds),
-            "label_counts": np.bincount(labels, minlength=ds.info.num_classes).tolist(),
-            "sha256": digest.hexdigest(),
-        }
+            if isinstance(ds, TextDataset):  # the texts, NUL-separated, in row order
+                digest = hashlib.sha256("\x00".join(ds.texts[i] for i in idx).encode("utf-8"))
+            else:
+                images = ds.images.index_select(0, rows).contiguous().numpy()
+                digest = hashlib.sha256(images.tobytes())
+            digest.update(labels.astype(np.int64).tobytes())
+            sha = digest.hexdigest()
+        card[split] = {"rows_used": int(len(idx)), "rows_available": len(ds)}
+        if ds.info.num_classes > LABEL_COUNTS_MAX_CLASSES:  # a vocabulary: distinct labels only
+            card[split]["num_labels"] = len(np.unique(labels))
+        else:
+            card[split]["label_counts"] = np.bincount(
+                labels, minlength=ds.info.num_classes
+            ).tolist()
+        card[split]["sha256"] = sha
     return card

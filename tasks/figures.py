@@ -170,11 +170,29 @@ def write_cell_figures(cell_dir: str | Path, rounds: Sequence[Mapping[str, Any]]
     ]
 
 
+def client_sizes(sizes: Sequence[int], num_labels: Sequence[int], title: str) -> Figure:
+    """Samples and distinct labels per client: the partition at a glance when the classes are
+    too many for a clients x classes table (next-token labels: a vocabulary)."""
+    fig, ax = _figure()
+    x = np.arange(len(sizes))
+    ax.bar(x, sizes, label="samples")
+    ax.bar(x, num_labels, width=0.5, label="distinct labels")
+    ax.set(xlabel="client", ylabel="count", title=title)
+    ax.legend()
+    return fig
+
+
 def write_label_histogram(partition_dir: str | Path) -> Path:
-    """``<partition_dir>/label_histogram.png`` from its ``stats.json``."""
+    """``<partition_dir>/label_histogram.png`` from its ``stats.json`` (clients x classes; or,
+    for stats without per-class counts, samples and distinct labels per client)."""
     d = Path(partition_dir)
     stats = json.loads((d / "stats.json").read_text())
-    counts = np.array([c["label_counts"] for c in stats["clients"]], dtype=np.int64)
+    clients = stats["clients"]
+    if clients and "label_counts" not in clients[0]:  # many classes (fedcore.manifest)
+        title = f"{stats['scheme']} over {stats['num_clients']} clients ({stats['num_classes']} classes)"
+        fig = client_sizes([c["size"] for c in clients], [c["num_labels"] for c in clients], title)
+        return atomic_write_bytes(d / LABEL_HISTOGRAM, save_png(fig))
+    counts = np.array([c["label_counts"] for c in clients], dtype=np.int64)
     title = f"{stats['scheme']} over {stats['num_clients']} clients: samples per class"
     return atomic_write_bytes(d / LABEL_HISTOGRAM, save_png(label_histogram(counts, title)))
 

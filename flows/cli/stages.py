@@ -68,13 +68,12 @@ def validate(
     """Check the client shards (pandera + great-expectations); exit 2 with the report on failure."""
 
     def body() -> None:
-        from fedcore.datasets import get_dataset_info
-        from tasks.data import load_partition
+        from tasks.data import dataset_num_classes, load_partition
         from tasks.validate import validate_partition
 
         p = load(params, set_)
         load_partition(partition_dir)  # a missing or altered manifest -> one line
-        num_classes = get_dataset_info(p.data.dataset).num_classes
+        num_classes = dataset_num_classes(p)
         path = validate_partition(partition_dir, num_classes, p.validation.min_shard_size, report)
         out.print(f"shards valid: {partition_dir} ({path})")
 
@@ -97,12 +96,12 @@ def pretrain(
 
     def body() -> None:
         from flows.experiment import check_names
-        from tasks.pretrain import run_pretrain, source_split
+        from tasks.pretrain import check_source, run_pretrain
 
         p = load(params, set_)
         check_names(p)
         if p.model.base == "pretrain":
-            source_split(p)  # bad source -> one line before any training
+            check_source(p)  # bad source -> one line before any training
         card = run_pretrain(p, out_dir, timing_file=timing_dir / "pretrain.json")
         if not card["used"]:
             out.print(f"pretrain not used ({card['reason']}): {out_dir / 'base.json'}")

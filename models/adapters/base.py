@@ -41,12 +41,35 @@ from fedcore.protocols import classifier_name
 
 
 def head_name(model: nn.Module) -> str | None:
-    """The classifier's module name: ``model.classifier_name``, else the last ``nn.Linear``."""
+    """The classifier's module name: ``model.classifier_name`` (an ``nn.Linear``, or the
+    ``nn.Embedding`` of a decoder whose LM head is its input embedding, tied), else the last
+    ``nn.Linear``."""
     name = classifier_name(model)
-    if name is not None and isinstance(model.get_submodule(name), nn.Linear):
+    if name is not None and isinstance(model.get_submodule(name), nn.Linear | nn.Embedding):
         return name
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     return linears[-1] if linears else None
+
+
+def tied_head(model: nn.Module) -> bool:
+    """The classifier is the input embedding (a GPT-2 LM head: logits = h W_e^T)."""
+    name = head_name(model)
+    return name is not None and isinstance(model.get_submodule(name), nn.Embedding)
+
+
+def adapter_head(model: nn.Module) -> str | None:
+    """The classifier that adapter methods (``lora``, ``houlsby``, ``pfeiffer``, ``parallel``,
+    ``bn_head``, ``residual``) train beside their own modules: :func:`head_name`, except a tied
+    LM head, which is the pretrained input embedding and stays frozen with it (seed 003 §3:
+    the adapter mechanism "freezes the embedding and transformer layers"; its Table 12 gpt2
+    adapter sizes, 1.12 to 6.82 MB, hold no 38.6M-parameter head). ``head`` alone trains it."""
+    return None if tied_head(model) else head_name(model)
+
+
+def is_conv1d(layer: nn.Module | None) -> bool:
+    """A transformers ``Conv1D`` (GPT-2's projections: a Linear whose weight is stored
+    transposed, (in, out)); recognised without importing transformers."""
+    return type(layer).__name__ == "Conv1D" and isinstance(getattr(layer, "nf", None), int)
 
 
 def batchnorm_names(model: nn.Module) -> list[str]:

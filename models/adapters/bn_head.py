@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from models.adapters.base import AdapterMethod, batchnorm_names, head_name
+from models.adapters.base import AdapterMethod, adapter_head, batchnorm_names, head_name
 
 
 def bn_and_head(model: nn.Module) -> set[str]:
-    prefixes = [*batchnorm_names(model), head_name(model)]
+    prefixes = [*batchnorm_names(model), adapter_head(model)]
     return {
         n
         for n, _ in model.named_parameters()

@@ -17,11 +17,16 @@ twice that, the seed's 3.41 MB and 6.82 MB).
   network, fed with the FFN's input and added, scaled by ``scaling`` (4, He et al.), to its
   output. ``exits_pa.py`` adds the same adapter to the early-exit methods (seed 001 "+PA").
 
-Where they attach (one place per backbone family, both reached through the model's
-``blocks``, the CLS plumbing of ``models/text.py``): BERT-style blocks (``minilm``,
-``text_hf``): ``attention.output.dense`` and ``output.dense``, the FFN being
+Where they attach (one place per backbone family, all reached through the model's
+``blocks``: the CLS plumbing of ``models/text.py``, or a decoder's): BERT-style blocks
+(``minilm``, ``text_hf``): ``attention.output.dense`` and ``output.dense``, the FFN being
 ``intermediate`` + ``output``; timm ViT/DeiT blocks (``vit_*``, ``deit_*``): ``attn.proj`` and
-``mlp.fc2``, the FFN being ``mlp``.
+``mlp.fc2``, the FFN being ``mlp``; GPT-2 blocks (``gpt2_small``, ``gpt2_hf``, seed 003's
+gpt2): ``attn.c_proj`` and ``mlp.c_proj`` (transformers ``Conv1D``, a Linear with its weight
+transposed), the FFN being ``mlp``; GPT-2 is pre-LN, so the adapter's output joins the
+residual stream directly, as in AdapterHub's GPT-2 Houlsby and Pfeiffer configurations. On a
+decoder the tied LM head stays frozen (``models.adapters.base.adapter_head``): only the
+adapters train and travel.
 
 Hand-written on purpose: PEFT has no bottleneck adapters (its issue #244), and AdapterHub's
 ``adapters`` 1.3.0 requires ``transformers~=4.57.6`` (its Requires-Dist), which conflicts with the
@@ -42,8 +47,8 @@ from annotated_types import Ge, Gt
 from torch import nn
 
 from fedcore.options import FORBID_EXTRA, Float, Int
-from fedcore.protocols import cls_blocks
-from models.adapters.base import AdapterMethod, head_name
+from fedcore.protocols import transformer_blocks
+from models.adapters.base import AdapterMethod, adapter_head, is_conv1d
 
 
 class Bottleneck(nn.Module):
@@ -62,13 +67,25 @@ class Bottleneck(nn.Module):
         return self.up(torch.relu(self.down(x)))
 
 
-class SequentialAdapter(nn.Module):
-    """A frozen Linear followed by a bottleneck with its own skip: y + adapter(y)."""
+def out_features(layer: nn.Module) -> int:
+    """Output width of an ``nn.Linear`` or a transformers ``Conv1D`` (weight (in, out))."""
+    if isinstance(layer, nn.Linear):
+        return layer.out_features
+    return int(layer.nf)  # type: ignore[arg-type]  # Conv1D, checked by _block_kind
 
-    def __init__(self, base: nn.Linear, bottleneck: int) -> None:
+
+def _is_projection(layer: nn.Module | None) -> bool:
+    """An ``nn.Linear``, or GPT-2's ``Conv1D`` (a Linear whose weight is stored transposed)."""
+    return isinstance(layer, nn.Linear) or is_conv1d(layer)
+
+
+class SequentialAdapter(nn.Module):
+    """A frozen projection followed by a bottleneck with its own skip: y + adapter(y)."""
+
+    def __init__(self, base: nn.Module, bottleneck: int) -> None:
         super().__init__()
         self.base = base
-        self.adapter = Bottleneck(base.out_features, bottleneck)
+        self.adapter = Bottleneck(out_features(base), bottleneck)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -76,7 +93,8 @@ class SequentialAdapter(nn.Module):
 
 
 class ParallelFFN(nn.Module):
-    """A timm ``Mlp`` with an adapter beside it: mlp(x) + scaling * adapter(x)."""
+    """A timm ``Mlp`` (or GPT-2's ``GPT2MLP``) with an adapter beside it:
+    mlp(x) + scaling * adapter(x)."""
 
     def __init__(self, base: nn.Module, hidden: int, bottleneck: int, scaling: float) -> None:
         super().__init__()
@@ -105,8 +123,10 @@ class ParallelBertOutput(nn.Module):
 
 
 def _block_kind(block: nn.Module) -> str | None:
-    """``bert`` or ``vit`` by the block's layout, else None."""
+    """``bert``, ``vit`` or ``gpt2`` by the block's layout, else None."""
     names = dict(block.named_modules())
+    if _is_projection(names.get("attn.c_proj")) and _is_projection(names.get("mlp.c_proj")):
+        return "gpt2"
     if isinstance(names.get("attention.output.dense"), nn.Linear) and isinstance(
         names.get("output.dense"), nn.Linear
     ):
@@ -119,14 +139,12 @@ def _block_kind(block: nn.Module) -> str | None:
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    blocks = cls_blocks(model)
+    blocks = transformer_blocks(model)
     return [] if blocks is None else list(blocks)
 
 
 def _out_features(module: nn.Module, path: str) -> int:
-    linear = module.get_submodule(path)
-    assert isinstance(linear, nn.Linear)  # checked by applies_to (_block_kind)
-    return linear.out_features
+    return out_features(module.get_submodule(path))  # checked by applies_to (_block_kind)
 
 
 def _set(parent: nn.Module, path: str, module: nn.Module) -> None:
@@ -138,11 +156,11 @@ def encoder_reason(model: nn.Module) -> str | None:
     """None when every block of ``model`` is one a bottleneck adapter attaches to; else why."""
     blocks = _blocks(model)
     if not blocks:
-        return "it is not a transformer encoder (no blocks with a CLS token)"
+        return "it is not a transformer encoder or decoder (no blocks with a CLS token)"
     if any(_block_kind(b) is None for b in blocks):
         return (
-            "its blocks are neither BERT-style (attention.output.dense, output.dense) "
-            "nor timm ViT-style (attn.proj, mlp.fc2)"
+            "its blocks are neither BERT-style (attention.output.dense, output.dense), "
+            "timm ViT-style (attn.proj, mlp.fc2) nor GPT-2 (attn.c_proj, mlp.c_proj)"
         )
     return None
 
@@ -182,7 +200,7 @@ class BottleneckMethod(AdapterMethod):
         return max(1, hidden // self.reduction_factor)
 
     def trainable_names(self, model: nn.Module) -> set[str]:
-        head = head_name(model)
+        head = adapter_head(model)
         return {
             n
             for n, _ in model.named_parameters()
@@ -201,19 +219,24 @@ class Houlsby(BottleneckMethod):
     sites: ClassVar[dict[str, tuple[str, ...]]] = {
         "bert": ("attention.output.dense", "output.dense"),
         "vit": ("attn.proj", "mlp.fc2"),
+        "gpt2": ("attn.c_proj", "mlp.c_proj"),
     }
 
     def add_modules(self, model: nn.Module) -> None:
         for block in _blocks(model):
             for path in self.sites[_block_kind(block) or "vit"]:
                 base = block.get_submodule(path)
-                _set(block, path, SequentialAdapter(base, self.bottleneck(base.out_features)))  # type: ignore[arg-type]
+                _set(block, path, SequentialAdapter(base, self.bottleneck(out_features(base))))
 
 
 class Pfeiffer(Houlsby):
     name: ClassVar[str] = "pfeiffer"
     summary: ClassVar[str] = "one bottleneck adapter after the FFN (Pfeiffer)"
-    sites: ClassVar[dict[str, tuple[str, ...]]] = {"bert": ("output.dense",), "vit": ("mlp.fc2",)}
+    sites: ClassVar[dict[str, tuple[str, ...]]] = {
+        "bert": ("output.dense",),
+        "vit": ("mlp.fc2",),
+        "gpt2": ("mlp.c_proj",),
+    }
 
 
 class Parallel(BottleneckMethod):
@@ -241,9 +264,10 @@ def insert_parallel_adapters(
             hidden = _out_features(block, "output.dense")
             wrapped: nn.Module = ParallelBertOutput(out, hidden, bottleneck(hidden), scaling)
             _set(block, "output", wrapped)
-        else:
+        else:  # timm Mlp, GPT2MLP: one input, the FFN's
             mlp = block.get_submodule("mlp")
-            hidden = _out_features(block, "mlp.fc2")
+            fc2 = "mlp.c_proj" if _block_kind(block) == "gpt2" else "mlp.fc2"
+            hidden = _out_features(block, fc2)
             _set(block, "mlp", ParallelFFN(mlp, hidden, bottleneck(hidden), scaling))
 
 

@@ -12,6 +12,11 @@ Where LoRA goes (``target_modules`` option; by default, per backbone):
   ``query`` and ``value`` projections of every block, as the LoRA paper and seed 003 do
   (fedapt's ViT exposes timm's fused ``qkv`` as
   ``query`` / ``key`` / ``value`` Linears: ``models/vit.py``); the classifier trains too;
+* GPT-2 decoders (``gpt2_small``, ``gpt2_hf``): the fused query/key/value projection
+  ``attn.c_attn`` of every block (a transformers ``Conv1D``, adapted by PEFT with
+  ``fan_in_fan_out``; PEFT's own default for GPT-2), so B A also updates the keys, which the
+  fused layer does not let LoRA leave out; the tied LM head stays frozen (only A and B
+  travel: ``models.adapters.base.adapter_head``);
 * CNNs built from depthwise-separable blocks (a depthwise conv present: EfficientNet-Lite0): the
   pointwise 1x1 convolutions, which hold the weights (``models/efficientnet.py``: 93% of
   Lite0's, 22,784 LoRA parameters per unit of rank); other CNNs (ResNets, the seeds' CNNs):
@@ -43,13 +48,18 @@ from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.options import FORBID_EXTRA, Float, Int
-from fedcore.protocols import cls_blocks
-from models.adapters.base import AdapterMethod, head_name
+from fedcore.protocols import transformer_blocks
+from models.adapters.base import AdapterMethod, head_name, is_conv1d
 from models.adapters.bn_head import bn_and_head
 
 ADAPTER = "default"  # PEFT's adapter name: keys ``<layer>.lora_A.default.weight``
 ATTENTION_TARGETS = ("query", "value")
+DECODER_TARGETS = ("c_attn",)  # GPT-2's fused query/key/value Conv1D
 _TARGET_TYPES = (nn.Linear, nn.Conv2d)
+
+
+def _targetable(m: nn.Module) -> bool:
+    return isinstance(m, _TARGET_TYPES) or is_conv1d(m)
 
 
 def _module_names(value: Any) -> Any:
@@ -78,8 +88,9 @@ class LoraOptions:
 
 def is_transformer(model: nn.Module) -> bool:
     """An encoder classifier with the CLS plumbing of ``models/text.py`` (``blocks``,
-    ``hidden_size``, ``cls_index``); a CNN may have ``blocks`` too (ResNet26's stages)."""
-    return cls_blocks(model) is not None
+    ``hidden_size``, ``cls_index``) or a decoder (``models/decoder.py``); a CNN may have
+    ``blocks`` too (ResNet26's stages)."""
+    return transformer_blocks(model) is not None
 
 
 def _pointwise(m: nn.Module) -> bool:
@@ -98,7 +109,8 @@ def default_targets(model: nn.Module) -> list[str]:
         return [
             n
             for n, m in modules
-            if isinstance(m, nn.Linear) and n.rpartition(".")[2] in ATTENTION_TARGETS
+            if (isinstance(m, nn.Linear) and n.rpartition(".")[2] in ATTENTION_TARGETS)
+            or (is_conv1d(m) and n.rpartition(".")[2] in DECODER_TARGETS)
         ]
     if any(_depthwise(m) for _, m in modules):  # depthwise-separable: the 1x1 convs
         return [n for n, m in modules if _pointwise(m)]
@@ -112,7 +124,7 @@ def available_names(model: nn.Module) -> list[str]:
         {
             n.rpartition(".")[2]
             for n, m in model.named_modules()
-            if n and n != head and isinstance(m, _TARGET_TYPES)
+            if n and n != head and _targetable(m)
         }
     )
 
@@ -127,7 +139,7 @@ def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> list[s
         hits = [
             n
             for n, m in model.named_modules()
-            if n and (n == t or n.endswith("." + t)) and isinstance(m, _TARGET_TYPES)
+            if n and (n == t or n.endswith("." + t)) and _targetable(m)
         ]
         if not hits or hits == [head]:
             raise ConfigError(
@@ -199,8 +211,9 @@ class Lora(AdapterMethod):
             return "it has no nn.Linear classifier"
         if self.options.target_modules is None and not default_targets(model):
             return (
-                "it has no attention query/value nn.Linear (transformer) and no dense nn.Conv2d "
-                "(CNN); name layers in grid.adapter_options.lora.target_modules"
+                "it has no attention query/value nn.Linear (transformer), no c_attn (GPT-2) "
+                "and no dense nn.Conv2d (CNN); name layers in "
+                "grid.adapter_options.lora.target_modules"
             )
         return None
 
@@ -209,7 +222,14 @@ class Lora(AdapterMethod):
 
         o = self.options
         targets = resolve_targets(model, o.target_modules)
+        conv1d = [is_conv1d(model.get_submodule(n)) for n in targets]
+        if any(conv1d) and not all(conv1d):  # PEFT's fan_in_fan_out is one flag for all
+            raise ConfigError(
+                "grid.adapter_options.lora.target_modules: mixes transformers Conv1D layers "
+                "(weight stored transposed) with other layers; target one kind"
+            )
         config = LoraConfig(
+            fan_in_fan_out=any(conv1d),  # Conv1D keeps W as (in, out): B A is transposed
             r=o.r,
             lora_alpha=o.alpha,  # type: ignore[arg-type]  # any number: scaling = alpha / r
             lora_dropout=o.dropout,
