@@ -96,7 +96,7 @@ def preflight(
             ps = seed_params(params, seed)
             build_partition(ps, load_experiment_data(ps))
             if params.model.base == "pretrain":
-                source_split(ps)
+                check_source(ps)
         return
     labels = data.train.labels.numpy()
     part = load_partition(partition_dir, num_samples=len(labels), labels=labels)
