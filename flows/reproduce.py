@@ -11,12 +11,11 @@ run ``reproduce-<profile>`` with the report and figures as artifacts.
 
 from __future__ import annotations
 
-import logging
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows import services
@@ -25,8 +24,6 @@ from tasks import tracking
 from tasks.config import load_params
 from tasks.reproduce import report, runs
 from tasks.reproduce.registry import select
-
-log = logging.getLogger("fedapt.reproduce")
 
 
 def _run_name() -> str:
@@ -87,6 +84,7 @@ def reproduce_flow(
     chosen = select(claims)
     items = runs.plan(chosen, profile, params_file, sets)
     root = runs.reproduce_root(params_file, sets, profile)
+    log = get_run_logger()
     with services.run_lock(root, "fedapt reproduce"):
         for item in items:
             state = runs.status(item)

@@ -60,8 +60,9 @@ def reproduce(
         words += [f"--set {s}" for s in overrides]
         report = _run(profile, claims, items, params_file, overrides, " ".join(words))
         smoke = " (smoke test)" if profile == "ci" else ""
-        for claim_id, word in _verdicts(Path(report).parent).items():
-            out.print(f"{claim_id}: {word}{smoke}", highlight=False)
+        decided = _verdicts(Path(report).parent)
+        for c in claims:
+            out.print(f"{c.id}: {decided.get(c.id, 'cannot say')}{smoke}", highlight=False)
         out.print(f"report: {report}")
 
     guard(body)

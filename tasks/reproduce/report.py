@@ -130,12 +130,12 @@ def markdown(
         if note := claim.scaled.get(profile):
             lines += [f"**What ran under `{profile}`, and what was scaled.** {note}", ""]
         for it in runs:
-            sets = " ".join(f"--set {s}" for s in it.overrides[:-2])  # not the folder keys
             res = results.get(it.experiment.name)
             took = _minutes(res.seconds if res else None)
+            command = " \\\n  ".join(["fedapt run", *(f"--set '{s}'" for s in it.overrides)])
             lines += [
-                f"- `{it.params.experiment.name}` ({status(it)}, {took} min): "
-                f"<details><summary>overrides</summary>\n\n```\n{sets}\n```\n</details>"
+                f"- `{it.params.experiment.name}` ({status(it)}, {took} min): <details>"
+                f"<summary>the same run alone</summary>\n\n```bash\n{command}\n```\n</details>"
             ]
         lines += ["", f"**fedapt's result.** {v.text}", ""]
         if v.table:

@@ -21,7 +21,7 @@ from typing import Any
 from tasks.config import Params, experiment_dir, load_params
 from tasks.io import atomic_write_json
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
-from tasks.reproduce.spec import Cell, Claim, Experiment, ExperimentResult
+from tasks.reproduce.spec import Cell, Claim, Experiment, ExperimentResult, dedupe
 
 STAMP = "reproduce.json"
 REPORT = "reproduction.md"
@@ -90,8 +90,7 @@ def plan(
                 continue
             seen.add(exp.name)
             sets = (
-                *exp.overrides(profile),
-                *overrides,
+                *dedupe([*exp.overrides(profile), *overrides]),
                 f"experiment.reports_dir={root}",
                 f"experiment.name={profile}-{exp.name}",
             )

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROFILES = ("ci", "cpu", "gpu")  # the allowed values of `fedapt reproduce --profile`
+# Settings every experiment of a profile gets (after the claim's, before the user's): the ci
+# profile trains its clients in-process, since spawning worker processes costs more than its
+# few steps (runtime.workers cannot change a result).
+PROFILE_SETTINGS: dict[str, tuple[str, ...]] = {"ci": ("runtime.workers=0",)}
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,9 @@ class Experiment:
     profiles: tuple[str, ...] = PROFILES  # the profiles that run it
 
     def overrides(self, profile: str) -> tuple[str, ...]:
-        return (*self.protocol, *self.scale.get(profile, ()))
+        """The protocol, then the profile's scale and settings (a key set twice: its last)."""
+        sets = (*self.protocol, *self.scale.get(profile, ()), *PROFILE_SETTINGS.get(profile, ()))
+        return tuple(dedupe(sets))
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,13 @@ class Claim:
     def needs_all(self) -> tuple[str, ...]:
         """Names of every experiment the verdict may read (any profile)."""
         return (*(e.name for e in self.experiments), *self.reads)
+
+
+def dedupe(overrides: Sequence[str]) -> list[str]:
+    """``key=value`` overrides with each key once: its last occurrence, earlier ones dropped
+    (their effect is overwritten anyway), so applying the result equals applying all."""
+    keys = [s.partition("=")[0].strip() for s in overrides]
+    return [s for i, s in enumerate(overrides) if keys[i] not in keys[i + 1 :]]
 
 
 def missing(results: Results, names: Sequence[str]) -> Verdict | None:
