@@ -160,12 +160,15 @@ def test_server_opt_variance_decides():
 def test_step_variance_by_hand():
     from tasks.reproduce.measures import step_variance
 
-    # last half of [50, 60, 40, 70]: [40, 70] -> one step: too few; whole run: steps 10,-20,30
-    c = cell(accs=[0.5, 0.6, 0.4, 0.7])
-    assert step_variance(c) is None
-    assert step_variance(c, tail=1.0) == pytest.approx(
+    # last half of [50, 60, 40, 70, 80, 75], at least 3 rounds: [70, 80, 75] -> steps 10, -5
+    assert step_variance(cell(accs=[0.5, 0.6, 0.4, 0.7, 0.8, 0.75])) == pytest.approx(56.25)
+    # [50, 60, 40, 70]: the last 3 rounds -> steps -20, 30; all rounds -> 10, -20, 30
+    assert step_variance(cell(accs=[0.5, 0.6, 0.4, 0.7])) == pytest.approx(625.0)
+    whole = step_variance(cell(accs=[0.5, 0.6, 0.4, 0.7]), tail=1.0)
+    assert whole == pytest.approx(
         ((10 - 20 / 3) ** 2 + (-20 - 20 / 3) ** 2 + (30 - 20 / 3) ** 2) / 3
     )
+    assert step_variance(cell(accs=[0.5, 0.6])) is None
 
 
 # ---- claim 5: transformer adapters vs full fine-tuning --------------------------------------

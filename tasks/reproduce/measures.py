@@ -26,10 +26,11 @@ def final_accuracy(cell: Cell) -> float | None:
 
 def step_variance(cell: Cell, tail: float = 0.5) -> float | None:
     """Variance of the round-to-round change of test accuracy (in points squared) over the
-    last ``tail`` of the evaluated rounds: how much the model jumps between rounds (seed 002
-    Figs. 8-9 show the curves; "more stable convergence especially in the last rounds")."""
+    last ``tail`` of the evaluated rounds, at least the last 3: how much the model jumps
+    between rounds (seed 002 Figs. 8-9: "more stable convergence especially in the last
+    rounds"). None with fewer than 3 evaluated rounds."""
     accs = [100 * a for a in evaluated(cell)]
-    accs = accs[int(len(accs) * (1 - tail)) :] if tail < 1 else accs
+    accs = accs[-max(3, round(len(accs) * tail)) :]
     steps = [b - a for a, b in zip(accs, accs[1:], strict=False)]
     if len(steps) < 2:
         return None
