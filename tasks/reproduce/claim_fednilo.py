@@ -138,7 +138,8 @@ def judge(results: Results) -> Verdict:
         f"ACC is the mean test accuracy of the last {window} evaluated rounds (seed 004 "
         f"§6.1.5). Over the {len(savings)} levels both reach, FedNILO's best configuration "
         f"saves {100 * mean:.1f}% of FedAvg's cumulative traffic on average "
-        f"({100 * min(savings):.1f}-{100 * max(savings):.1f}%); holds if the average is at least {100 * SAVING:.0f}%. "
+        f"({100 * min(savings):.1f}-{100 * max(savings):.1f}%); holds if the average is at "
+        f"least {100 * SAVING:.0f}%. "
         "Configurations: K/F of the seed's tables, scaled to the profile's rounds."
     )
     return Verdict(mean >= SAVING, text, tab)
