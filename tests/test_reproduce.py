@@ -367,3 +367,21 @@ def test_plan_lists_without_running(tmp_path):
     assert res.exit_code == 0, res.output
     assert "cpu-fednilo-k500f75" in res.output and "pending" in res.output
     assert not any(tmp_path.iterdir())
+
+
+def test_reproduce_dvc_pipeline_matches_the_command():
+    """reproduce/dvc.yaml: one stage per profile calling `fedapt reproduce` from the
+    environment, deps covering every project package, outs = what the report writes."""
+    import yaml
+
+    spec = yaml.safe_load((REPO / "reproduce" / "dvc.yaml").read_text())["stages"]["reproduce"]
+    assert spec["foreach"] == list(PROFILES)
+    do = spec["do"]
+    assert do["cmd"] == "fedapt reproduce --profile ${item}" and do["wdir"] == ".."
+    assert {"fedcore", "models", "tasks", "flows", "data"} <= set(do["deps"])
+    outs = [next(iter(o)) for o in do["outs"]]
+    root = "reports/reproduce/${item}"
+    assert outs == [f"{root}/{runs.REPORT}", f"{root}/verdicts.json"]
+    assert [next(iter(p)) for p in do["plots"]] == [f"{root}/{runs.FIGURES}"]
+    # the default pipeline never starts a reproduction
+    assert "reproduce" not in (REPO / "dvc.yaml").read_text()
