@@ -21,7 +21,6 @@ from prefect.cache_policies import NO_CACHE
 from flows import services
 from flows.experiment import experiment_flow
 from tasks import tracking
-from tasks.config import load_params
 from tasks.reproduce import report, runs
 from tasks.reproduce.registry import select
 
@@ -97,6 +96,6 @@ def reproduce_flow(
             experiment_flow(params=item.params)
             runs.write_stamp(item, time.perf_counter() - started, resumed=state == "resume")
         path = report_task(profile, claims, params_file, sets, command)
-        if load_params(params_file, sets).runtime.tracking:
+        if runs.base_params(params_file, sets).runtime.tracking:
             log_report_task(profile, str(root))
     return path

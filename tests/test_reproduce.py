@@ -269,6 +269,14 @@ def test_user_overrides_win_and_a_bad_one_is_one_line(tmp_path):
     )
     (it,) = items
     assert it.params.federation.rounds == 3
+    # an override that only makes sense on the claim's model (cifar_cnn has no width)
+    (it,) = runs.plan(
+        registry.select(["adapters"]),
+        "cpu",
+        REPO / "params.yaml",
+        ["model.options.width=0.5", f"experiment.reports_dir={tmp_path}"],
+    )
+    assert it.params.model.options.width == 0.5
     assert it.dir == tmp_path / "reproduce" / "cpu" / "cpu-adapters-dir05"
     with pytest.raises(ConfigError, match="federation.roundz"):
         runs.plan(

@@ -61,9 +61,17 @@ class Planned:
         return experiment_dir(self.params)
 
 
+def base_params(params_file: str | Path | None, overrides: Sequence[str]) -> Params:
+    """The base params with the user's overrides of the sections that hold for the whole
+    reproduction (where outputs go, the runtime, tracking, storage); the others, such as
+    ``model.options.width``, may only make sense on top of a claim's model."""
+    whole = ("experiment.", "runtime.", "tracking.", "storage.")
+    return load_params(params_file, [o for o in overrides if o.strip().startswith(whole)])
+
+
 def reproduce_root(params_file: str | Path | None, overrides: Sequence[str], profile: str) -> Path:
     """``<experiment.reports_dir>/reproduce/<profile>``, reports_dir from the base params."""
-    base = load_params(params_file, list(overrides))
+    base = base_params(params_file, overrides)
     return Path(base.experiment.reports_dir) / "reproduce" / check_profile(profile)
 
 
