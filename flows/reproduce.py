@@ -92,6 +92,8 @@ def reproduce_flow(
                 log.info("%s: finished earlier for this configuration, skipped", name)
                 continue
             log.info("%s: %s", name, "resuming" if state == "resume" else "running")
+            if (source := runs.share_base(item, root)) is not None:
+                log.info("%s: frozen base from %s (same data, model, pretrain)", name, source)
             started = time.perf_counter()
             experiment_flow(params=item.params)
             runs.write_stamp(item, time.perf_counter() - started, resumed=state == "resume")

@@ -320,6 +320,36 @@ def test_status_done_rerun_resume(tmp_path):
     assert runs.status(it) == "rerun"
 
 
+def test_experiments_with_the_same_base_share_it(tmp_path):
+    import hashlib
+
+    from tasks.pretrain import fingerprint
+
+    m1, m3 = runs.plan(
+        registry.select(["label-skew"]),
+        "ci",
+        REPO / "params.yaml",
+        [f"experiment.reports_dir={tmp_path}"],
+    )
+    root = m1.dir.parent
+    assert runs.share_base(m3, root) is None  # nothing trained yet
+    blob = b"the frozen base"
+    card = {"fingerprint": fingerprint(m1.params), "base_sha256": hashlib.sha256(blob).hexdigest()}
+    (m1.dir / "pretrain").mkdir(parents=True)
+    (m1.dir / "pretrain" / "base.pt").write_bytes(blob)
+    (m1.dir / "pretrain" / "base.json").write_text(json.dumps(card))
+    assert runs.share_base(m3, root) == m1.dir / "pretrain"
+    assert (m3.dir / "pretrain" / "base.pt").read_bytes() == blob
+    assert runs.share_base(m3, root) is None  # it has its own now
+    (dir05,) = runs.plan(
+        registry.select(["adapters"]),
+        "ci",
+        REPO / "params.yaml",
+        [f"experiment.reports_dir={tmp_path}"],
+    )
+    assert runs.share_base(dir05, root) is None  # another partition size: another base
+
+
 def test_report_from_hand_made_results(tmp_path):
     items = runs.plan(
         registry.CLAIMS, "ci", REPO / "params.yaml", [f"experiment.reports_dir={tmp_path}"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import Params, experiment_dir, load_params
-from tasks.io import atomic_write_json
+from tasks.io import atomic_write_bytes, atomic_write_json
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
 from tasks.reproduce.spec import Cell, Claim, Experiment, ExperimentResult, dedupe
 
@@ -132,6 +132,25 @@ def status(item: Planned) -> str:
     if checkpoints.is_dir() and any(checkpoints.glob("*.pt")):
         return "resume"
     return "rerun" if summary is not None else "pending"
+
+
+def share_base(item: Planned, root: Path) -> Path | None:
+    """Give ``item`` the frozen base another experiment under ``root`` trained for the same
+    data, model and pretrain params (the pretrain stage's own cache check: same fingerprint,
+    same bytes), so experiments that differ only after the base (the two #M partitions)
+    train it once. Returns the folder copied from, or None."""
+    from tasks.backbone import BASE_FILE
+    from tasks.pretrain import CARD_FILE, cached_card
+
+    target = item.dir / "pretrain"
+    if item.params.model.base != "pretrain" or cached_card(item.params, target) is not None:
+        return None
+    for other in sorted(root.glob("*/pretrain")):
+        if other != target and cached_card(item.params, other) is not None:
+            for name in (BASE_FILE, CARD_FILE):
+                atomic_write_bytes(target / name, (other / name).read_bytes())
+            return other
+    return None
 
 
 def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:
