@@ -1,6 +1,6 @@
 """`fedapt reproduce`: each claim's verdict on hand-made records (holds, does not hold,
 missing), the profiles' experiments as typed params, what counts as finished, the report,
-and the bad-profile line. The end-to-end ci profile is tests/test_reproduce_ci.py (slow)."""
+and the bad-profile line. The end-to-end ci profile is tests/test_reproduce_ci.py (slow). The gpu profile is checked by `fedapt run`'s preflight."""
 
 from __future__ import annotations
 
@@ -423,3 +423,18 @@ def test_reproduce_dvc_pipeline_matches_the_command():
     assert [next(iter(p)) for p in do["plots"]] == [f"{root}/{runs.FIGURES}"]
     # the default pipeline never starts a reproduction
     assert "reproduce" not in (REPO / "dvc.yaml").read_text()
+
+
+def test_gpu_profile_passes_preflight(tmp_path):
+    """The gpu profile cannot run on the CPU machines, but every experiment of it must pass
+    `fedapt run`'s checks: data present, partitions drawable, models and adapters built."""
+    from flows.experiment import check_names, preflight
+
+    sets = ["storage.bucket=null", "runtime.tracking=false", f"experiment.reports_dir={tmp_path}"]
+    sets.append(f"data.root={REPO / 'data/raw'}")
+    items = runs.plan(registry.CLAIMS, "gpu", REPO / "params.yaml", sets)
+    assert len(items) == 16
+    for it in items:
+        check_names(it.params)
+        preflight(it.params)
+    assert not any(tmp_path.iterdir())  # checks only: nothing written
