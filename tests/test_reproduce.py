@@ -1,6 +1,7 @@
 """`fedapt reproduce`: each claim's verdict on hand-made records (holds, does not hold,
 missing), the profiles' experiments as typed params, what counts as finished, the report,
-and the bad-profile line. The end-to-end ci profile is tests/test_reproduce_ci.py (slow). The gpu profile is checked by `fedapt run`'s preflight."""
+the bad-profile line, and the gpu profile against `fedapt run`'s preflight. The end-to-end ci
+profile is tests/test_reproduce_ci.py (slow)."""
 
 from __future__ import annotations
 
