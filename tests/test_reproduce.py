@@ -186,7 +186,9 @@ def _transformer(adapter_acc, head_acc, share=0.01):
 
 
 def test_transformer_holds_fails_and_is_inconclusive():
-    assert claim_transformer.judge(_transformer(0.61, 0.50)).holds is True
+    v = claim_transformer.judge(_transformer(0.61, 0.50))
+    assert v.holds is True and "head) ends at 50.00%; 3 of 3 adapters" in v.text
+    assert "| houlsby | 61.00 | 1.00 |" in v.table
     assert claim_transformer.judge(_transformer(0.55, 0.50)).holds is False  # 7 points below
     assert claim_transformer.judge(_transformer(0.61, 0.50, share=0.05)).holds is False
     v = claim_transformer.judge(_transformer(0.61, 0.61))  # the head alone is as good

@@ -108,8 +108,8 @@ def judge(results: Results) -> Verdict:
     text = (
         f"{sum(close)} of {len(close)} adapters end at most {GAP_POINTS:g} points below full "
         f"fine-tuning and {sum(cheap)} of {len(cheap)} send at most {100 * TRAFFIC:g}% of its "
-        f"bytes per round (the frozen base's one-time download is apart, as the first term of "
-        "seed 003's Eq. 2). The classifier alone (head) ends at {pct(a_head)}%; "
+        "bytes per round (the frozen base's one-time download is apart, as the first term of "
+        f"seed 003's Eq. 2). The classifier alone (head) ends at {pct(a_head)}%; "
         f"{sum(above)} of {len(above)} adapters are at least {OVER_HEAD:g} point above it."
     )
     if all(close) and all(cheap) and not all(above):
