@@ -8,6 +8,7 @@ from flows.cli import experiment  # noqa: F401  isort: skip
 from flows.cli import deployments  # noqa: F401  isort: skip
 from flows.cli import services  # noqa: F401  isort: skip
 from flows.cli import stages  # noqa: F401  isort: skip
+from flows.cli import reproduce  # noqa: F401  isort: skip
 from flows.cli.common import app, results_table
 
 __all__ = ["app", "main", "results_table"]

@@ -1,0 +1,156 @@
+"""``fedapt reproduce``: the seeds' claims, one experiment set per profile, and the
+reproduction report (``reports/reproduce/<profile>/reproduction.md``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from flows.cli.common import (
+    ParamsOpt,
+    SetOpt,
+    app,
+    err,
+    guard,
+    out,
+    quiet_prefect_tracebacks,
+    stop_on_signals,
+)
+
+if TYPE_CHECKING:
+    from tasks.reproduce.runs import Planned
+    from tasks.reproduce.spec import Claim
+
+
+@app.command()
+def reproduce(
+    profile: Annotated[
+        str, typer.Option(help="ci (smoke test, minutes) | cpu (2 cores, ~2 h) | gpu (seeds)")
+    ] = "cpu",
+    params: ParamsOpt = None,
+    set_: SetOpt = None,
+    claim: Annotated[
+        list[str] | None, typer.Option("--claim", "-c", help="only this claim (repeatable)")
+    ] = None,
+    plan_only: Annotated[
+        bool, typer.Option("--plan", help="list the experiments and their status; run nothing")
+    ] = False,
+) -> None:
+    """Run the experiments behind the seeds' claims and write the reproduction report.
+    Rerun the same command to skip what finished and resume what did not."""
+
+    def body() -> None:
+        from tasks.reproduce import registry, runs
+
+        registry.check_profile(profile)  # a bad profile: one line, nothing loaded
+        claims = registry.select(claim)
+        params_file = str(params) if params is not None else None
+        overrides = list(set_ or [])
+        items = runs.plan(claims, profile, params_file, overrides)
+        if plan_only:
+            out.print(_plan_table(items))
+            return
+        words = ["fedapt reproduce", f"--profile {profile}"]
+        words += [f"--claim {c}" for c in claim or []]
+        words += [f"--params {params}"] if params is not None else []
+        words += [f"--set {s}" for s in overrides]
+        report = _run(profile, claims, items, params_file, overrides, " ".join(words))
+        smoke = " (smoke test)" if profile == "ci" else ""
+        decided = _verdicts(Path(report).parent)
+        for c in claims:
+            out.print(f"{c.id}: {decided.get(c.id, 'cannot say')}{smoke}", highlight=False)
+        out.print(f"report: {report}")
+
+    guard(body)
+
+
+def _run(
+    profile: str,
+    claims: Sequence[Claim],
+    items: Sequence[Planned],
+    params_file: str | None,
+    overrides: list[str],
+    command: str,
+) -> str:
+    """The run itself, under `fedapt run`'s guards: inputs of every experiment still to run
+    checked before anything starts, the reproduce folder locked, temporary servers tied to
+    this process, MLflow runs ended KILLED/FAILED on a stop or an error."""
+    from flows import services
+
+    with (
+        stop_on_signals(cleanup=_runs_killed),
+        services.patched_environ(services.env_for_clients()),
+    ):
+        from flows.experiment import check_checkpoints, check_names, preflight
+        from flows.reproduce import reproduce_flow
+        from tasks import tracking
+        from tasks.io import check_writable
+        from tasks.reproduce import runs
+
+        root = runs.reproduce_root(params_file, overrides, profile)
+        todo = [it for it in items if runs.status(it) != "done"]
+        for it in todo:
+            check_names(it.params)
+        check_writable("experiment.reports_dir", root)
+        base = items[0].params if items else None
+        need_s3 = any(bool(it.params.storage.bucket) for it in todo)
+        with (
+            services.run_lock(root, "fedapt reproduce"),
+            services.run_environment(need_s3=need_s3),
+            tracking.ended_on_error(),
+        ):
+            for it in todo:  # every input checked before the first experiment starts
+                preflight(it.params)
+                check_checkpoints(it.params)
+            if base is not None and base.runtime.tracking:  # runs a killed run left RUNNING
+                for name in [f"reproduce-{profile}", *(it.params.experiment.name for it in todo)]:
+                    tracking.close_stale_runs(name)
+            quiet_prefect_tracebacks()
+            with services.prefect_environment():
+                return reproduce_flow(
+                    profile=profile,
+                    params_file=params_file,
+                    overrides=overrides,
+                    claims=[c.id for c in claims],
+                    command=command,
+                )
+
+
+def _runs_killed() -> None:
+    from tasks import tracking
+
+    tracking.end_active_runs("KILLED")
+
+
+def _verdicts(root: Path) -> dict[str, str]:
+    import json
+
+    path = root / "verdicts.json"
+    if not path.is_file():
+        err.print(f"no verdicts in {root}", highlight=False)
+        return {}
+    words = {True: "holds", False: "does not hold", None: "cannot say"}
+    return {k: words[v["holds"]] for k, v in json.loads(path.read_text()).items()}
+
+
+def _plan_table(items: Sequence[Planned]) -> Table:
+    from tasks.reproduce import runs
+
+    t = Table(title="fedapt reproduce: experiments")
+    for col in ("experiment", "claim", "cells", "rounds", "status", "folder"):
+        t.add_column(col)
+    for it in items:
+        g = it.params.grid
+        t.add_row(
+            it.params.experiment.name,
+            it.claim.id,
+            " ".join(f"{a}-{d}" for a in g.algorithms for d in g.adapters),
+            str(it.params.federation.rounds),
+            runs.status(it),
+            str(it.dir),
+        )
+    return t

@@ -1,0 +1,103 @@
+"""The reproduction flow (Prefect 3, ``fedapt-reproduce``): every experiment the claims of a
+profile need, each through the experiment flow exactly as ``fedapt run`` runs it (a subflow:
+partition, validation, training tasks, MLflow, summary), then the reproduction report.
+
+Finished experiments (a summary for the same configuration) are skipped; an unfinished one
+resumes its cells from their round checkpoints (the experiment flow's own resume), so the
+same command can be run again after a stop, in another session, until everything is done.
+The report is rewritten from whatever has finished each time, and logged to MLflow as the
+run ``reproduce-<profile>`` with the report and figures as artifacts.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows import services
+from flows.experiment import experiment_flow
+from tasks import tracking
+from tasks.reproduce import report, runs
+from tasks.reproduce.registry import select
+
+
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    profile = flow_run.parameters.get("profile", "cpu")
+    return f"reproduce-{profile}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+@task(name="reproduction-report", cache_policy=NO_CACHE)
+def report_task(
+    profile: str,
+    claims: list[str] | None,
+    params_file: str | None,
+    overrides: list[str],
+    command: str,
+) -> str:
+    """reproduction.md, verdicts.json and figures/ from every finished experiment."""
+    chosen = select(claims)
+    items = runs.plan(chosen, profile, params_file, overrides)
+    root = runs.reproduce_root(params_file, overrides, profile)
+    return str(report.write_report(profile, chosen, items, runs.results(items), root, command))
+
+
+@task(name="log-reproduction", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def log_report_task(profile: str, root: str) -> str:
+    """The MLflow run ``reproduce-<profile>`` (experiment of the same name): the report,
+    verdicts.json and the figures as artifacts, each claim's verdict as a tag."""
+    import json
+
+    out = Path(root)
+    name = f"reproduce-{profile}"
+    run_id = tracking.start_experiment_run(name, {"profile": profile})
+    verdicts = json.loads((out / "verdicts.json").read_text())
+    client = tracking.client()
+    for claim, v in verdicts.items():
+        word = {True: "holds", False: "does not hold", None: "cannot say"}[v["holds"]]
+        client.set_tag(run_id, f"claim.{claim}", word)
+    tracking.log_artifacts(run_id, [str(out / runs.REPORT), str(out / "verdicts.json")], "")
+    figures = sorted(str(p) for p in (out / runs.FIGURES).glob("*.png"))
+    if figures:
+        tracking.log_artifacts(run_id, figures, runs.FIGURES)
+    tracking.end_run(run_id)
+    return run_id
+
+
+@flow(name="fedapt-reproduce", flow_run_name=_run_name)
+def reproduce_flow(
+    profile: str = "cpu",
+    params_file: str | None = None,
+    overrides: list[str] | None = None,
+    claims: list[str] | None = None,
+    command: str = "fedapt reproduce",
+) -> str:
+    """Run what the profile's claims still need, then write (and track) the report.
+    Returns the report's path."""
+    sets = list(overrides or [])
+    chosen = select(claims)
+    items = runs.plan(chosen, profile, params_file, sets)
+    root = runs.reproduce_root(params_file, sets, profile)
+    log = get_run_logger()
+    with services.run_lock(root, "fedapt reproduce"):
+        for item in items:
+            state = runs.status(item)
+            name = item.params.experiment.name
+            if state == "done":
+                log.info("%s: finished earlier for this configuration, skipped", name)
+                continue
+            log.info("%s: %s", name, "resuming" if state == "resume" else "running")
+            if (source := runs.share_base(item, root)) is not None:
+                log.info("%s: frozen base from %s (same data, model, pretrain)", name, source)
+            started = time.perf_counter()
+            experiment_flow(params=item.params)
+            runs.write_stamp(item, time.perf_counter() - started, resumed=state == "resume")
+        path = report_task(profile, claims, params_file, sets, command)
+        if runs.base_params(params_file, sets).runtime.tracking:
+            log_report_task(profile, str(root))
+    return path

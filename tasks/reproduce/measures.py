@@ -1,0 +1,70 @@
+"""Pure measures the verdicts share, over a cell's records (no files, no torch)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tasks.reproduce.spec import Cell
+
+MIB = float(2**20)
+
+
+def evaluated(cell: Cell) -> list[float]:
+    """Test accuracy of every evaluated round, in round order (fractions)."""
+    return [float(r["accuracy"]) for r in cell.rounds if r.get("accuracy") is not None]
+
+
+def final_accuracy(cell: Cell) -> float | None:
+    acc = cell.record.get("final_accuracy")
+    if acc is None:
+        accs = evaluated(cell)
+        return accs[-1] if accs else None
+    return float(acc)
+
+
+def step_variance(cell: Cell, tail: float = 0.5) -> float | None:
+    """Variance of the round-to-round change of test accuracy (in points squared) over the
+    last ``tail`` of the evaluated rounds, at least the last 3: how much the model jumps
+    between rounds (seed 002 Figs. 8-9: "more stable convergence especially in the last
+    rounds"). None with fewer than 3 evaluated rounds."""
+    accs = [100 * a for a in evaluated(cell)]
+    accs = accs[-max(3, round(len(accs) * tail)) :]
+    steps = [b - a for a, b in zip(accs, accs[1:], strict=False)]
+    if len(steps) < 2:
+        return None
+    return statistics.pvariance(steps)
+
+
+def mib_per_round(cell: Cell) -> float:
+    """Upload + download MiB of the cell's last round (the payload, all clients, each way)."""
+    r = cell.record
+    return (int(r["upload_bytes_per_round"]) + int(r["download_bytes_per_round"])) / MIB
+
+
+def total_mib(cell: Cell) -> float:
+    return (int(cell.record["upload_bytes"]) + int(cell.record["download_bytes"])) / MIB
+
+
+def pct(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}"
+
+
+def num(x: float | None, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; the first column left-aligned, the others right-aligned."""
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---", *["--:"] * (len(header) - 1)]) + "|",
+    ]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def param(params: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """A flat param of the experiment (summary.json ``params``)."""
+    return params.get(key, default)

@@ -1,0 +1,97 @@
+"""The claims ``fedapt reproduce`` tests, in report order, and their lookups.
+
+To add a claim: a module beside these with its experiments (the seed's protocol as ``--set``
+overrides, plus the ``cpu`` and ``ci`` scale), a pure ``judge`` and a ``plot``, then its
+``CLAIM`` in ``CLAIMS`` below. A claim that needs something this build may lack names it in
+``requires`` and is reported as not available until it exists: ``ANYTIME_PA`` below is that
+hook for the parallel-adapter exit variants of seed 001 Table 2 ("+ PA" rows); a Shakespeare
+next-word claim (seed 003 Tables 4 and 11) would require ``dataset:<its name>`` the same way.
+"""
+
+from __future__ import annotations
+
+from fedcore.errors import UnknownNameError
+from tasks.reproduce import (
+    claim_adapters,
+    claim_anytime,
+    claim_fednilo,
+    claim_label_skew,
+    claim_server_opt,
+    claim_train_time,
+    claim_transformer,
+)
+from tasks.reproduce.spec import PROFILES, Claim, Experiment, Verdict
+
+# Seed 001 Table 2's "+ PA" rows: the same anytime comparison with parallel adapters in the
+# FFNs. It runs once adapter methods of these names are registered (not in this build).
+ANYTIME_PA = Claim(
+    id="anytime-pa",
+    title="With parallel adapters (+ PA) the Accumulator is still at least as accurate as "
+    "layer-wise linear heads at every exit.",
+    source='seed 001 (001_71268467af0f409c.txt) Table 2, "+ PA" rows',
+    paper="Table 2, CIFAR-100 Non-IID (1.0): L.W. Linear + PA 47.94 ± 1.53 vs Accumulator + "
+    "PA 64.28 ± 1.84.",
+    experiments=(
+        Experiment(
+            "anytime-exits-pa",
+            protocol=(
+                *claim_anytime.EXITS.protocol,
+                "grid.adapters=[lw_linear_pa,accumulator_pa]",
+                "grid.adapter_options.lw_linear_pa.exits=anytime",
+                "grid.adapter_options.accumulator_pa.exits=anytime",
+            ),
+            scale=claim_anytime.EXITS.scale,
+        ),
+    ),
+    judge=lambda results: Verdict(None, "not available in this build"),
+    requires=("adapter:lw_linear_pa", "adapter:accumulator_pa"),
+)
+
+CLAIMS: tuple[Claim, ...] = (
+    claim_adapters.CLAIM,
+    claim_label_skew.CLAIM,
+    claim_fednilo.CLAIM,
+    claim_server_opt.CLAIM,
+    claim_transformer.CLAIM,
+    claim_anytime.CLAIM,
+    claim_train_time.CLAIM,
+    ANYTIME_PA,
+)
+
+
+def check_profile(profile: str) -> str:
+    if profile not in PROFILES:
+        raise UnknownNameError("profile (--profile)", profile, PROFILES)
+    return profile
+
+
+def unmet(claim: Claim) -> list[str]:
+    """The registry entries ``claim.requires`` names that this build does not have."""
+    from fedcore.algorithms import ALGORITHMS
+    from fedcore.datasets import list_datasets
+    from models.adapters import ADAPTER_METHODS
+    from models.registry import list_models
+
+    known = {
+        "adapter": set(ADAPTER_METHODS),
+        "algorithm": set(ALGORITHMS),
+        "dataset": set(list_datasets()),
+        "model": set(list_models()),
+    }
+    out = []
+    for req in claim.requires:
+        kind, _, name = req.partition(":")
+        if name not in known.get(kind, set()):
+            out.append(req)
+    return out
+
+
+def select(ids: list[str] | None = None) -> tuple[Claim, ...]:
+    """The claims named by ``ids`` (all when None), in report order."""
+    if not ids:
+        return CLAIMS
+    by_id = {c.id: c for c in CLAIMS}
+    for i in ids:
+        if i not in by_id:
+            raise UnknownNameError("claim (--claim)", i, list(by_id))
+    return tuple(c for c in CLAIMS if c.id in ids)

@@ -1,0 +1,180 @@
+"""reproduction.md and its figures: for each claim the paper's numbers, what fedapt ran
+under the profile (and what was scaled, why), fedapt's numbers and whether the direction
+holds; then every experiment with its status and time. Figures first, the report last, each
+file written atomically, so a reader never sees a report pointing at a missing figure."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tasks.figures import save_png
+from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tasks.reproduce.registry import unmet
+from tasks.reproduce.runs import FIGURES, REPORT, Planned, read_stamp, status
+from tasks.reproduce.spec import Claim, Results, Verdict
+
+SMOKE = (
+    "> **Smoke test, not a reproduction.** The `ci` profile runs every claim's pipeline end "
+    "to end on tiny subsets for one to three rounds so that it cannot rot. Its numbers and "
+    'its "holds" column say nothing about the papers; run `--profile cpu` (about two '
+    "hours on 2 cores) or `--profile gpu` (the seeds' protocols) for that."
+)
+
+
+def label(v: Verdict, profile: str) -> str:
+    word = {True: "holds", False: "does not hold", None: "cannot say"}[v.holds]
+    return f"{word} (smoke test)" if profile == "ci" else word
+
+
+def verdicts(claims: Sequence[Claim], results: Results) -> dict[str, Verdict]:
+    """Each claim's verdict from the finished results it reads (pure)."""
+    out = {}
+    for claim in claims:
+        if missing := unmet(claim):
+            out[claim.id] = Verdict(
+                None, "not available in this build: needs " + ", ".join(missing)
+            )
+            continue
+        names = set(claim.needs_all())
+        out[claim.id] = claim.judge({k: v for k, v in results.items() if k in names})
+    return out
+
+
+def write_figures(claims: Sequence[Claim], results: Results, root: Path) -> dict[str, Path]:
+    """figures/<claim>.png for every claim with something to draw."""
+    out = {}
+    for claim in claims:
+        if claim.plot is None or unmet(claim):
+            continue
+        names = set(claim.needs_all())
+        fig = claim.plot({k: v for k, v in results.items() if k in names})
+        if fig is not None:
+            fig.suptitle(f"{claim.id}: {claim.source.split(' (')[0]}", fontsize=9)
+            out[claim.id] = atomic_write_bytes(root / FIGURES / f"{claim.id}.png", save_png(fig))
+    return out
+
+
+def _minutes(seconds: Any) -> str:
+    return "-" if seconds is None else f"{float(seconds) / 60:.1f}"
+
+
+def _experiments_table(items: Sequence[Planned]) -> tuple[str, float]:
+    rows = [
+        "| experiment | claim | cells | status | minutes | resumed |",
+        "|---|---|---|---|--:|---|",
+    ]
+    total = 0.0
+    for item in items:
+        stamp = read_stamp(item.dir)
+        seconds = stamp.get("seconds") if (st := status(item)) == "done" else None
+        total += float(seconds or 0)
+        g = item.params.grid
+        cells = ", ".join(f"{a}-{d}" for a in g.algorithms for d in g.adapters)
+        rows.append(
+            f"| `{item.params.experiment.name}` | {item.claim.id} | {cells} | {st} | "
+            f"{_minutes(seconds)} | {'yes' if stamp.get('resumed') else ''} |"
+        )
+    return "\n".join(rows), total
+
+
+def markdown(
+    profile: str,
+    claims: Sequence[Claim],
+    items: Sequence[Planned],
+    results: Results,
+    decided: Mapping[str, Verdict],
+    figures: Mapping[str, Path],
+    command: str,
+) -> str:
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+    )
+    lines = [f"# Reproduction report: profile `{profile}`", ""]
+    if profile == "ci":
+        lines += [SMOKE, ""]
+    lines += [
+        f"Written {now} by `{command}` on {machine}. Each claim's experiments are ordinary "
+        "`fedapt run`s (folders below); a claim's verdict is computed from their finished "
+        "records by a fixed rule stated with it, decided before any run. Times are the "
+        "wall-clock minutes of the run that finished each experiment; on a machine shared "
+        "with other jobs they are pessimistic.",
+        "",
+        "## Summary",
+        "",
+        "| # | claim | source | direction |",
+        "|--:|---|---|---|",
+    ]
+    for i, claim in enumerate(claims, 1):
+        lines.append(
+            f"| {i} | [{claim.id}](#{i}-{claim.id}) {claim.title} | {claim.source} | "
+            f"{label(decided[claim.id], profile)} |"
+        )
+    for i, claim in enumerate(claims, 1):
+        v = decided[claim.id]
+        runs = [it for it in items if it.experiment.name in claim.needs_all()]
+        lines += [
+            "",
+            f"## {i}. {claim.id}",
+            "",
+            f"**Claim.** {claim.title}",
+            "",
+            f"**Paper** ({claim.source}). {claim.paper}",
+            "",
+        ]
+        if note := claim.scaled.get(profile):
+            lines += [f"**What ran under `{profile}`, and what was scaled.** {note}", ""]
+        for it in runs:
+            res = results.get(it.experiment.name)
+            took = _minutes(res.seconds if res else None)
+            command = " \\\n  ".join(["fedapt run", *(f"--set '{s}'" for s in it.overrides)])
+            lines += [
+                f"- `{it.params.experiment.name}` ({status(it)}, {took} min): <details>"
+                f"<summary>the same run alone</summary>\n\n```bash\n{command}\n```\n</details>"
+            ]
+        lines += ["", f"**fedapt's result.** {v.text}", ""]
+        if v.table:
+            lines += [v.table, ""]
+        lines += [f"**Direction:** {label(v, profile)}."]
+        if claim.id in figures:
+            lines += ["", f"![{claim.id}]({FIGURES}/{claim.id}.png)"]
+    table, total = _experiments_table(items)
+    lines += [
+        "",
+        "## Experiments",
+        "",
+        table,
+        "",
+        f"Finished experiments took {total / 60:.1f} minutes in all (sessions that were "
+        "interrupted and resumed count only their last session).",
+        "",
+        "Rerun the same command to finish what is missing: finished experiments (a "
+        "`summary.json` for the same configuration) are skipped, unfinished ones resume from "
+        "their round checkpoints, and this report is rewritten from everything finished.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(
+    profile: str,
+    claims: Sequence[Claim],
+    items: Sequence[Planned],
+    results: Results,
+    root: Path,
+    command: str,
+) -> Path:
+    """figures/*.png, verdicts.json and reproduction.md under ``root``; returns the report."""
+    decided = verdicts(claims, results)
+    figs = write_figures(claims, results, root)
+    atomic_write_json(
+        root / "verdicts.json",
+        {c.id: {"holds": decided[c.id].holds, "text": decided[c.id].text} for c in claims},
+    )
+    text = markdown(profile, claims, items, results, decided, figs, command)
+    return atomic_write_text(root / REPORT, text)
