@@ -59,9 +59,17 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         ]  # fmt: skip
         acc = results["anytime-exits"].cells["fedavg-accumulator"].record
         assert len(acc["final_accuracy_exits"]) == 6  # MiniLM: an exit after each block
-        assert verdicts["anytime-pa"]["holds"] is None  # the hook: not in this build
+        pa = results["anytime-exits-pa"].cells["fedavg-accumulator_pa"].record
+        assert len(pa["final_accuracy_exits"]) == 6
         # the claims that ran give a verdict from their numbers (True or False, any value)
-        for claim_id in ("adapters", "label-skew", "fednilo", "anytime", "train-time"):
+        for claim_id in (
+            "adapters",
+            "label-skew",
+            "fednilo",
+            "anytime",
+            "anytime-pa",
+            "train-time",
+        ):
             assert verdicts[claim_id]["holds"] in (True, False), verdicts[claim_id]
         _check_mlflow(tmp_path, verdicts)
 

@@ -13,6 +13,7 @@ from tasks.reproduce import (
     claim_server_opt,
     claim_train_time,
     claim_transformer,
+    registry,
 )
 from tasks.reproduce.spec import Cell, ExperimentResult
 
@@ -205,6 +206,27 @@ def test_anytime_every_exit():
     assert v.holds is False and "2 of 3 exits" in v.text
     assert claim_anytime.judge(r([])).holds is None
     assert claim_anytime.judge({}).holds is None
+
+
+def test_anytime_pa_judges_its_own_cells():
+    def r(acc_exits):
+        return {
+            "anytime-exits-pa": exp(
+                {
+                    "fedavg-lw_linear_pa": cell(exits=[0.40, 0.45, 0.50]),
+                    "fedavg-accumulator_pa": cell(exits=acc_exits),
+                }
+            )
+        }
+
+    judge = registry.ANYTIME_PA.judge
+    assert judge(r([0.41, 0.45, 0.60])).holds is True
+    v = judge(r([0.30, 0.50, 0.60]))
+    assert v.holds is False and "2 of 3 exits" in v.text
+    assert judge({}).holds is None
+    # the plain claim's cells do not count for "+ PA"
+    plain = {"anytime-exits-pa": exp({"fedavg-lw_linear": cell(exits=[0.4])})}
+    assert judge(plain).holds is None
 
 
 # ---- claim 7: local training time ------------------------------------------------------------
