@@ -34,18 +34,16 @@ from tasks.io import atomic_write_bytes
 FORMAT = 1
 AUTO_SECONDS = 5.0
 
-# Parameters that cannot change a cell's numbers: where outputs go, tracking, storage,
+# Parameters that cannot change a run's numbers: where outputs go, tracking, storage,
 # validation, the report, scale-out and checkpointing itself. Everything else counts.
-_NEUTRAL = (
+NEUTRAL = (
     "experiment.name",
     "experiment.reports_dir",
     "runtime.workers",
     "runtime.tracking",
     "runtime.task_runner",
-    "runtime.dask_address",
-    "runtime.dask_workers",
-    "runtime.ray_address",
-    "runtime.ray_workers",
+    "runtime.dask_",
+    "runtime.ray_",
     "runtime.checkpoint_every",
     "runtime.resume",
     "runtime.allow_divergence",
@@ -53,9 +51,15 @@ _NEUTRAL = (
     "report.",
     "tracking.",
     "validation.",
-    "personalize.",  # after the rounds, from the final model: recomputed on resume
-    "grid.",  # the cell's own algorithm and adapter options are added below
 )
+# A cell's own: personalization runs after the rounds, from the final model (recomputed on
+# resume), and the cell's algorithm and adapter options are added by ``fingerprint``.
+_CELL_NEUTRAL = (*NEUTRAL, "personalize.", "grid.")
+
+
+def significant(flat: dict[str, Any], neutral: tuple[str, ...] = NEUTRAL) -> dict[str, Any]:
+    """The flat params whose keys start with none of ``neutral``."""
+    return {k: v for k, v in flat.items() if not k.startswith(neutral)}
 
 
 def fingerprint(
@@ -67,9 +71,7 @@ def fingerprint(
 ) -> dict[str, Any]:
     """What determines the cell's numbers, as a flat JSON-able mapping."""
     flat = params.flat()
-    fp: dict[str, Any] = {
-        k: v for k, v in flat.items() if not any(k.startswith(n) for n in _NEUTRAL)
-    }
+    fp = significant(flat, _CELL_NEUTRAL)
     for prefix in (f"grid.algorithm_options.{algorithm}", f"grid.adapter_options.{adapter}"):
         fp.update({k: v for k, v in flat.items() if k == prefix or k.startswith(prefix + ".")})
     fp["cell.algorithm"], fp["cell.adapter"] = algorithm, adapter

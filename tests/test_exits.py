@@ -159,18 +159,7 @@ def test_engine_logs_accuracy_at_every_exit():
     )
     history = sim.run()
     last = history.rounds[-1]
-    accs = [last.extra[f"test_accuracy_exit_{k}"] for k in range(DEPTH)]
-    assert accs[-1] == last.accuracy
-    # Each exit's accuracy is the final model's at that exit, evaluated apart from the engine
-    # (the module's forward ending at exit k).
-    from tests.test_accuracy_bookkeeping import independent_accuracy
-
-    for k, acc in enumerate(accs):
-        model.exit_plan.exit = k
-        assert acc == pytest.approx(
-            independent_accuracy(model, sim.global_state, toy_data(100, seed=1))
-        ), k
-    model.exit_plan.exit = None
+    accs = assert_exit_accuracies(model, sim, last, toy_data(100, seed=1))
     assert last.upload_bytes == 2 * len(payload.encode(m.payload(model)))
     # the run summary and the console table carry the per-exit accuracies
     assert exit_accuracies(history) == accs
@@ -259,3 +248,18 @@ def test_exit_methods_do_not_apply_to_cnns():
     with pytest.raises(ConfigError, match="not a transformer with CLS plumbing"):
         adapt(TinyAdaptable(), "accumulator")
     assert get_adapter("lw_mlp").merge(build("bert", "lw_mlp")) is None
+
+
+def assert_exit_accuracies(model, sim, last, test_data, depth: int = DEPTH) -> list[float]:
+    """The round's per-exit accuracies are the final model's at each exit (the module's
+    forward ending at exit k), evaluated apart from the engine; the last is the round's.
+    Returns them."""
+    from tests.test_accuracy_bookkeeping import independent_accuracy
+
+    accs = [last.extra[f"test_accuracy_exit_{k}"] for k in range(depth)]
+    assert accs[-1] == last.accuracy
+    for k, acc in enumerate(accs):
+        model.exit_plan.exit = k
+        assert acc == pytest.approx(independent_accuracy(model, sim.global_state, test_data)), k
+    model.exit_plan.exit = None
+    return accs

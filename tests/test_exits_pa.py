@@ -15,7 +15,7 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms import build_algorithm
-from fedcore.client import LocalConfig, train_locally
+from fedcore.client import LocalConfig
 from fedcore.cohort import resolve_engine
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError
@@ -26,7 +26,8 @@ from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.exits_pa import PA_BOTTLENECK, AccumulatorPAOptions, LayerwisePAOptions
 from tests.helpers import toy_data
-from tests.test_lora import H, data, inputs, tiny_bert, tiny_vit
+from tests.test_exits import assert_exit_accuracies
+from tests.test_lora import H, inputs, one_step_changes, tiny_bert, tiny_vit
 
 PLAIN = {"accumulator_pa": "accumulator", "lw_linear_pa": "lw_linear", "lw_mlp_pa": "lw_mlp"}
 KINDS = {"bert": tiny_bert, "vit": tiny_vit}
@@ -110,19 +111,8 @@ def test_training_step_changes_only_the_payload(method, kind):
     m = get_adapter(method, options)
     model = build(kind, method, options)
     keys = set(m.payload_keys(model))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
     model.exit_plan.begin_client(0, 7)
-    res = train_locally(
-        model,
-        before,
-        data(kind, 32),
-        np.arange(32),
-        lr=0.1,
-        cfg=LocalConfig(batch_size=8, momentum=0.9, weight_decay=5e-4),
-        seed=1,
-        trainable=m.trainable_keys(model),
-    )
-    changed = {k for k in before if not torch.equal(before[k], res.state[k])}
+    changed = one_step_changes(model, m, kind, batch_size=8)
     assert changed <= keys  # attention, FFN, LayerNorms, embeddings, classifier: untouched
     assert any(".adapter.up." in k for k in changed)  # the adapters train ...
     assert any(".adapter." not in k for k in changed)  # ... with the exits
@@ -179,17 +169,7 @@ def test_two_federated_rounds(method, options):
     assert [r.download_bytes for r in history.rounds] == [3 * wire] * 2
     base = {k: v for k, v in start.items() if k not in keys}
     assert history.base_bytes == len(payload.encode(base))  # counted once per client, apart
-    last = history.rounds[-1]
-    accs = [last.extra[f"test_accuracy_exit_{k}"] for k in range(DEPTH)]
-    assert accs[-1] == last.accuracy
-    # Each exit's accuracy is the final model's at that exit, evaluated apart from the engine.
-    from tests.test_accuracy_bookkeeping import independent_accuracy
-
-    for k, acc in enumerate(accs):
-        model.exit_plan.exit = k
-        assert acc == pytest.approx(
-            independent_accuracy(model, sim.global_state, toy_data(40, seed=1))
-        ), k
+    assert_exit_accuracies(model, sim, history.rounds[-1], toy_data(40, seed=1))
 
 
 def test_personalization_scopes():

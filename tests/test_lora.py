@@ -96,6 +96,23 @@ def inputs(kind: str, n: int = 8) -> torch.Tensor:
     return data(kind, n, seed=5).batch(torch.arange(n))[0]
 
 
+def one_step_changes(model: nn.Module, method, kind: str, batch_size: int = 16) -> set[str]:
+    """The state keys that one client's local training (32 rows, SGD with momentum and
+    weight decay) changes, under ``method``'s trainable keys."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = train_locally(
+        model,
+        before,
+        data(kind, 32),
+        np.arange(32),
+        lr=0.1,
+        cfg=LocalConfig(batch_size=batch_size, momentum=0.9, weight_decay=5e-4),
+        seed=1,
+        trainable=method.trainable_keys(model),
+    )
+    return {k for k in before if not torch.equal(before[k], res.state[k])}
+
+
 def _randomise_lora(model: nn.Module, seed: int = 0) -> None:
     """Non-zero B (and new A) so merge and round trips are tested on a real update."""
     g = torch.Generator().manual_seed(seed)
@@ -129,18 +146,7 @@ def test_training_step_changes_only_the_payload(kind):
         or k.startswith(("classifier.", "head.", "_fc."))
         for k in keys
     )
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = train_locally(
-        model,
-        before,
-        data(kind, 32),
-        np.arange(32),
-        lr=0.1,
-        cfg=LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
-        seed=1,
-        trainable=m.trainable_keys(model),
-    )
-    changed = {k for k in before if not torch.equal(before[k], res.state[k])}
+    changed = one_step_changes(model, m, kind)
     assert changed <= keys  # the base (attention, FFN, convs, LayerNorm) is bit-identical
     assert m.trainable_keys(model) <= changed  # A and B both move (B from zero, A by decay)
 

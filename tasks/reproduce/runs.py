@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tasks.checkpoint import significant
 from tasks.config import Params, experiment_dir, load_params
 from tasks.io import atomic_write_bytes, atomic_write_json
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
@@ -26,25 +27,6 @@ from tasks.reproduce.spec import Cell, Claim, Experiment, ExperimentResult, dedu
 STAMP = "reproduce.json"
 REPORT = "reproduction.md"
 FIGURES = "figures"
-
-# Keys that cannot change a cell's numbers (cf. tasks.checkpoint's fingerprint); the
-# profile's experiment name and folder are set here, so they never count either.
-_NEUTRAL = (
-    "experiment.name",
-    "experiment.reports_dir",
-    "runtime.workers",
-    "runtime.tracking",
-    "runtime.task_runner",
-    "runtime.dask_",
-    "runtime.ray_",
-    "runtime.checkpoint_every",
-    "runtime.resume",
-    "runtime.allow_divergence",
-    "storage.",
-    "report.",
-    "tracking.",
-    "validation.",
-)
 
 
 @dataclass(frozen=True)
@@ -108,8 +90,7 @@ def plan(
 
 def config_key(flat: dict[str, Any]) -> dict[str, Any]:
     """The flat params that determine an experiment's numbers, as plain JSON values."""
-    keep = {k: v for k, v in flat.items() if not any(k.startswith(n) for n in _NEUTRAL)}
-    return json.loads(json.dumps(keep, sort_keys=True, default=str))
+    return json.loads(json.dumps(significant(flat), sort_keys=True, default=str))
 
 
 def _summary(directory: Path) -> dict[str, Any] | None:
