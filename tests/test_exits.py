@@ -231,9 +231,14 @@ def test_bad_exit_options_stop_in_one_line(options, message):
 
 def test_layerwise_methods_take_the_exit_options_only():
     with pytest.raises(ConfigError) as err:
+        get_adapter("lw_linear", {"mlp_ratio": 2})
+    assert str(err.value) == (
+        "unknown key 'grid.adapter_options.lw_linear.mlp_ratio'; allowed: exits, tiers, exit"
+    )
+    with pytest.raises(ConfigError) as err:
         get_adapter("lw_mlp", {"heads": 2})
     assert str(err.value) == (
-        "unknown key 'grid.adapter_options.lw_mlp.heads'; allowed: exits, tiers, exit"
+        "unknown key 'grid.adapter_options.lw_mlp.heads'; allowed: exits, tiers, exit, mlp_ratio"
     )
     m = get_adapter("lw_linear", {"exits": "multitier", "tiers": [0, 1], "exit": 0})
     assert m.options == ExitOptions(exits="multitier", tiers=(0, 1), exit=0)

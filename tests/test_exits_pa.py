@@ -24,7 +24,12 @@ from fedcore.protocols import exit_heads
 from fedcore.schedules import LRSchedule
 from models import get_model
 from models.adapters import adapt, get_adapter
-from models.adapters.exits_pa import PA_BOTTLENECK, AccumulatorPAOptions, LayerwisePAOptions
+from models.adapters.exits_pa import (
+    PA_BOTTLENECK,
+    AccumulatorPAOptions,
+    LayerwiseMLPPAOptions,
+    LayerwisePAOptions,
+)
 from tests.helpers import toy_data
 from tests.test_exits import assert_exit_accuracies
 from tests.test_lora import H, inputs, one_step_changes, tiny_bert, tiny_vit
@@ -45,13 +50,14 @@ def pa_params(hidden: int, m: int) -> int:
 
 
 # Hand-computed exit modules of the tiny models (H = 16, 2 blocks, 3 classes):
-# lw_linear: 2 x (16 x 3 + 3); lw_mlp: 2 x (16 x 16 + 16 + 16 x 3 + 3); accumulator: client
+# lw_linear: 2 x (16 x 3 + 3); lw_mlp (width 4H = 64): 2 x (16 x 64 + 64 + 64 x 3 + 3);
+# accumulator: client
 # token 16, layer embeddings 3 x 16, one transformer layer (1 head, FFN 64: qkv 3 x (16 x 16 + 16),
 # out 16 x 16 + 16, FFN 16 x 64 + 64 + 64 x 16 + 16, two LayerNorms 2 x 32) and the MLP head
 # 16 x 16 + 16 + 16 x 3 + 3.
 EXITS = {
     "lw_linear": 2 * 51,
-    "lw_mlp": 2 * 323,
+    "lw_mlp": 2 * 1283,
     "accumulator": 16 + 48 + (816 + 272 + 1088 + 1040 + 64) + 323,
 }
 
@@ -203,7 +209,9 @@ def test_personalization_scopes():
 
 
 def test_options_are_the_exits_plus_the_adapters():
-    assert get_adapter("lw_mlp_pa").options == LayerwisePAOptions(bottleneck=64, scaling=4.0)
+    assert get_adapter("lw_linear_pa").options == LayerwisePAOptions(bottleneck=64, scaling=4.0)
+    mlp = get_adapter("lw_mlp_pa", {"mlp_ratio": 2})
+    assert mlp.options == LayerwiseMLPPAOptions(mlp_ratio=2.0, bottleneck=64, scaling=4.0)
     acc = get_adapter("accumulator_pa", {"heads": 2, "scaling": 2, "exit": 0})
     assert acc.options == AccumulatorPAOptions(heads=2, scaling=2.0, exit=0)
     with pytest.raises(ConfigError) as err:
@@ -226,3 +234,25 @@ def test_not_applicable_to_cnns():
     for method in PLAIN:
         with pytest.raises(ConfigError, match="not a transformer with CLS plumbing"):
             adapt(TinyAdaptable(), method)
+
+
+@pytest.mark.parametrize(("method", "table"), [("lw_mlp", 8.94), ("lw_mlp_pa", 9.54)])
+def test_seed_001_mlp_exit_size_on_deit_small(method, table):
+    """Seed 001 Table 5: Layer-wise MLP 8.95M on DeiT-S with 100 classes, Table 6: +Adapter
+    9.55M: 12 x (384 x 1536 + 1536 + 1536 x 100 + 100) = 8,940,720, an MLP of width 4H (the
+    default ``mlp_ratio``), plus the 0.60M of PA. One block, times 12. The seed rounds up."""
+    model = get_model("deit_small", num_classes=100, in_channels=3, input_size=32, depth=1)
+    model = adapt(model, method, "deit_small")
+    numel = get_adapter(method).counts(model).payload_numel
+    exit_head = 384 * 1536 + 1536 + 1536 * 100 + 100
+    assert numel == exit_head + (pa_params(384, 64) if method.endswith("_pa") else 0)
+    assert round(12 * numel / 1e6, 2) == table
+    narrow = adapt(
+        get_model("deit_small", num_classes=100, in_channels=3, input_size=32, depth=1),
+        method,
+        "deit_small",
+        {"mlp_ratio": 1.0},
+    )
+    assert get_adapter(method, {"mlp_ratio": 1.0}).counts(narrow).payload_numel == numel - (
+        exit_head - (384 * 384 + 384 + 384 * 100 + 100)
+    )

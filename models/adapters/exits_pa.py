@@ -43,7 +43,7 @@ from models.adapters.bottleneck import (
 )
 from models.adapters.exits import ExitMethod, ExitOptions
 from models.adapters.lw_linear import LayerwiseLinear
-from models.adapters.lw_mlp import LayerwiseMLP
+from models.adapters.lw_mlp import LayerwiseMLP, LayerwiseMLPOptions
 
 # Seed 001 Table 5: "Parallel Adapter 0.60M" on DeiT-S = 12 x (2 x 384 x 64 + 64 + 384).
 PA_BOTTLENECK = 64
@@ -61,7 +61,12 @@ class PAOptions:
 
 @dataclass(frozen=True)
 class LayerwisePAOptions(PAOptions, ExitOptions):
-    """``grid.adapter_options.lw_linear_pa`` / ``.lw_mlp_pa``: exits, tiers, exit, bottleneck,
+    """``grid.adapter_options.lw_linear_pa``: exits, tiers, exit, bottleneck, scaling."""
+
+
+@dataclass(frozen=True)
+class LayerwiseMLPPAOptions(PAOptions, LayerwiseMLPOptions):
+    """``grid.adapter_options.lw_mlp_pa``: exits, tiers, exit, mlp_ratio, bottleneck,
     scaling."""
 
 
@@ -111,4 +116,4 @@ class LayerwiseLinearPA(WithParallelAdapters, LayerwiseLinear):  # type: ignore[
 class LayerwiseMLPPA(WithParallelAdapters, LayerwiseMLP):  # type: ignore[misc]
     name = "lw_mlp_pa"
     summary = "layer-wise MLP exits plus parallel adapters beside every FFN (seed 001 +PA)"
-    Options: ClassVar[type[Any]] = LayerwisePAOptions
+    Options: ClassVar[type[Any]] = LayerwiseMLPPAOptions
