@@ -108,6 +108,16 @@ def test_status_done_rerun_resume(tmp_path):
     assert runs.status(it) == "rerun"
 
 
+def test_load_result_reads_the_class_prior(tmp_path):
+    summary = {"experiment": "x", "params": {"client.lr": 0.1}, "runs": []}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert runs.load_result(tmp_path).majority is None  # no partition stats
+    (tmp_path / "partition").mkdir()
+    (tmp_path / "partition" / "stats.json").write_text(json.dumps({"label_totals": [13, 4, 3]}))
+    result = runs.load_result(tmp_path)
+    assert result.majority == 0.65 and result.params == {"client.lr": 0.1} and not result.cells
+
+
 def test_experiments_with_the_same_base_share_it(tmp_path):
     import hashlib
 

@@ -44,8 +44,8 @@ def cell(acc=0.5, accs=None, per_round=MB, seconds=1.0, exits=None):
     return Cell(record, rounds)
 
 
-def exp(cells, **params):
-    return ExperimentResult(params, cells, 60.0)
+def exp(cells, majority=None, **params):
+    return ExperimentResult(params, cells, 60.0, majority)
 
 
 # ---- claim 1: residual adapters vs full under Dir(0.5) ------------------------------------
@@ -206,6 +206,21 @@ def test_anytime_every_exit():
     assert v.holds is False and "2 of 3 exits" in v.text
     assert claim_anytime.judge(r([])).holds is None
     assert claim_anytime.judge({}).holds is None
+
+
+def test_anytime_cannot_say_when_no_exit_beats_the_class_prior():
+    """Both methods at the majority class (as the cpu profile's 60 rounds gave on 2026-11-25):
+    "at least as accurate" would hold vacuously; the verdict is "cannot say"."""
+
+    def r(lw, acc, majority):
+        cells = {"fedavg-lw_linear": cell(exits=lw), "fedavg-accumulator": cell(exits=acc)}
+        return {"anytime-exits": exp(cells, majority=majority)}
+
+    v = claim_anytime.judge(r([0.424, 0.426], [0.424, 0.424], 0.4347))
+    assert v.holds is None and "Cannot say" in v.text and "43.47%" in v.text
+    assert "| 2 |" in v.table  # the numbers are still shown
+    assert claim_anytime.judge(r([0.424, 0.46], [0.424, 0.424], 0.4347)).holds is False
+    assert claim_anytime.judge(r([0.424, 0.46], [0.43, 0.47], 0.4347)).holds is True
 
 
 def test_anytime_pa_judges_its_own_cells():

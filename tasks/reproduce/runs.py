@@ -169,7 +169,18 @@ def load_result(directory: Path) -> ExperimentResult | None:
         metrics = directory / "runs" / name / "metrics.json"
         rounds = json.loads(metrics.read_text())["rounds"] if metrics.is_file() else []
         cells[name] = Cell(record=record, rounds=rounds)
-    return ExperimentResult(summary["params"], cells, read_stamp(directory).get("seconds"))
+    return ExperimentResult(
+        summary["params"], cells, read_stamp(directory).get("seconds"), _majority(directory)
+    )
+
+
+def _majority(directory: Path) -> float | None:
+    """The most frequent class's share of the partitioned training rows."""
+    try:
+        totals = json.loads((directory / "partition" / "stats.json").read_text())["label_totals"]
+        return max(totals) / sum(totals)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def results(items: Sequence[Planned]) -> dict[str, ExperimentResult]:

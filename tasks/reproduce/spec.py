@@ -48,11 +48,14 @@ class Cell:
 @dataclass(frozen=True)
 class ExperimentResult:
     """A finished experiment: its flat params (summary.json), its cells by name
-    (``fedavg-full``) and the seconds the run took (None when unknown)."""
+    (``fedavg-full``), the seconds the run took (None when unknown) and the share of the
+    most frequent class among its training rows (partition/stats.json; None when unknown):
+    the accuracy of a model that learned nothing but the prior."""
 
     params: Mapping[str, Any]
     cells: Mapping[str, Cell]
     seconds: float | None = None
+    majority: float | None = None
 
 
 Results = Mapping[str, ExperimentResult]  # experiment name -> result (finished ones only)
