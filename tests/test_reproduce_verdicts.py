@@ -116,7 +116,8 @@ def test_fednilo_fails_when_it_saves_less_or_never_reaches():
     assert v.holds is False and "20.0%" in v.text
     low = _nilo(MB, [0.3, 0.3, 0.3, 0.3, 0.3])
     v = claim_fednilo.judge({"fednilo-fedavg": base, "fednilo-k500f75": low})
-    assert v.holds is False and "none" in v.text
+    assert v.holds is False and "none" in v.text and "its best ACC" in v.text and "30.00%" in v.text
+    assert "not reached" in v.table
 
 
 def test_fednilo_missing():

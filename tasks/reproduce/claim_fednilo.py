@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from fedcore.commcost import first_reach, windowed
 from tasks.reproduce import plots
-from tasks.reproduce.measures import MIB, num, param, table
+from tasks.reproduce.measures import MIB, num, param, pct, table
 from tasks.reproduce.spec import Claim, Experiment, Results, Verdict, missing
 
 if TYPE_CHECKING:
@@ -126,13 +126,19 @@ def judge(results: Results) -> Verdict:
                 f"{100 * level:.1f}",
                 num(b.cum_bytes / MIB if b else None, ".1f"),
                 num(hits[who].cum_bytes / MIB if who else None, ".1f"),
-                "+" if saving is None else f"{100 * saving:.1f}%",
+                "not reached" if saving is None else f"{100 * saving:.1f}%",
                 who.removeprefix("fednilo-") if who else "-",
             ]
         )
     tab = table(["ACC level %", "FedAvg MiB", "FedNILO MiB (best)", "saving", "config"], rows)
     if not savings:
-        return Verdict(False, "FedNILO reached none of FedAvg's accuracy levels.", tab)
+        top = max((p.accuracy for r in nilo.values() for p in r if p.accuracy), default=None)
+        return Verdict(
+            False,
+            f"FedNILO reached none of FedAvg's accuracy levels: its best ACC (mean of the last "
+            f"{window} evaluated rounds) is {pct(top)}%, below the lowest level.",
+            tab,
+        )
     mean = sum(savings) / len(savings)
     text = (
         f"ACC is the mean test accuracy of the last {window} evaluated rounds (seed 004 "
