@@ -62,15 +62,12 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         pa = results["anytime-exits-pa"].cells["fedavg-accumulator_pa"].record
         assert len(pa["final_accuracy_exits"]) == 6
         # the claims that ran give a verdict from their numbers (True or False, any value)
-        for claim_id in (
-            "adapters",
-            "label-skew",
-            "fednilo",
-            "anytime",
-            "anytime-pa",
-            "train-time",
-        ):
+        for claim_id in ("adapters", "label-skew", "fednilo", "train-time"):
             assert verdicts[claim_id]["holds"] in (True, False), verdicts[claim_id]
+        # the anytime claims too, or "cannot say" when no exit beat the class prior (2 steps)
+        for claim_id in ("anytime", "anytime-pa"):
+            v = verdicts[claim_id]
+            assert v["holds"] in (True, False) or v["text"].startswith("Cannot say: no exit"), v
         _check_mlflow(tmp_path, verdicts)
 
         # a rerun: finished experiments are skipped, a missing one runs again
