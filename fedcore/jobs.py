@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcore import payload
+from fedcore import numerics, payload
 from fedcore.algorithms.base import ClientTask, ClientView, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.exits import begin_client, evaluate_exits, num_exits
@@ -81,6 +81,7 @@ def die_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
 def init_pool_worker(parent: int, model_fn: Callable[[], nn.Module], *args: Any) -> None:
     """A worker of the engine's pool: dies with ``parent``, then :func:`init_worker`."""
     die_with_parent(parent)
+    numerics.apply_inherited()  # the parent's numerics mode, before anything computes
     init_worker(model_fn, *args)
 
 

@@ -385,12 +385,27 @@ class RuntimeSection(_Section):
     # A diverged run (every update rejected as non-finite, or a non-finite test loss) exits
     # with code 3 after writing its outputs; true: exit 0 (the warning is printed either way).
     allow_divergence: bool = False
+    # Which CPU kernels compute (fedcore/numerics.py): portable gives the same bytes on every
+    # x86-64 CPU with AVX2 (ATen at AVX2, oneDNN and NNPACK off, MKL's COMPATIBLE branch,
+    # fixed threads); native lets each machine pick its fastest (exact on that machine only).
+    numerics: Literal["portable", "native"] = "portable"
+    # Intra-op threads of a process that computes outside the single-thread client workers
+    # (cohort engine, pretraining); auto: 2 in portable numerics (results depend on it), the
+    # library's default (the machine's cores) in native numerics.
+    threads: int | Literal["auto"] = "auto"
 
     @field_validator("workers")
     @classmethod
     def _workers(cls, v: int | str) -> int | str:
         if not isinstance(v, str) and v < 0:
             raise ValueError("workers is auto or a number of worker processes >= 0")
+        return v
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: int | str) -> int | str:
+        if not isinstance(v, str) and v < 1:
+            raise ValueError("threads is auto or a number of threads >= 1")
         return v
 
     @field_validator("cohort_size")

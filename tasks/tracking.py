@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fedcore import numerics
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, RoundRecord
 from fedcore.payload import mib
@@ -152,6 +153,9 @@ def provenance_tags() -> dict[str, str]:
     lock = ROOT / "dvc.lock"
     if lock.is_file():
         tags["dvc_lock_sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()
+    # Where the numbers came from (a native run differs between CPUs): fedcore/numerics.py.
+    for key, value in numerics.provenance().items():
+        tags[f"fedapt.{key}"] = str(value)
     return tags
 
 

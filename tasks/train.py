@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from torch import nn
 
-from fedcore import payload
+from fedcore import numerics, payload
 from fedcore.client import LocalConfig
 from fedcore.engine import History, Simulation
 from fedcore.events import Callback, ClientRecord
@@ -190,6 +190,7 @@ def personalize_cell(
 
 
 _TIMING_KEYS = (
+    "provenance",
     "wall_seconds",
     "process_seconds",
     "local_train_seconds_mean",
@@ -315,6 +316,9 @@ def summary_record(
         "device": device,
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "numerics": numerics.mode_in_force(),  # portable | native (the same on every machine)
+        # The CPU, its ISA and what computed on it: not hashed (timing.json, summary.json).
+        "provenance": numerics.provenance(),
     }
 
 
@@ -469,6 +473,8 @@ def train_task(
     Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
     removes them when the grid is done). ``seed``: the cell's seed in a seed sweep (its
     MLflow run is named ``<cell> seed <seed>`` and tagged ``seed``)."""
+    # A Dask or Ray worker is a process of its own: the run's numerics before it computes.
+    numerics.apply(params.runtime.numerics, params.runtime.threads)
     name = cell_name(algorithm, adapter)
     return run_cell(
         params,

@@ -4,7 +4,15 @@ import os
 import tempfile
 
 import pytest
-import torch
+
+from fedcore import numerics
+
+# The suite computes in portable numerics, the default of params.yaml (fedcore/numerics.py):
+# in force before any test computes, so the commands tests run in this process may ask for
+# it; tests of native numerics start processes of their own.
+numerics.apply("portable")
+
+import torch  # noqa: E402
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
 # Tests never see the services of a developer's `fedapt up` (state in the repo's .fedapt/):

@@ -214,9 +214,13 @@ def exit_if_diverged(params: Any, records: list[dict[str, Any]]) -> None:
 
 
 def load(params: Path | None, overrides: list[str] | None, extra: list[str] | None = None) -> Any:
+    from fedcore import numerics
     from tasks.config import load_params
 
-    return load_params(params, [*(overrides or []), *(extra or [])])
+    p = load_params(params, [*(overrides or []), *(extra or [])])
+    # Before anything computes: ATen and MKL fix their kernels at their first call.
+    numerics.apply(p.runtime.numerics, p.runtime.threads)
+    return p
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:
