@@ -52,6 +52,7 @@ from typing import Any
 from fedcore.errors import ConfigError, FedaptError
 
 MODES = ("portable", "native")
+AUTO = "auto"  # runtime.numerics default: what the entry point promises (see resolve)
 PORTABLE_ISA = "AVX2"  # ATen's capability name (torch.backends.cpu.get_cpu_capability())
 PORTABLE_THREADS = 2  # runtime.threads: auto in portable mode
 MODE_VAR = "FEDAPT_NUMERICS"  # the mode in force, inherited by child processes
@@ -69,10 +70,24 @@ class NumericsError(FedaptError, RuntimeError):
     """Portable numerics were asked for where they cannot be had (one line for the CLI)."""
 
 
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ConfigError(f"runtime.numerics: {mode!r} is not one of {', '.join(MODES)}")
+def check_mode(mode: str, allowed: tuple[str, ...] = MODES) -> str:
+    if mode not in allowed:
+        raise ConfigError(f"runtime.numerics: {mode!r} is not one of {', '.join(allowed)}")
     return mode
+
+
+def resolve(mode: str, default: str) -> str:
+    """``runtime.numerics`` as a mode: ``auto`` is the mode this process already runs (set by
+    a parent process, or ``FEDAPT_NUMERICS`` in your environment), else ``default``: portable
+    where exact reruns are the promise (the DVC stages, ``fedapt reproduce``), native for
+    ``fedapt run`` and deployments (docs/numerics.md has the measured cost)."""
+    check_mode(mode, (AUTO, *MODES))
+    if mode != AUTO:
+        return mode
+    inherited = os.environ.get(MODE_VAR)
+    if inherited is not None:
+        return check_mode(inherited)
+    return check_mode(default)
 
 
 def resolve_threads(mode: str, threads: int | str = "auto") -> int | None:

@@ -18,7 +18,6 @@ from typing import Any
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedcore import numerics
 from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
@@ -26,7 +25,7 @@ from flows import services
 from flows.runners import cell_params, grid_task_runner
 from tasks import checkpoint, tracking
 from tasks.cell import check_cell, model_factory
-from tasks.config import Params, experiment_dir, load_params
+from tasks.config import Params, experiment_dir, in_force, load_params
 from tasks.data import (
     build_partition,
     check_partition_data,
@@ -255,7 +254,7 @@ def experiment_flow(
     Parameters are typed once (``tasks.config``): a deployment's JSON ``params`` become a
     ``Params`` through Prefect's validation, and every task receives that object."""
     p = params if params is not None else load_params(params_file, overrides)
-    numerics.apply(p.runtime.numerics, p.runtime.threads)  # a Prefect worker's run starts here
+    p = in_force(p, "native")  # a deployment's run starts here (auto: native, as fedapt run)
     check_sweep(p, partition_dir)
     # Deployment runs get the same environment as `fedapt run`: the services that are up,
     # else an embedded S3 for the outputs (a no-op when the CLI already set it up); and the

@@ -18,6 +18,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from fedcore import numerics
 from flows import services
 from flows.experiment import experiment_flow
 from tasks import tracking
@@ -82,6 +83,8 @@ def reproduce_flow(
     sets = list(overrides or [])
     chosen = select(claims)
     items = runs.plan(chosen, profile, params_file, sets)
+    if items:  # a deployment's run: the numerics before anything computes
+        numerics.apply(items[0].params.runtime.numerics, items[0].params.runtime.threads)
     root = runs.reproduce_root(params_file, sets, profile)
     log = get_run_logger()
     with services.run_lock(root, "fedapt reproduce"):

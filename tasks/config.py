@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from fedcore import numerics
 from fedcore.algorithms import ALGORITHMS, FederatedAlgorithm, build_algorithm
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.options import describe, fields_at, location
@@ -388,7 +389,9 @@ class RuntimeSection(_Section):
     # Which CPU kernels compute (fedcore/numerics.py): portable gives the same bytes on every
     # x86-64 CPU with AVX2 (ATen at AVX2, oneDNN and NNPACK off, MKL's COMPATIBLE branch,
     # fixed threads); native lets each machine pick its fastest (exact on that machine only).
-    numerics: Literal["portable", "native"] = "portable"
+    # auto: portable in the DVC stages and `fedapt reproduce`, native in `fedapt run` and
+    # deployments, or the mode of FEDAPT_NUMERICS when set (fedcore.numerics.resolve).
+    numerics: Literal["auto", "portable", "native"] = "auto"
     # Intra-op threads of a process that computes outside the single-thread client workers
     # (cohort engine, pretraining); auto: 2 in portable numerics (results depend on it), the
     # library's default (the machine's cores) in native numerics.
@@ -534,6 +537,24 @@ def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]
 
     place = where(source, text, location(err.errors()[0]))
     return f"{place}: {describe(err, Params, sections=sections)}"
+
+
+def in_force(params: Params, default: str) -> Params:
+    """Put the run's numerics in force in this process (``fedcore.numerics.apply``, before
+    anything computes) and return ``params`` naming the mode ``auto`` resolved to (``default``
+    unless this process already runs one), so every task and record sees the mode itself."""
+    params = resolved(params, default)
+    numerics.apply(params.runtime.numerics, params.runtime.threads)
+    return params
+
+
+def resolved(params: Params, default: str) -> Params:
+    """``params`` naming the numerics mode that ``auto`` resolves to (nothing applied)."""
+    mode = numerics.resolve(params.runtime.numerics, default)
+    if mode == params.runtime.numerics:
+        return params
+    runtime = params.runtime.model_copy(update={"numerics": mode})
+    return params.model_copy(update={"runtime": runtime})
 
 
 def load_params(path: str | Path | None = None, overrides: list[str] | None = None) -> Params:

@@ -474,7 +474,7 @@ def train_task(
     removes them when the grid is done). ``seed``: the cell's seed in a seed sweep (its
     MLflow run is named ``<cell> seed <seed>`` and tagged ``seed``)."""
     # A Dask or Ray worker is a process of its own: the run's numerics before it computes.
-    numerics.apply(params.runtime.numerics, params.runtime.threads)
+    numerics.apply(numerics.resolve(params.runtime.numerics, "native"), params.runtime.threads)
     name = cell_name(algorithm, adapter)
     return run_cell(
         params,

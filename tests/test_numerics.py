@@ -162,3 +162,26 @@ def test_portable_runs_are_byte_identical_on_two_emulated_cpus_native_runs_are_n
         assert native["provenance"]["aten_capability"] == "AVX512"
         metrics = json.loads((runs["portable", "full"] / "metrics.json").read_text())
         assert metrics["numerics"] == "portable" and "provenance" not in metrics
+
+
+def test_auto_is_the_entry_points_promise_unless_the_process_already_runs_a_mode(monkeypatch):
+    monkeypatch.delenv(numerics.MODE_VAR, raising=False)
+    assert numerics.resolve("auto", "portable") == "portable"  # dvc stages, fedapt reproduce
+    assert numerics.resolve("auto", "native") == "native"  # fedapt run, deployments
+    assert numerics.resolve("native", "portable") == "native"  # an explicit mode wins
+    monkeypatch.setenv(numerics.MODE_VAR, "portable")  # a portable parent, or your shell
+    assert numerics.resolve("auto", "native") == "portable"
+    with pytest.raises(ConfigError, match="not one of auto, portable, native"):
+        numerics.resolve("exact", "native")
+
+
+def test_params_name_the_resolved_mode(monkeypatch):
+    from tasks.config import load_params, resolved
+
+    monkeypatch.delenv(numerics.MODE_VAR, raising=False)
+    p = load_params(ROOT / "params.yaml")
+    assert p.runtime.numerics == "auto"
+    assert resolved(p, "portable").runtime.numerics == "portable"
+    assert resolved(p, "portable").flat()["runtime.numerics"] == "portable"
+    q = load_params(ROOT / "params.yaml", ["runtime.numerics=native"])
+    assert resolved(q, "portable") is q

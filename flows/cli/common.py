@@ -213,14 +213,20 @@ def exit_if_diverged(params: Any, records: list[dict[str, Any]]) -> None:
         raise typer.Exit(EXIT_DIVERGED)
 
 
-def load(params: Path | None, overrides: list[str] | None, extra: list[str] | None = None) -> Any:
-    from fedcore import numerics
-    from tasks.config import load_params
+def load(
+    params: Path | None,
+    overrides: list[str] | None,
+    extra: list[str] | None = None,
+    *,
+    numerics: str = "native",
+) -> Any:
+    """The typed params, their numerics in force (``numerics``: what ``runtime.numerics:
+    auto`` means for this command; the DVC stages and ``fedapt reproduce`` say portable)."""
+    from tasks.config import in_force, load_params
 
     p = load_params(params, [*(overrides or []), *(extra or [])])
     # Before anything computes: ATen and MKL fix their kernels at their first call.
-    numerics.apply(p.runtime.numerics, p.runtime.threads)
-    return p
+    return in_force(p, numerics)
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:

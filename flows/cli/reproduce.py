@@ -54,6 +54,11 @@ def reproduce(
         if plan_only:
             out.print(_plan_table(items))
             return
+        if items:  # before anything computes (preflight builds models)
+            from fedcore import numerics
+
+            rt = items[0].params.runtime
+            numerics.apply(rt.numerics, rt.threads)
         words = ["fedapt reproduce", f"--profile {profile}"]
         words += [f"--claim {c}" for c in claim or []]
         words += [f"--params {params}"] if params is not None else []

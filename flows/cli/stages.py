@@ -41,7 +41,7 @@ def prepare(
         from tasks.data import dataset_card, load_experiment_data
         from tasks.io import atomic_write_json
 
-        p = load(params, set_)
+        p = load(params, set_, numerics="portable")
         card = dataset_card(p, load_experiment_data(p))
         path = atomic_write_json(out_dir / "dataset.json", card)
         out.print(
@@ -71,7 +71,7 @@ def validate(
         from tasks.data import dataset_num_classes, load_partition
         from tasks.validate import validate_partition
 
-        p = load(params, set_)
+        p = load(params, set_, numerics="portable")
         load_partition(partition_dir)  # a missing or altered manifest -> one line
         num_classes = dataset_num_classes(p)
         path = validate_partition(partition_dir, num_classes, p.validation.min_shard_size, report)
@@ -98,7 +98,7 @@ def pretrain(
         from flows.experiment import check_names
         from tasks.pretrain import check_source, run_pretrain
 
-        p = load(params, set_)
+        p = load(params, set_, numerics="portable")
         check_names(p)
         if p.model.base == "pretrain":
             check_source(p)  # bad source -> one line before any training
@@ -145,7 +145,7 @@ def train(
 
         extra = [f"runtime.device={device}"] if device else []
         extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
-        p = load(params, set_, extra)
+        p = load(params, set_, extra, numerics="portable")
         preflight(p, partition_dir, storage=False)
         _require_valid(partition_dir)
         require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
@@ -213,7 +213,7 @@ def report(
     def body() -> None:
         from tasks.report import write_report
 
-        p = load(params, set_)
+        p = load(params, set_, numerics="portable")
         records = collect_records(p, runs_dir, timing_dir)
         paths = write_report(p, records, out_dir, runs_dir)
         out.print(results_table(records))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.checkpoint import significant
-from tasks.config import Params, experiment_dir, load_params
+from tasks.config import Params, experiment_dir, load_params, resolved
 from tasks.io import atomic_write_bytes, atomic_write_json
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
 from tasks.reproduce.spec import Cell, Claim, Experiment, ExperimentResult, dedupe
@@ -84,7 +84,9 @@ def plan(
                 f"experiment.reports_dir={root}",
                 f"experiment.name={profile}-{exp.name}",
             )
-            out.append(Planned(owning, exp, load_params(params_file, list(sets)), sets))
+            # auto numerics: portable, the promise of a reproduction (its checks compare it)
+            params = resolved(load_params(params_file, list(sets)), "portable")
+            out.append(Planned(owning, exp, params, sets))
     return out
 
 
