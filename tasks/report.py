@@ -95,6 +95,7 @@ def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -
 # Timings (every key train.py keeps out of metrics.json, plus per-round lists) and the
 # process a cell ran in: not hashed.
 _NOT_EXACT = (
+    "provenance",  # the CPU that ran it: artifacts/timing/<cell>.json, not the hashed report
     "wall_seconds",
     "process_seconds",
     "round_seconds",

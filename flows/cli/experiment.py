@@ -97,11 +97,24 @@ def run(
         else:
             out.print(results_table(records))
         out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
+        out.print(_numerics_line(p.runtime.numerics), highlight=False)
         for line in where:
             out.print(line)
         exit_if_diverged(p, records)
 
     guard(body)
+
+
+def _numerics_line(mode: str) -> str:
+    from fedcore import numerics
+
+    prov = numerics.provenance()
+    if mode == "portable":
+        return "numerics: portable (the same bytes on any x86-64 CPU with AVX2)"
+    return (
+        f"numerics: native ({prov['cpu_isa']} kernels: exact on this machine; "
+        "--set runtime.numerics=portable for any x86-64 CPU)"
+    )
 
 
 def _runs_killed() -> None:
@@ -160,7 +173,7 @@ def partition(
         )
         from tasks.io import check_writable
 
-        p = load(params, set_)
+        p = load(params, set_, numerics="portable")  # a DVC stage (numpy draws, no kernels)
         target = out_dir or experiment_dir(p) / "partition"
         check_writable("--out" if out_dir else "experiment.reports_dir", target)
         data = load_experiment_data(p)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fedcore import numerics
 from tasks.figures import save_png
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.reproduce.registry import unmet
@@ -94,6 +95,12 @@ def markdown(
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = (
         f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+    )
+    modes = sorted({it.params.runtime.numerics for it in items}) or [numerics.mode_in_force()]
+    prov = numerics.provenance()
+    machine += (
+        f", {prov['cpu']} ({prov['cpu_isa']}), {' and '.join(modes)} numerics "
+        f"(docs/numerics.md; portable: the same numbers on any x86-64 CPU with AVX2)"
     )
     lines = [f"# Reproduction report: profile `{profile}`", ""]
     if profile == "ci":
