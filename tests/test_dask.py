@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,12 @@ def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
         assert records[0][key] == direct[key], key
     on_dask = json.loads((out / "runs/fedavg-full/metrics.json").read_text())
     assert on_dask["rounds"][-1]["accuracy"] == direct["final_accuracy"]
+    # the Dask worker process computed in portable numerics, as this process does
+    timing = json.loads((out / "runs/fedavg-full/timing.json").read_text())
+    assert timing["pid"] != os.getpid()
+    prov = timing["provenance"]
+    assert prov["numerics"] == "portable" and prov["aten_capability"] == "AVX2", prov
+    assert prov["onednn_enabled"] is False and prov["nnpack_enabled"] is False, prov
 
 
 def test_thread_runner_is_the_default():

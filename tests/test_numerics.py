@@ -185,3 +185,15 @@ def test_params_name_the_resolved_mode(monkeypatch):
     assert resolved(p, "portable").flat()["runtime.numerics"] == "portable"
     q = load_params(ROOT / "params.yaml", ["runtime.numerics=native"])
     assert resolved(q, "portable") is q
+
+
+def test_mlflow_runs_are_tagged_with_where_their_numbers_came_from():
+    from tasks.tracking import provenance_tags
+
+    tags = provenance_tags()
+    assert tags["fedapt.numerics"] == "portable"
+    assert tags["fedapt.aten_capability"] == "AVX2"
+    assert tags["fedapt.cpu_isa"] == numerics.cpu_isa()
+    assert tags["fedapt.threads"] == str(numerics.PORTABLE_THREADS)
+    assert {"fedapt.cpu", "fedapt.torch", "fedapt.mkl", "fedapt.mkl_cbwr"} <= set(tags)
+    assert all(isinstance(v, str) for v in tags.values())  # MLflow tags are strings

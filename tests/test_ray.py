@@ -62,3 +62,7 @@ def test_two_cells_train_in_parallel_ray_workers(tmp_path, monkeypatch):
         for c in ("fedavg-full", "fedprox-full")
     }
     assert len(pids) == 2 and os.getpid() not in pids  # two Ray workers, not this process
+    for c in ("fedavg-full", "fedprox-full"):  # each worker computed in portable numerics
+        prov = json.loads((runs / c / "timing.json").read_text())["provenance"]
+        assert prov["numerics"] == "portable" and prov["aten_capability"] == "AVX2", prov
+        assert prov["onednn_enabled"] is False and prov["threads"] == 2, prov

@@ -150,6 +150,10 @@ def test_cron_deployment_fires_and_the_worker_runs_it(tmp_path, monkeypatch):
         "full",
         1,
     )
+    # The worker's run put its numerics in force before computing: auto resolved to the mode
+    # of the process that started the worker (this suite's portable; a shell's native).
+    assert run_record["numerics"] == "portable"
+    assert run_record["provenance"]["aten_capability"] == "AVX2", run_record["provenance"]
     run = reports / "fmnist-dir05-fedavg" / "runs" / "fedavg-full"
     metrics = json.loads((run / "metrics.json").read_text())
     assert len(metrics["rounds"]) == 1
