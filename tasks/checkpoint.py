@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fedcore import numerics
 from fedcore.engine import Simulation
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, RoundRecord
@@ -71,6 +72,8 @@ def fingerprint(
 ) -> dict[str, Any]:
     """What determines the cell's numbers, as a flat JSON-able mapping."""
     flat = params.flat()
+    if flat.get("runtime.numerics") == numerics.AUTO:  # the mode this process computes in
+        flat["runtime.numerics"] = numerics.mode_in_force()
     fp = significant(flat, _CELL_NEUTRAL)
     for prefix in (f"grid.algorithm_options.{algorithm}", f"grid.adapter_options.{adapter}"):
         fp.update({k: v for k, v in flat.items() if k == prefix or k.startswith(prefix + ".")})
