@@ -56,6 +56,7 @@ AUTO = "auto"  # runtime.numerics default: what the entry point promises (see re
 PORTABLE_ISA = "AVX2"  # ATen's capability name (torch.backends.cpu.get_cpu_capability())
 PORTABLE_THREADS = 2  # runtime.threads: auto in portable mode
 MODE_VAR = "FEDAPT_NUMERICS"  # the mode in force, inherited by child processes
+_APPLIED: str | None = None  # the mode apply() put in force in this process
 THREADS_VAR = "FEDAPT_NUMERICS_THREADS"
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 
@@ -107,14 +108,15 @@ def apply(mode: str, threads: int | str = "auto") -> None:
     without AVX2, or torch already computing in this process under other settings."""
     check_mode(mode)
     n = resolve_threads(mode, threads)
+    global _APPLIED
     if mode == "native":
-        if os.environ.get(MODE_VAR) == "portable" and _torch_started():
-            # ATen and MKL cannot be un-pinned once they computed: say what is in force.
+        if _APPLIED == "portable":  # ATen and MKL cannot be un-pinned once pinned
             raise NumericsError(
                 "runtime.numerics: native was asked for in a process that already computes "
                 "with portable numerics; run it in a new process"
             )
-        if os.environ.get(MODE_VAR) == "portable":  # a portable parent's settings, not yours
+        inherited = os.environ.get(MODE_VAR) == "portable"
+        if inherited:  # a portable parent's (or your shell's) settings, not this run's
             for key in PORTABLE_ENV:
                 os.environ.pop(key, None)
         os.environ[MODE_VAR] = "native"
@@ -123,11 +125,15 @@ def apply(mode: str, threads: int | str = "auto") -> None:
         else:
             os.environ.pop(THREADS_VAR, None)
         _set_threads(n)
+        if inherited:
+            _check_unpinned()
+        _APPLIED = "native"
         return
     os.environ.update(PORTABLE_ENV)
     os.environ[MODE_VAR] = "portable"
     os.environ[THREADS_VAR] = str(n)
     _pin_torch(n)
+    _APPLIED = "portable"
 
 
 def apply_inherited() -> None:
@@ -143,10 +149,18 @@ def mode_in_force() -> str:
     return os.environ.get(MODE_VAR, "native")
 
 
-def _torch_started() -> bool:
-    import sys
+def _check_unpinned() -> None:
+    """Native after a portable parent: torch must not have computed under its settings."""
+    import torch
 
-    return "torch" in sys.modules
+    cap = torch.backends.cpu.get_cpu_capability()
+    pinned = cap == PORTABLE_ISA and cpu_isa() not in (PORTABLE_ISA, "AVX", "SSE")
+    if pinned or mkl_branch() == "COMPATIBLE":
+        raise NumericsError(
+            "runtime.numerics: native, but torch already computed in this process with the "
+            "portable settings it inherited (ATEN_CPU_CAPABILITY, MKL_CBWR); run it in a new "
+            "process without them"
+        )
 
 
 def _set_threads(n: int | None) -> None:

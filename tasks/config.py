@@ -397,25 +397,16 @@ class RuntimeSection(_Section):
     # library's default (the machine's cores) in native numerics.
     threads: int | Literal["auto"] = "auto"
 
-    @field_validator("workers")
+    @field_validator("workers", "cohort_size", "threads")
     @classmethod
-    def _workers(cls, v: int | str) -> int | str:
-        if not isinstance(v, str) and v < 0:
-            raise ValueError("workers is auto or a number of worker processes >= 0")
-        return v
-
-    @field_validator("threads")
-    @classmethod
-    def _threads(cls, v: int | str) -> int | str:
-        if not isinstance(v, str) and v < 1:
-            raise ValueError("threads is auto or a number of threads >= 1")
-        return v
-
-    @field_validator("cohort_size")
-    @classmethod
-    def _positive(cls, v: int | str) -> int | str:
-        if not isinstance(v, str) and v < 1:
-            raise ValueError("cohort_size is auto or a number of clients >= 1")
+    def _auto_or_count(cls, v: int | str, info: ValidationInfo) -> int | str:
+        least, what = {
+            "workers": (0, "worker processes"),
+            "cohort_size": (1, "clients"),
+            "threads": (1, "threads"),
+        }[str(info.field_name)]
+        if not isinstance(v, str) and v < least:
+            raise ValueError(f"{info.field_name} is auto or a number of {what} >= {least}")
         return v
 
     @field_validator("checkpoint_every")

@@ -197,3 +197,28 @@ def test_mlflow_runs_are_tagged_with_where_their_numbers_came_from():
     assert tags["fedapt.threads"] == str(numerics.PORTABLE_THREADS)
     assert {"fedapt.cpu", "fedapt.torch", "fedapt.mkl", "fedapt.mkl_cbwr"} <= set(tags)
     assert all(isinstance(v, str) for v in tags.values())  # MLflow tags are strings
+
+
+def test_native_under_inherited_portable_settings(tmp_path):
+    """FEDAPT_NUMERICS=portable in the environment (a shell, or a portable parent) and an
+    explicit native run: native, as asked, unless torch already computed under the inherited
+    settings, which is refused in one line."""
+    code = (
+        "import sys, torch\n"
+        "if sys.argv[1] == 'computed': torch.ones(3).exp()\n"
+        "from fedcore import numerics\n"
+        "try:\n    numerics.apply('native')\n"
+        "except numerics.NumericsError as e:\n    print('refused:', e); raise SystemExit\n"
+        "print(numerics.provenance()['aten_capability'], numerics.provenance()['mkl_cbwr'])\n"
+    )
+    env = _clean_env({numerics.MODE_VAR: "portable", **numerics.PORTABLE_ENV})
+    runs = {
+        how: subprocess.run(
+            [sys.executable, "-c", code, how], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for how in ("fresh", "computed")
+    }
+    if numerics.cpu_isa() in ("AVX512", "AVX512-AMX"):
+        assert runs["fresh"].startswith("AVX512 "), runs
+        assert runs["computed"].startswith("refused: runtime.numerics: native, but torch"), runs
+    assert "COMPATIBLE" not in runs["fresh"], runs
