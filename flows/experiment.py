@@ -35,6 +35,7 @@ from tasks.data import (
     partition_task,
 )
 from tasks.io import check_writable
+from tasks.origin import Origin, check_results, origin, prefect_run
 from tasks.pretrain import check_source, log_base_task, pretrain_task
 from tasks.report import (
     end_tracking_task,
@@ -182,6 +183,7 @@ def train_grid_flow(
     parent_run_id: str | None = None,
     base_path: str | None = None,
     checkpoint_dir: str | None = None,
+    run_origin: Origin | None = None,
 ) -> list[dict[str, Any]]:
     """One training task per (algorithm, adapter) cell, on the configured task runner."""
     futures = [
@@ -194,6 +196,7 @@ def train_grid_flow(
             parent_run_id,
             base_path,
             checkpoint_dir,
+            run_origin=run_origin,
         )
         for algorithm in params.grid.algorithms
         for adapter in params.grid.adapters
@@ -208,6 +211,7 @@ def train_sweep_flow(
     experiment_dir: str,
     parent_run_id: str | None = None,
     base_paths: list[str | None] | None = None,
+    run_origin: Origin | None = None,
 ) -> list[list[dict[str, Any]]]:
     """A seed sweep's grid: one training task per (seed, cell), all on the configured task
     runner; seed ``s`` (``partition_dirs`` and ``base_paths`` in the order of
@@ -230,6 +234,7 @@ def train_sweep_flow(
                     base,
                     str(out / "checkpoints"),
                     seed,
+                    run_origin,
                 )  # fmt: skip
                 for a in params.grid.algorithms
                 for d in params.grid.adapters
@@ -248,14 +253,27 @@ def experiment_flow(
     params_file: str = "params.yaml",
     overrides: list[str] | None = None,
     partition_dir: str | None = None,
+    entry: str = "run",
 ) -> list[dict[str, Any]]:
     """Run the experiment grid of params.yaml (or of ``params``) and write its summary.
 
     Parameters are typed once (``tasks.config``): a deployment's JSON ``params`` become a
-    ``Params`` through Prefect's validation, and every task receives that object."""
+    ``Params`` through Prefect's validation, and every task receives that object.
+    ``overrides``: applied to ``params_file``, or (with ``params``) the overrides ``params``
+    were made with, recorded as the run's origin; ``entry``: what started it (``run``,
+    ``reproduce``; a deployment's runs are told by Prefect's runtime)."""
     p = params if params is not None else load_params(params_file, overrides)
     p = in_force(p, "native")  # a deployment's run starts here (auto: native, as fedapt run)
     check_sweep(p, partition_dir)
+    deployment, flow_run_id = prefect_run()
+    run_origin = origin(
+        "deployment" if deployment else entry,
+        p,
+        params_file,
+        overrides or (),
+        deployment=deployment,
+        flow_run_id=flow_run_id,
+    )
     # Deployment runs get the same environment as `fedapt run`: the services that are up,
     # else an embedded S3 for the outputs (a no-op when the CLI already set it up); and the
     # experiment directory's lock (re-entrant: `fedapt run` already holds it). MLflow runs
@@ -265,10 +283,16 @@ def experiment_flow(
         services.run_environment(need_s3=bool(p.storage.bucket)),
         tracking.ended_on_error(),
     ):
+        if entry != "reproduce":  # (reproduce reruns its own experiments on a new config)
+            check_results(p, s3=bool(p.storage.bucket))  # never over another run's results
         out = experiment_dir(p)
-        parent = start_tracking_task(p.experiment.name, p.flat()) if p.runtime.tracking else None
+        parent = (
+            start_tracking_task(p.experiment.name, p.flat(), run_origin.tags())
+            if p.runtime.tracking
+            else None
+        )
         if p.experiment.seeds is not None:
-            return run_sweep(p, out, parent)
+            return run_sweep(p, out, parent, run_origin)
         part_dir = partition_dir or partition_task(p, str(out / "partition"))
         num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
         validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
@@ -279,8 +303,10 @@ def experiment_flow(
                 log_base_task(parent, base)
         grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
         checkpoints = out / "checkpoints"  # a rerun after a crash resumes from these
-        records = grid(cell_params(p), part_dir, str(out / "runs"), parent, base, str(checkpoints))
-        summary_task(p, records, str(out / "summary.json"), str(out / "runs"))
+        records = grid(
+            cell_params(p), part_dir, str(out / "runs"), parent, base, str(checkpoints), run_origin
+        )
+        summary_task(p, records, str(out / "summary.json"), str(out / "runs"), run_origin)
         results_artifact_task(p.experiment.name, records)  # the flow run's Artifacts tab
         if parent is not None:
             log_results_task(parent, str(out))
@@ -293,7 +319,9 @@ def experiment_flow(
     return records
 
 
-def run_sweep(p: Params, out: Path, parent: str | None) -> list[dict[str, Any]]:
+def run_sweep(
+    p: Params, out: Path, parent: str | None, run_origin: Origin | None = None
+) -> list[dict[str, Any]]:
     """The flow's body for a seed sweep: each seed's partition (validated) and pretrain base
     before any training, then every (seed, cell), each seed's own outputs (its summary,
     results, comm_cost) under seed-<s>/, and the sweep's summary and results (mean ± std)
@@ -313,12 +341,12 @@ def run_sweep(p: Params, out: Path, parent: str | None) -> list[dict[str, Any]]:
                 log_base_task(parent, base, f"seed-{seed}/pretrain")
         bases.append(base)
     grid = train_sweep_flow.with_options(task_runner=grid_task_runner(p))
-    by_seed = grid(cell_params(p), part_dirs, str(out), parent, bases)
+    by_seed = grid(cell_params(p), part_dirs, str(out), parent, bases, run_origin)
     for seed, records in zip(seeds, by_seed, strict=True):
-        sd = seed_dir(out, seed)
-        summary_task(seed_params(p, seed), records, str(sd / "summary.json"), str(sd / "runs"))
+        sd, ps = seed_dir(out, seed), seed_params(p, seed)
+        summary_task(ps, records, str(sd / "summary.json"), str(sd / "runs"), run_origin)
     records = [r for per_seed in by_seed for r in per_seed]
-    cells = sweep_summary_task(p, records, str(out))
+    cells = sweep_summary_task(p, records, str(out), run_origin)
     results_artifact_task(p.experiment.name, records, sweep_markdown(p, cells))
     if parent is not None:
         log_sweep_metrics_task(parent, cells)

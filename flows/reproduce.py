@@ -98,7 +98,12 @@ def reproduce_flow(
             if (source := runs.share_base(item, root)) is not None:
                 log.info("%s: frozen base from %s (same data, model, pretrain)", name, source)
             started = time.perf_counter()
-            experiment_flow(params=item.params)
+            experiment_flow(
+                params=item.params,
+                params_file=params_file or "params.yaml",
+                overrides=list(item.overrides),
+                entry="reproduce",
+            )
             runs.write_stamp(item, time.perf_counter() - started, resumed=state == "resume")
         path = report_task(profile, claims, params_file, sets, command)
         if runs.base_params(params_file, sets).runtime.tracking:

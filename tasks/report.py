@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -13,11 +13,19 @@ from tasks import artifacts, figures, storage, tracking
 from tasks.config import Params
 from tasks.io import atomic_write_json, atomic_write_text
 
+if TYPE_CHECKING:
+    from tasks.origin import Origin
 
-def write_summary(params: Params, records: list[dict[str, Any]], path: str) -> str:
-    atomic_write_json(
-        path, {"experiment": params.experiment.name, "params": params.flat(), "runs": records}
-    )
+
+def write_summary(
+    params: Params, records: list[dict[str, Any]], path: str, origin: Origin | None = None
+) -> str:
+    """summary.json: the params, one record per cell and, for a flow run, its ``origin``
+    (entry, overrides, deployment, flow run: ``tasks.origin``; not in the DVC report)."""
+    summary: dict[str, Any] = {"experiment": params.experiment.name, "params": params.flat()}
+    if origin is not None:
+        summary["origin"] = origin.record()
+    atomic_write_json(path, {**summary, "runs": records})
     return path
 
 
@@ -166,12 +174,16 @@ def write_grid_figure(params: Params, runs_dir: str | Path, out_dir: str | Path)
 
 @task(name="summary", cache_policy=NO_CACHE)
 def summary_task(
-    params: Params, records: list[dict[str, Any]], path: str, runs_dir: str
+    params: Params,
+    records: list[dict[str, Any]],
+    path: str,
+    runs_dir: str,
+    origin: Origin | None = None,
 ) -> list[str]:
     """Write summary.json, results.md, the grid's accuracy-vs-MiB figure and the
     communication-cost report (comm_cost.md/.json) beside it."""
     out = Path(path).parent
-    summary = write_summary(params, records, path)
+    summary = write_summary(params, records, path, origin)
     results = atomic_write_text(
         out / "results.md", results_markdown(params.experiment.name, records)
     )
@@ -213,9 +225,11 @@ def artifact_key(experiment: str) -> str:
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def start_tracking_task(experiment: str, flat_params: dict[str, Any]) -> str:
-    """Open the experiment's parent MLflow run; returns its id."""
-    return tracking.start_experiment_run(experiment, flat_params)
+def start_tracking_task(
+    experiment: str, flat_params: dict[str, Any], tags: dict[str, str] | None = None
+) -> str:
+    """Open the experiment's parent MLflow run (``tags``: the run's origin); returns its id."""
+    return tracking.start_experiment_run(experiment, flat_params, tags=tags)
 
 
 @task(name="end-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

@@ -109,3 +109,24 @@ def list_keys(bucket: str, prefix: str = "") -> list[str]:
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
     except Exception as exc:  # noqa: BLE001
         raise _explain(exc, bucket) from None
+
+
+def read_json(bucket: str, key: str) -> Any | None:
+    """The JSON object at s3://bucket/key; None when the bucket or the key does not exist."""
+    import json
+
+    from botocore.exceptions import ClientError
+
+    client = s3_client()
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "NoSuchBucket", "404"):
+            return None
+        raise _explain(exc, bucket) from None
+    except Exception as exc:  # noqa: BLE001
+        raise _explain(exc, bucket) from None
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise StorageError(f"s3://{bucket}/{key} is not JSON; move it away to rerun") from None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prefect import task
@@ -29,6 +29,9 @@ from prefect.cache_policies import NO_CACHE
 from fedcore.payload import mib
 from tasks.config import Params
 from tasks.io import atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from tasks.origin import Origin
 
 STD = "sample standard deviation over the seeds (ddof=1); null with one seed"
 
@@ -93,7 +96,10 @@ def cell_stats(params: Params, records: Sequence[dict[str, Any]]) -> list[dict[s
 
 
 def write_sweep_summary(
-    params: Params, records: Sequence[dict[str, Any]], out_dir: str | Path
+    params: Params,
+    records: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    origin: Origin | None = None,
 ) -> list[Path]:
     """summary.json (the per-seed records, in seed then grid order, and each cell's mean ±
     std) and results.md, in the experiment directory."""
@@ -108,6 +114,8 @@ def write_sweep_summary(
         "cells": cells,
         "runs": runs,
     }
+    if origin is not None:  # how the run was started (tasks.origin)
+        summary["origin"] = origin.record()
     return [
         atomic_write_json(out / "summary.json", summary),
         atomic_write_text(out / "results.md", sweep_markdown(params, cells)),
@@ -180,10 +188,10 @@ def parent_metrics(cells: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 @task(name="sweep-summary", cache_policy=NO_CACHE)
 def sweep_summary_task(
-    params: Params, records: list[dict[str, Any]], out_dir: str
+    params: Params, records: list[dict[str, Any]], out_dir: str, origin: Origin | None = None
 ) -> list[dict[str, Any]]:
     """Write the sweep's summary.json and results.md; returns the per-cell statistics."""
-    write_sweep_summary(params, records, out_dir)
+    write_sweep_summary(params, records, out_dir, origin)
     return cell_stats(params, records)
 
 

@@ -159,13 +159,16 @@ def provenance_tags() -> dict[str, str]:
     return tags
 
 
-def start_experiment_run(experiment: str, flat_params: dict[str, Any]) -> str:
-    """Create the parent run of an experiment; returns its run id."""
+def start_experiment_run(
+    experiment: str, flat_params: dict[str, Any], *, tags: dict[str, str] | None = None
+) -> str:
+    """Create the parent run of an experiment (``tags``: e.g. its origin, ``tasks.origin``);
+    returns its run id."""
     client = _client()
     run = client.create_run(
         _experiment_id(client, experiment),
         run_name=experiment,
-        tags={"fedapt.kind": "experiment", **provenance_tags(), **_owner_tags()},
+        tags={"fedapt.kind": "experiment", **provenance_tags(), **_owner_tags(), **(tags or {})},
     )
     _started(run.info.run_id)
     _log_params(client, run.info.run_id, flat_params)

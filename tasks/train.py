@@ -31,6 +31,7 @@ from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, req
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tasks.origin import Origin
 from tasks.progress import PrefectProgress, RichProgress
 
 _err = Console(stderr=True)
@@ -335,11 +336,14 @@ def run_cell(
     checkpoint_file: str | Path | None = None,
     keep_checkpoint: bool = False,
     label: str | None = None,
+    run_origin: Origin | None = None,
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
     per-round metrics and the final (merged) model registered. Returns the summary record.
     ``checkpoint_file``: see ``train_cell_model``. ``label``: the progress lines' and the
-    MLflow run's name (default ``<algorithm>-<adapter>``)."""
+    MLflow run's name (default ``<algorithm>-<adapter>``). ``run_origin``: how the run was
+    started (MLflow tags; a smoke run is not registered under ``tracking.register: auto``)."""
+    run_origin = run_origin or Origin()
     data = load_experiment_data(params)
     part = load_partition(partition_dir)
     name = label or cell_name(algorithm, adapter)
@@ -351,6 +355,7 @@ def run_cell(
             "partition_hash": part.content_hash(),
             "algorithm": algorithm,
             "adapter": adapter,
+            **run_origin.tags(),
             **(tags or {}),
         }
         run_id = tracking.start_cell_run(params.experiment.name, parent_run_id, name, flat, tags)
@@ -366,7 +371,7 @@ def run_cell(
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
             artifacts.log_cell(run_id, cell_dir, partition_dir)  # files, figures, partition
-            if registers(params, data, record):
+            if registers(params, data, record, run_origin, label=name):
                 record.update(register_model(params, data, adapter, model, run_id, record))
             record["mlflow_run_id"] = run_id
             tracking.end_run(run_id)
@@ -388,16 +393,37 @@ def eval_set_sha256(params: Params, data: ExperimentData) -> str:
     return h.hexdigest()
 
 
-def registers(params: Params, data: ExperimentData, record: dict[str, Any]) -> bool:
-    """``tracking.register``: auto registers a model evaluated on the whole test split that did
-    not diverge; a run on data.test_subset is tracked, not registered."""
+def registers(
+    params: Params,
+    data: ExperimentData,
+    record: dict[str, Any],
+    run_origin: Origin | None = None,
+    *,
+    label: str | None = None,
+) -> bool:
+    """``tracking.register``: auto registers (and so may move ``challenger`` and ``champion``)
+    a model evaluated on the whole test split that did not diverge and is not a smoke run
+    (fewer rounds or training rows than its params file, or inside ``dvc exp run``:
+    ``tasks.origin``); a run on data.test_subset is tracked, not registered. ``label``: a
+    smoke run that would otherwise register says why it did not, in one line."""
     rule = params.tracking.register
     if rule == "never" or record.get("final_accuracy") is None:
         return False
     if rule == "always":
         return True
     whole = len(data.test_idx) == len(data.test)
-    return whole and record.get("diverged_at_round") is None
+    if not (whole and record.get("diverged_at_round") is None):
+        return False
+    smoke = run_origin.smoke if run_origin is not None else ()
+    if smoke and label is not None:
+        _err.print(
+            f"{label}: not registered: a smoke run ({'; '.join(smoke)}); "
+            "--set tracking.register=always registers it",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    return not smoke
 
 
 def register_model(
@@ -468,6 +494,7 @@ def train_task(
     base_path: str | None = None,
     checkpoint_dir: str | None = None,
     seed: int | None = None,
+    run_origin: Origin | None = None,
 ) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record.
     Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
@@ -488,4 +515,5 @@ def train_task(
         checkpoint_file=Path(checkpoint_dir) / f"{name}.pt" if checkpoint_dir else None,
         keep_checkpoint=True,
         label=None if seed is None else f"{name} seed {seed}",
+        run_origin=run_origin,
     )

@@ -91,5 +91,12 @@ def test_which_runs_register(tmp_path):
     always = load_params(None, ["tracking.register=always"])
     assert registers(always, part, ok)
     assert not registers(load_params(None, ["tracking.register=never"]), whole, ok)
+    # A smoke run (fewer rounds or rows than its params file, a `dvc exp run`) moves no
+    # alias under auto; always registers it.
+    from tasks.origin import Origin
+
+    smoke = Origin(entry="deployment", smoke=("federation.rounds 1 < 15 in the params file",))
+    assert registers(auto, whole, ok, Origin()) and not registers(auto, whole, ok, smoke)
+    assert registers(always, whole, ok, smoke)
     assert eval_set_sha256(auto, whole) != eval_set_sha256(auto, part)
     assert eval_set_sha256(auto, whole) == eval_set_sha256(auto, data(np.arange(10)))

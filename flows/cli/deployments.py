@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -23,9 +23,18 @@ def deploy(
     ] = "process",
     params: ParamsOpt = None,
     set_: SetOpt = None,
+    new_version: Annotated[
+        bool,
+        typer.Option(
+            "--new-version",
+            help="when reports/<experiment> holds other params' results, deploy <experiment>-v<k>",
+        ),
+    ] = False,
 ) -> None:
     """Deploy the experiment flow on a cron schedule to the Prefect server of `fedapt up`
-    (or PREFECT_API_URL); the worker of `fedapt up` runs it."""
+    (or PREFECT_API_URL); the worker of `fedapt up` runs it. Overrides that would make its
+    runs write over another run's finished results are refused (or, with --new-version,
+    deployed as the next version of the experiment)."""
 
     def body() -> None:
         from flows.deploy import check_cron, check_pool_type
@@ -36,7 +45,8 @@ def deploy(
 
         check_cron(cron)
         params_file = str((params or Path("params.yaml")).resolve())
-        load(Path(params_file), set_)  # the scheduled runs must not fail on bad params
+        p = load(Path(params_file), set_)  # the scheduled runs must not fail on bad params
+        overrides = [*(set_ or []), *_versioned(p, new_version)]  # never over other results
         check_pool_type(pool_type)
         dep = do_deploy(
             name=name,
@@ -44,7 +54,7 @@ def deploy(
             work_pool=pool,
             pool_type=pool_type,
             params_file=params_file,
-            overrides=list(set_ or []),
+            overrides=overrides,
         )
         out.print(
             f"deployed {dep.name} ({dep.id}) on {dep.api_url}, cron '{cron}'", highlight=False
@@ -60,3 +70,24 @@ def deploy(
             )
 
     guard(body)
+
+
+def _versioned(p: Any, new_version: bool) -> list[str]:
+    """The override naming the experiment version the deployment's runs write (``[]``: its
+    own name); refused in one line when that name holds other params' finished results
+    (here, and on S3 when the services of `fedapt up` or AWS_* variables name an endpoint;
+    each run checks again before it writes)."""
+    from flows import services
+    from tasks import storage
+    from tasks.origin import check_results, version
+
+    with services.patched_environ(services.env_for_clients()):
+        s3 = bool(p.storage.bucket) and storage.endpoint_url() is not None
+        if not new_version:
+            check_results(p, s3=s3)
+            return []
+        named = version(p, s3=s3).experiment.name
+    if named != p.experiment.name:
+        out.print(f"deploying experiment {named}: {p.experiment.name} holds other results")
+        return [f"experiment.name={named}"]
+    return []

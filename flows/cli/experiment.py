@@ -37,8 +37,17 @@ def run(
         Path | None,
         typer.Option("--partition", help="use the manifest in this folder (from fedapt partition)"),
     ] = None,
+    new_version: Annotated[
+        bool,
+        typer.Option(
+            "--new-version",
+            help="when reports/<experiment> holds other params' results, run as <experiment>-v<k>",
+        ),
+    ] = False,
 ) -> None:
-    """Run the experiment grid in params.yaml and print the results table."""
+    """Run the experiment grid in params.yaml and print the results table. A run never
+    overwrites the finished results of other params: it stops in one line, or with
+    --new-version runs as the next version of the experiment."""
 
     def body() -> None:
         from flows import services
@@ -66,9 +75,14 @@ def run(
             from tasks import tracking
             from tasks.config import experiment_dir
             from tasks.io import check_writable
+            from tasks.origin import check_results, version
 
             check_names(p)  # bad names stop here, before any server starts
             check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
+            given = list(set_ or [])
+            if new_version:  # <experiment>-v<k>: free, or holding these params' results
+                p = version(p, s3=False)  # (S3 is checked once its server is up)
+                given.append(f"experiment.name={p.experiment.name}")
             check_writable("experiment.reports_dir", experiment_dir(p))
             with (
                 # one run per experiment directory: a second one stops here, naming the first,
@@ -80,6 +94,7 @@ def run(
                 tracking.ended_on_error(),  # runs still open on an error: FAILED / KILLED
             ):
                 preflight(p, partition_dir)
+                check_results(p, s3=bool(p.storage.bucket))  # another run's results -> one line
                 check_checkpoints(p, partition_dir)  # another configuration's -> one line
                 if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
                     _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
@@ -87,6 +102,8 @@ def run(
                 with services.prefect_environment():  # a temporary server if none is set/up
                     records = experiment_flow(
                         params=p,
+                        params_file=str(params or "params.yaml"),
+                        overrides=given,  # recorded: the run's origin
                         partition_dir=str(partition_dir) if partition_dir else None,
                     )
             where = _where_results(p)

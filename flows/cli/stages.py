@@ -141,6 +141,7 @@ def train(
     def body() -> None:
         from flows.experiment import preflight
         from tasks.cell import cell_name, require_base
+        from tasks.origin import origin
         from tasks.train import run_cell
 
         extra = [f"runtime.device={device}"] if device else []
@@ -157,7 +158,8 @@ def train(
             algorithm,
             adapter,
             cell_dir,
-            tags={"fedapt.entry": "dvc"},
+            # entry dvc; inside `dvc exp run`, a smoke run (not registered under auto)
+            run_origin=origin("dvc", p, params, set_ or ()),
             timing_file=timing_dir / f"{cell}.json",
             base_path=base_dir / "base.pt",
             # outside the stage's output (DVC removes that before it runs): a killed
