@@ -126,8 +126,29 @@ def prefect_run() -> tuple[str | None, str | None]:
 
 def _key(flat: dict[str, Any]) -> dict[str, Any]:
     """The flat params that determine the numbers, as plain JSON values (``auto`` numerics
-    named as resolved: params are resolved at the entry points)."""
-    return json.loads(json.dumps(significant(flat, NEUTRAL), sort_keys=True, default=str))
+    named as resolved: params are resolved at the entry points), with the defaults of keys
+    an older fedapt did not write filled in (a rerun after an upgrade is the same params)."""
+    return json.loads(json.dumps(significant(_typed(flat), NEUTRAL), sort_keys=True, default=str))
+
+
+def _typed(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` read back as Params and flattened again (defaults filled in); as given when
+    it does not validate (params of another fedapt version: compared key by key)."""
+    from pydantic import ValidationError
+
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                return flat
+        node[last] = value
+    try:
+        return Params.model_validate(nested).flat()
+    except (ValidationError, ValueError, TypeError):
+        return flat
 
 
 def differences(theirs: dict[str, Any], ours: dict[str, Any], limit: int = 4) -> str:

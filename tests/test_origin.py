@@ -132,3 +132,30 @@ def test_origin_tags_and_record():
     rec = o.record()
     assert rec["overrides"] == ["federation.rounds=1"] and rec["dvc_experiment"] is None
     json.dumps(rec)
+
+
+def test_fedapt_run_refuses_in_one_line_before_it_writes(tmp_path, monkeypatch):
+    """`fedapt run` whose experiment holds other params' finished results stops before any
+    work: one line, exit 2, nothing written beside the summary that was there."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sets = [f"experiment.reports_dir={tmp_path}", "storage.bucket=null", "federation.rounds=3"]
+    sets.append("runtime.numerics=portable")  # (what auto resolves to in this suite)
+    done = load_params(repo / "params.yaml", sets)
+    _finish(done)
+    before = sorted(p.name for p in tmp_dir(done).iterdir())
+    args = ["run", "--params", str(repo / "params.yaml")]
+    args += [a for kv in [*sets, "federation.rounds=1"] for a in ("--set", kv)]
+    res = CliRunner().invoke(app, args)
+    text = res.output.strip()
+    assert res.exit_code == 2 and len(text.splitlines()) == 1 and "Traceback" not in text, text
+    assert "holds the finished results of other params (federation.rounds 3 -> 1)" in text
+    assert f"experiment {done.experiment.name}-v2" in text
+    after = sorted(p.name for p in tmp_dir(done).iterdir() if p.name != ".fedapt.lock")
+    assert after == before  # (the run's lock file aside)
