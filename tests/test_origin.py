@@ -159,3 +159,35 @@ def test_fedapt_run_refuses_in_one_line_before_it_writes(tmp_path, monkeypatch):
     assert f"experiment {done.experiment.name}-v2" in text
     after = sorted(p.name for p in tmp_dir(done).iterdir() if p.name != ".fedapt.lock")
     assert after == before  # (the run's lock file aside)
+
+
+@pytest.mark.slow
+def test_fedapt_run_new_version_runs_beside_the_finished_results(tmp_path, monkeypatch):
+    """--new-version: the run goes to <experiment>-v2 and the finished results stay as they
+    were; the same command again reruns v2 in place (same params), not v3."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sets = [f"experiment.reports_dir={tmp_path}", "storage.bucket=null", "runtime.workers=0"]
+    sets += [f"data.root={repo / 'data/raw'}", "data.train_subset=300", "data.test_subset=200"]
+    sets += ["partition.num_clients=3", "federation.last_rounds=1", "runtime.tracking=false"]
+    done = load_params(repo / "params.yaml", [*sets, "federation.rounds=2"])
+    _finish(done)
+    name = done.experiment.name
+    summary = (tmp_dir(done) / "summary.json").read_bytes()
+    args = ["run", "--params", str(repo / "params.yaml"), "--new-version"]
+    args += [a for kv in [*sets, "federation.rounds=1"] for a in ("--set", kv)]
+    for _ in range(2):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+        assert f"running experiment {name}-v2" in res.output
+        v2 = json.loads((tmp_path / f"{name}-v2" / "summary.json").read_text())
+        assert v2["runs"][0]["rounds"] == 1 and v2["origin"]["entry"] == "run"
+        assert f"experiment.name={name}-v2" in v2["origin"]["overrides"]
+    assert (tmp_dir(done) / "summary.json").read_bytes() == summary
+    assert not (tmp_path / f"{name}-v3").exists()

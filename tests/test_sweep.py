@@ -167,7 +167,7 @@ def test_a_single_seed_run_keeps_its_layout(tmp_path, run_flow):
     a, b = tmp_path / "a/sweep", tmp_path / "b/sweep"
     assert sorted(p.name for p in a.iterdir() if p.is_dir()) == ["partition", "runs"]
     summary = json.loads((a / "summary.json").read_text())
-    assert set(summary) == {"experiment", "params", "runs"}
+    assert set(summary) == {"experiment", "params", "origin", "runs"}  # origin: tasks.origin
     assert not any(k.startswith("experiment.seeds") for k in summary["params"])
     for name in CELL_FILES:
         path = f"runs/fedavg-full/{name}"

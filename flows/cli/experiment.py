@@ -81,8 +81,15 @@ def run(
             check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
             given = list(set_ or [])
             if new_version:  # <experiment>-v<k>: free, or holding these params' results
-                p = version(p, s3=False)  # (S3 is checked once its server is up)
-                given.append(f"experiment.name={p.experiment.name}")
+                named = version(p, s3=False)  # (S3 is checked once its server is up)
+                if named.experiment.name != p.experiment.name:
+                    out.print(
+                        f"running experiment {named.experiment.name}: {p.experiment.name} "
+                        "holds other params' results",
+                        highlight=False,
+                    )
+                    given.append(f"experiment.name={named.experiment.name}")
+                p = named
             check_writable("experiment.reports_dir", experiment_dir(p))
             with (
                 # one run per experiment directory: a second one stops here, naming the first,
