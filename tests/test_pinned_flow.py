@@ -53,11 +53,13 @@ class FlowSpy:
                 spy.runner = task_runner
                 return self
 
-            def __call__(self, spec, part_dir, runs_dir, parent, base, checkpoints=None):
+            def __call__(
+                self, spec, part_dir, runs_dir, parent, base, checkpoints=None, origin=None
+            ):
                 spy.grid_spec = _typed(spec)
                 return [{"algorithm": a} for a in spy.grid_spec["grid"]["algorithms"]]
 
-        def summary_task(spec, records, path, runs_dir):
+        def summary_task(spec, records, path, runs_dir, origin=None):
             self.summary_spec = _typed(spec)
 
         env = types.SimpleNamespace(
