@@ -61,9 +61,60 @@ def _data_lock(sd: Path) -> Path:
     return sd / "s3" / ".fedapt.lock"
 
 
+def scratch_dir(sd: Path, port: int) -> Path:
+    """The SeaweedFS server's own folder under the state folder: its working directory,
+    ``TMPDIR``, log files (``-logdir``) and the S3 gateway's local socket. Removed when it
+    stops (``remove_leftovers``)."""
+    return sd / "run" / f"s3-{port}"
+
+
+# Sockets SeaweedFS 4.x creates at paths it hardcodes in /tmp (no flag, not TMPDIR), by the
+# flag of the port in their name; removed by fedapt when the server has stopped.
+_HARDCODED_SOCKETS = {
+    "-s3.port": "s3",
+    "-s3.port.grpc": "s3-grpc",
+    "-master.port.grpc": "master-grpc",
+    "-volume.port.grpc": "volume-grpc",
+    "-filer.port": "filer",
+    "-filer.port.grpc": "filer-grpc",
+}
+
+
+def weed_leftovers(cmd: Iterable[str]) -> list[str]:
+    """What a ``weed mini`` started with ``cmd`` leaves behind when it stops (its socket files
+    survive SIGTERM): its scratch folder (the ``-logdir``) and the sockets it puts in /tmp
+    whatever it is told, named after its ports."""
+    out = []
+    for arg in cmd:
+        flag, _, value = arg.partition("=")
+        if flag == "-logdir":
+            out.append(value)
+        elif flag in _HARDCODED_SOCKETS and value.isdigit():
+            out.append(f"/tmp/seaweedfs-{_HARDCODED_SOCKETS[flag]}-{value}.sock")
+        elif flag == "-admin.port" and value.isdigit():  # its gRPC port is admin.port + 10000
+            out.append(f"/tmp/seaweedfs-admin-grpc-{int(value) + 10000}.sock")
+    return out
+
+
+def remove_leftovers(paths: Iterable[str]) -> None:
+    """Remove what ``weed_leftovers`` named (call it once the server is gone)."""
+    import shutil
+
+    for path in paths:
+        p = Path(path)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
 def _weed_cmd(sd: Path, port: int) -> list[str]:
+    """The command line of SeaweedFS; run it in ``scratch_dir(sd, port)`` with ``TMPDIR``
+    pointing there (``supervisor._command``)."""
     data = sd / "s3"
     data.mkdir(parents=True, exist_ok=True)
+    scratch = scratch_dir(sd, port)
+    scratch.mkdir(parents=True, exist_ok=True)
     # Nine distinct ports: the OS may hand out a just-released port again, and two SeaweedFS
     # components on one port leave one of them dead after the health check passed.
     taken = {port}
@@ -79,6 +130,7 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
     grpc = {k: distinct() for k in ("master", "volume", "filer", "s3")}
     return [
         weed_binary(),
+        f"-logdir={scratch}",  # glog files (default: TMPDIR)
         "mini",
         f"-dir={data}",
         f"-ip={HOST}",
@@ -87,6 +139,9 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
         f"-s3.port={port}",
         f"-s3.port.grpc={grpc['s3']}",
         f"-s3.config={_s3_identities(sd)}",
+        # relative to its working directory, the scratch folder: a socket path has at most
+        # 107 bytes, a state folder may be deeper than that
+        "-s3.localSocket=s3.sock",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         "-webdav=false",
