@@ -113,7 +113,9 @@ def status() -> None:
     def body() -> None:
         from flows import services as svc
 
-        out.print(_table(svc.status()))
+        statuses = svc.status()
+        svc.write_env_file()  # a service that died since `fedapt up` leaves it
+        out.print(_table(statuses))
 
     guard(body)
 
