@@ -86,9 +86,11 @@ def down(services: ServiceArg = None) -> None:
 
 @app.command("env")
 def env_() -> None:
-    """Print the variables that point prefect, mlflow and AWS tools at the services that are
-    up (PREFECT_API_URL, MLFLOW_TRACKING_URI, AWS_*), for: eval "$(fedapt env)". For services
-    that are down it unsets what an earlier eval set and says so on stderr."""
+    """Point prefect, mlflow and AWS tools at the services: eval "$(fedapt env)".
+
+    Prints export lines (PREFECT_API_URL, MLFLOW_TRACKING_URI, AWS_*) for the services that
+    are up; for those that are down it unsets what an earlier eval set and says so on stderr.
+    """
 
     def body() -> None:
         from flows import services as svc
