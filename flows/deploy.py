@@ -252,8 +252,10 @@ def manage(action: str, name: str) -> Managed:
         else:
             client.pause_deployment(dep.id)
             cancelled = _cancel_not_started(client, dep.id, why)
-            client.delete_deployment(dep.id)
+        # before a delete: its runs no longer name a deleted deployment
         running = [(r.name, str(r.id)) for r in _runs(client, dep.id, ("RUNNING",))]
+        if action == "delete":
+            client.delete_deployment(dep.id)
     return Managed(f"{FLOW_NAME}/{dep.name}", url, cancelled, running)
 
 

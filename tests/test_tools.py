@@ -204,8 +204,13 @@ def test_deploy_pause_resume_delete_on_a_real_server(tmp_path, monkeypatch):
                            if r.state_type == StateType.SCHEDULED], 60,
                   "the scheduler to create runs again")  # fmt: skip
 
+            # (the future runs the scheduler made are deleted by the server; one due now is not)
+            due = client.create_flow_run_from_deployment(dep.id)
             res = runner.invoke(app, ["deploy", "delete", "every-minute"])
             assert res.exit_code == 0, res.output
+            assert f"prefect flow-run cancel {running.id}" in res.output, res.output
+            assert f"cancelled 1 run(s) that had not started: {due.name}" in res.output
+            assert client.read_flow_run(due.id).state_type == StateType.CANCELLED
             assert [d.name for d in client.read_deployments()] == []
             assert client.read_flow_run(running.id).state_type == StateType.RUNNING
             assert not [r for r in client.read_flow_runs()
