@@ -45,6 +45,52 @@ def _shell(script: str, sd: Path, home: Path, **extra: str) -> subprocess.Comple
     )
 
 
+def test_env_with_nothing_up_unsets_only_what_fedapt_set(tmp_path, monkeypatch):
+    sd = tmp_path / "state"
+    monkeypatch.setenv("FEDAPT_STATE_DIR", str(sd))
+    monkeypatch.setenv("FEDAPT_ENV_VARS", "PREFECT_API_URL MLFLOW_TRACKING_URI")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:9000")  # the user's, not in the list
+    res = runner.invoke(app, ["env"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[1:] == [
+        "unset PREFECT_API_URL",
+        "unset MLFLOW_TRACKING_URI",
+        "unset FEDAPT_ENV_VARS",
+    ]
+    assert (
+        res.stderr.strip() == "fedapt env: not running: prefect, mlflow, s3 (start with: fedapt up)"
+    )
+    sd.mkdir()
+    (sd / "env").write_text("export PREFECT_API_URL=http://127.0.0.1:9/api\n")  # a stale one
+    res = runner.invoke(app, ["status"])
+    assert res.exit_code == 0 and not (sd / "env").exists()
+
+
+def test_env_script_quotes_values_and_keeps_the_users_s3(tmp_path, monkeypatch):
+    """Unit test of the script (a stand-in status: every service healthy)."""
+    from flows.services import envfile
+
+    def healthy(names, state=None):  # type: ignore[no-untyped-def]
+        urls = {"s3": "http://127.0.0.1:1", "mlflow": "http://127.0.0.1:2", "prefect": "x y"}
+        return {n: S.ServiceStatus(n, "running", True, url=urls[n]) for n in names}
+
+    monkeypatch.setattr(envfile, "status", healthy)
+    text, down = envfile.env_script(tmp_path, environ={})
+    assert down == []
+    assert "export PREFECT_API_URL='x y/api'" in text.splitlines()
+    assert "export AWS_ENDPOINT_URL=http://127.0.0.1:1" in text.splitlines()
+    assert text.splitlines()[-1].startswith("export FEDAPT_ENV_VARS='PREFECT_API_URL ")
+    text, _ = envfile.env_script(tmp_path, environ={"AWS_PROFILE": "work"})
+    assert "AWS_" not in text and "MLFLOW_S3" not in text  # the user's S3 wins
+    ours = {"AWS_ENDPOINT_URL": "http://127.0.0.1:7", "FEDAPT_ENV_VARS": "AWS_ENDPOINT_URL"}
+    text, _ = envfile.env_script(tmp_path, environ=ours)  # set by an earlier eval: refreshed
+    assert "export AWS_ENDPOINT_URL=http://127.0.0.1:1" in text.splitlines()
+    path = envfile.write_env_file(tmp_path, environ={})
+    assert path is not None and path.stat().st_mode & 0o777 == 0o600
+    assert "unset" not in path.read_text() and "export MLFLOW_TRACKING_URI" in path.read_text()
+
+
 def _tiny_flow_run(api: str, home: Path) -> str:
     """A real flow run on the server: a one-task flow run in a process of its own."""
     code = (
