@@ -41,6 +41,41 @@ def test_leftovers_name_the_scratch_folder_and_the_sockets_of_every_port():
     ]
 
 
+def test_sweep_removes_a_dead_servers_files_but_no_live_socket(tmp_path):
+    """What a server killed without cleaning up left (its watchdog SIGKILLed): removed at the
+    next start, except a socket some process listens on (its port is someone else's now), and
+    nothing while a server holds the data folder."""
+    import fcntl
+    import json
+    import socket
+
+    from flows.services.s3 import _data_lock, sweep_scratch
+
+    sd = tmp_path / "state"
+    scratch = sd / "run" / "s3-1"
+    scratch.mkdir(parents=True)
+    dead, live = Path("/tmp/seaweedfs-s3-0.sock"), Path("/tmp/seaweedfs-filer-1.sock")
+    (scratch / "leftovers.json").write_text(json.dumps([str(scratch), str(dead), str(live)]))
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        dead.write_bytes(b"")
+        live.unlink(missing_ok=True)
+        listener.bind(str(live))
+        listener.listen(1)
+        fd = os.open(_data_lock(sd), os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a server holds the data folder
+        sweep_scratch(sd)
+        assert scratch.exists() and dead.exists()
+        os.close(fd)
+        sweep_scratch(sd)
+        assert not scratch.exists() and not dead.exists()
+        assert live.exists()
+    finally:
+        listener.close()
+        dead.unlink(missing_ok=True)
+        live.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def private_tmp(tmp_path, monkeypatch):
     """The test's TMPDIR (inherited by the servers unless fedapt sets theirs), and no S3 of

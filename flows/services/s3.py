@@ -96,16 +96,63 @@ def weed_leftovers(cmd: Iterable[str]) -> list[str]:
     return out
 
 
+_LEFTOVERS_FILE = "leftovers.json"  # in the scratch folder: for sweep_scratch
+
+
+def _bound_sockets() -> set[str] | None:
+    """The paths of the Unix sockets some process listens on (None: unknown, not Linux)."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    return {parts[7] for parts in (line.split() for line in lines) if len(parts) > 7}
+
+
 def remove_leftovers(paths: Iterable[str]) -> None:
-    """Remove what ``weed_leftovers`` named (call it once the server is gone)."""
+    """Remove what ``weed_leftovers`` named (call it once the server is gone). A socket in /tmp
+    that a process listens on is left alone: its port may be another SeaweedFS's by now."""
     import shutil
 
+    bound = None
     for path in paths:
         p = Path(path)
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+            continue
+        if p.parent == Path("/tmp"):
+            if not p.name.startswith("seaweedfs-") or p.suffix != ".sock":
+                continue  # only what weed_leftovers names
+            bound = _bound_sockets() if bound is None else bound
+            if bound is None or str(p) in bound:
+                continue
+        p.unlink(missing_ok=True)
+
+
+def sweep_scratch(sd: Path) -> None:
+    """Remove the scratch folders (and their /tmp sockets) of SeaweedFS servers of this state
+    folder that are gone without cleaning up (e.g. a watchdog killed with SIGKILL). Only when no
+    server holds the data folder: then every scratch folder is a dead server's."""
+    import fcntl
+
+    run = sd / "run"
+    if not run.is_dir():
+        return
+    fd = os.open(_data_lock(sd), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return  # a server runs (or is stopping: its own cleanup follows)
+    try:
+        for scratch in sorted(run.glob("s3-*")):
+            try:
+                listed = json.loads((scratch / _LEFTOVERS_FILE).read_text())
+            except (OSError, ValueError):
+                listed = []
+            sockets = [p for p in listed if isinstance(p, str) and p.startswith("/tmp/")]
+            remove_leftovers([*sockets, str(scratch)])
+    finally:
+        os.close(fd)
 
 
 def _weed_cmd(sd: Path, port: int) -> list[str]:
@@ -113,6 +160,7 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
     pointing there (``supervisor._command``)."""
     data = sd / "s3"
     data.mkdir(parents=True, exist_ok=True)
+    sweep_scratch(sd)
     scratch = scratch_dir(sd, port)
     scratch.mkdir(parents=True, exist_ok=True)
     # Nine distinct ports: the OS may hand out a just-released port again, and two SeaweedFS
@@ -128,7 +176,7 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
 
     ports = {k: distinct() for k in ("master", "volume", "filer")}
     grpc = {k: distinct() for k in ("master", "volume", "filer", "s3")}
-    return [
+    cmd = [
         weed_binary(),
         f"-logdir={scratch}",  # glog files (default: TMPDIR)
         "mini",
@@ -155,6 +203,8 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
         f"-filer.port={ports['filer']}",
         f"-filer.port.grpc={grpc['filer']}",
     ]
+    (scratch / _LEFTOVERS_FILE).write_text(json.dumps(weed_leftovers(cmd)))
+    return cmd
 
 
 def s3_client_env(endpoint: str) -> dict[str, str]:
