@@ -91,6 +91,13 @@ def test_env_script_quotes_values_and_keeps_the_users_s3(tmp_path, monkeypatch):
     assert "unset" not in path.read_text() and "export MLFLOW_TRACKING_URI" in path.read_text()
 
 
+def test_deploy_without_cron_or_with_options_of_another_subcommand_is_one_line():
+    text = _one_line(runner.invoke(app, ["deploy"]))
+    assert "needs --cron" in text and "ls, pause NAME, resume NAME, delete NAME" in text
+    text = _one_line(runner.invoke(app, ["deploy", "--cron", "0 3 * * *", "pause", "nightly"]))
+    assert "`fedapt deploy pause` takes none" in text
+
+
 def _tiny_flow_run(api: str, home: Path) -> str:
     """A real flow run on the server: a one-task flow run in a process of its own."""
     code = (

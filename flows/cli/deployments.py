@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import ParamsOpt, SetOpt, app, guard, load, out
+from flows.cli.common import ParamsOpt, SetOpt, app, guard, load, out, print_error
 
 deploy_app = typer.Typer(
     help="Deploy the experiment flow on a cron schedule (fedapt deploy --cron ...), or list, "
@@ -45,7 +45,11 @@ def deploy(
     delete."""
     if ctx.invoked_subcommand is not None:
         if cron is not None or set_ or params is not None:
-            guard(_options_with_subcommand(ctx.invoked_subcommand))
+            sub = ctx.invoked_subcommand
+            print_error(
+                f"--cron, --params and --set create a deployment; `fedapt deploy {sub}` takes none"
+            )
+            raise typer.Exit(2)
         return
 
     def body() -> None:
@@ -87,17 +91,6 @@ def deploy(
             )
 
     guard(body)
-
-
-def _options_with_subcommand(sub: str):  # type: ignore[no-untyped-def]
-    def body() -> None:
-        from fedcore.errors import ConfigError
-
-        raise ConfigError(
-            f"--cron, --params and --set create a deployment; `fedapt deploy {sub}` takes none"
-        )
-
-    return body
 
 
 @deploy_app.command("ls")
