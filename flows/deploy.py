@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 from fedcore.errors import ConfigError
 from flows import services
@@ -155,3 +157,133 @@ def _deploy(
     deployment_id = deployment.apply(work_pool_name=work_pool)
     ready = services.work_pool_status(url, work_pool) == "READY"
     return Deployed(str(deployment_id), f"{FLOW_NAME}/{name}", url, work_pool, ready)
+
+
+# ----------------------------------------------------------------------------- manage
+
+
+# Runs of a deployment that have not started: Scheduled (Late and AwaitingConcurrencySlot are
+# Scheduled states too) and Pending (a worker took it and is starting it).
+_NOT_STARTED = ("SCHEDULED", "PENDING")
+
+
+@dataclass(frozen=True)
+class Managed:
+    name: str  # fedapt-experiment/<name>
+    api_url: str
+    cancelled: list[str]  # the runs that had not started, now Cancelled
+    running: list[tuple[str, str]]  # (name, id) of the runs still running: they run to the end
+
+
+def _client() -> Any:
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def _ours(client: Any) -> list[Any]:
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    flows = FlowFilter(name=FlowFilterName(any_=[FLOW_NAME]))
+    return sorted(client.read_deployments(flow_filter=flows, limit=200), key=lambda d: d.name)
+
+
+def _find(client: Any, name: str, url: str) -> Any:
+    short = name.removeprefix(f"{FLOW_NAME}/")
+    for dep in _ours(client):
+        if dep.name == short:
+            return dep
+    known = ", ".join(d.name for d in _ours(client))
+    raise ConfigError(
+        f"no deployment {name!r} of {FLOW_NAME} on {url}; "
+        + (f"known: {known}" if known else "none yet (create one with: fedapt deploy --cron ...)")
+    )
+
+
+def _runs(client: Any, deployment_id: Any, states: tuple[str, ...]) -> list[Any]:
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    wanted = FlowRunFilterStateType(any_=[StateType(s) for s in states])
+    return list(
+        client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=wanted)),
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+            limit=200,
+        )
+    )
+
+
+def _cancel_not_started(client: Any, deployment_id: Any, why: str) -> list[str]:
+    from prefect.states import Cancelled
+
+    cancelled = []
+    for run in _runs(client, deployment_id, _NOT_STARTED):
+        client.set_flow_run_state(run.id, Cancelled(message=why), force=True)
+        cancelled.append(run.name)
+    return cancelled
+
+
+def manage(action: str, name: str) -> Managed:
+    """``pause`` (no new runs; the runs that have not started are cancelled), ``resume`` (the
+    scheduler creates runs again) or ``delete`` (the deployment and its runs that have not
+    started) the deployment ``name`` (``<name>`` or ``fedapt-experiment/<name>``). A run
+    already Running is left to finish; ``Managed.running`` names it."""
+    if action not in ("pause", "resume", "delete"):
+        raise ConfigError(f"unknown action {action!r}; allowed: pause, resume, delete")
+    url = api_url()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}), _client() as client:
+        dep = _find(client, name, url)
+        why = f"deployment {FLOW_NAME}/{dep.name} {action}d with fedapt deploy {action}"
+        cancelled: list[str] = []
+        if action == "pause":
+            client.pause_deployment(dep.id)  # first: the scheduler creates no new run
+            cancelled = _cancel_not_started(client, dep.id, why)
+        elif action == "resume":
+            client.resume_deployment(dep.id)
+        else:
+            client.pause_deployment(dep.id)
+            cancelled = _cancel_not_started(client, dep.id, why)
+        # before a delete: its runs no longer name a deleted deployment
+        running = [(r.name, str(r.id)) for r in _runs(client, dep.id, ("RUNNING",))]
+        if action == "delete":
+            client.delete_deployment(dep.id)
+    return Managed(f"{FLOW_NAME}/{dep.name}", url, cancelled, running)
+
+
+def listing() -> tuple[str, list[dict[str, str]]]:
+    """The deployments of the experiment flow on the server: name, state, cron, work pool,
+    the next scheduled run. Returns (API URL, rows)."""
+    url = api_url()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    rows = []
+    with temporary_settings(updates={PREFECT_API_URL: url}), _client() as client:
+        for dep in _ours(client):
+            crons = [getattr(s.schedule, "cron", None) for s in dep.schedules or []]
+            upcoming = sorted(
+                r.next_scheduled_start_time or r.expected_start_time
+                for r in _runs(client, dep.id, ("SCHEDULED",))
+                if (r.next_scheduled_start_time or r.expected_start_time) is not None
+            )
+            rows.append(
+                {
+                    "name": dep.name,
+                    "state": "paused" if dep.paused else "active",
+                    "cron": ", ".join(c for c in crons if c) or "-",
+                    "work pool": dep.work_pool_name or "-",
+                    "next run": f"{upcoming[0].astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+                    if upcoming
+                    else "-",
+                    "id": str(dep.id),
+                }
+            )
+    return url, rows

@@ -18,6 +18,9 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 # Tests never see the services of a developer's `fedapt up` (state in the repo's .fedapt/):
 # their own state dir, inherited by the processes they start.
 os.environ["FEDAPT_STATE_DIR"] = tempfile.mkdtemp(prefix="fedapt-test-state-")
+# Nor a shell pointed at them by `eval "$(fedapt env)"`: the variables it set are dropped.
+for _name in os.environ.pop("FEDAPT_ENV_VARS", "").split():
+    os.environ.pop(_name, None)
 
 
 def pytest_collection_modifyitems(config, items):

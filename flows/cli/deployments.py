@@ -1,4 +1,5 @@
-"""``fedapt deploy``: the experiment flow on a cron schedule (Prefect deployments)."""
+"""``fedapt deploy``: the experiment flow on a cron schedule (Prefect deployments), and
+``fedapt deploy ls | pause | resume | delete`` to manage them."""
 
 from __future__ import annotations
 
@@ -6,13 +7,28 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
-from flows.cli.common import ParamsOpt, SetOpt, app, guard, load, out
+from flows.cli.common import ParamsOpt, SetOpt, app, guard, load, out, print_error
+
+deploy_app = typer.Typer(
+    help="Deploy the experiment flow on a cron schedule (fedapt deploy --cron ...), or list, "
+    "pause, resume or delete its deployments.",
+    no_args_is_help=False,
+)
+app.add_typer(deploy_app, name="deploy")
+
+NameArg = Annotated[
+    str, typer.Argument(help="deployment name (as in `fedapt deploy ls`)", show_default=False)
+]
 
 
-@app.command()
+@deploy_app.callback(invoke_without_command=True)
 def deploy(
-    cron: Annotated[str, typer.Option(help="cron schedule, e.g. '0 3 * * *'")],
+    ctx: typer.Context,
+    cron: Annotated[
+        str | None, typer.Option(help="cron schedule, e.g. '0 3 * * *' (required to deploy)")
+    ] = None,
     name: Annotated[str, typer.Option(help="deployment name")] = "scheduled",
     work_pool: Annotated[
         str | None,
@@ -34,12 +50,27 @@ def deploy(
     """Deploy the experiment flow on a cron schedule to the Prefect server of `fedapt up`
     (or PREFECT_API_URL); the worker of `fedapt up` runs it. Overrides that would make its
     runs write over another run's finished results are refused (or, with --new-version,
-    deployed as the next version of the experiment)."""
+    deployed as the next version of the experiment). Subcommands: ls, pause, resume,
+    delete."""
+    if ctx.invoked_subcommand is not None:
+        if cron is not None or set_ or params is not None:
+            sub = ctx.invoked_subcommand
+            print_error(
+                f"--cron, --params and --set create a deployment; `fedapt deploy {sub}` takes none"
+            )
+            raise typer.Exit(2)
+        return
 
     def body() -> None:
+        from fedcore.errors import ConfigError
         from flows.deploy import check_cron, check_pool_type
         from flows.services import WORK_POOL
 
+        if cron is None:
+            raise ConfigError(
+                "fedapt deploy needs --cron (e.g. --cron '0 3 * * *'), or one of: "
+                "ls, pause NAME, resume NAME, delete NAME"
+            )
         pool = work_pool or WORK_POOL
         from flows.deploy import deploy as do_deploy
 
@@ -70,6 +101,69 @@ def deploy(
             )
 
     guard(body)
+
+
+@deploy_app.command("ls")
+def ls() -> None:
+    """List the deployments of the experiment flow: state, cron, work pool, next run."""
+
+    def body() -> None:
+        from flows.deploy import listing
+
+        url, rows = listing()
+        if not rows:
+            out.print(f"no deployments on {url} (create one with: fedapt deploy --cron ...)")
+            return
+        t = Table(title=f"deployments of fedapt-experiment on {url}")
+        for col in rows[0]:
+            t.add_column(col)
+        for row in rows:
+            t.add_row(*row.values())
+        out.print(t)
+
+    guard(body)
+
+
+def _manage(action: str, name: str) -> None:
+    def body() -> None:
+        from flows.deploy import manage
+
+        done = manage(action, name)
+        out.print(f"{action}d {done.name} on {done.api_url}", highlight=False)
+        if done.cancelled:
+            out.print(
+                f"cancelled {len(done.cancelled)} run(s) that had not started: "
+                + ", ".join(done.cancelled),
+                highlight=False,
+            )
+        for run_name, run_id in done.running:
+            out.print(
+                f"run {run_name} is still running and runs to its end "
+                f"(stop it with: prefect flow-run cancel {run_id})",
+                highlight=False,
+            )
+
+    guard(body)
+
+
+@deploy_app.command()
+def pause(name: NameArg) -> None:
+    """Pause a deployment: no new scheduled runs, and its runs that have not started yet
+    (Scheduled, Late, Pending) are cancelled; a Running one runs to its end."""
+    _manage("pause", name)
+
+
+@deploy_app.command()
+def resume(name: NameArg) -> None:
+    """Resume a paused deployment: the server's scheduler creates its runs again."""
+    _manage("resume", name)
+
+
+@deploy_app.command()
+def delete(name: NameArg) -> None:
+    """Delete a deployment and cancel its runs that have not started; a Running one runs to
+    its end."""
+    _manage("delete", name)
 
 
 def _versioned(p: Any, new_version: bool) -> list[str]:

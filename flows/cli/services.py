@@ -7,13 +7,15 @@ defaults otherwise (see flows/services/).
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from flows.cli.common import app, guard, out
+from flows.cli.common import app, err, guard, out
 
 ServiceArg = Annotated[
     list[str] | None,
@@ -58,6 +60,8 @@ def up(services: ServiceArg = None) -> None:
         if "worker" in healthy:
             out.print(f"Prefect worker: runs the deployments of work pool {svc.WORK_POOL}")
         out.print("fedapt run now tracks to these services; stop them with: fedapt down")
+        if svc.write_env_file():
+            out.print('point prefect, mlflow and AWS tools at them: eval "$(.venv/bin/fedapt env)"')
 
     guard(body)
 
@@ -69,7 +73,37 @@ def down(services: ServiceArg = None) -> None:
     def body() -> None:
         from flows import services as svc
 
-        out.print(_table(svc.down(services or None)))
+        statuses = svc.down(services or None)
+        svc.write_env_file()  # what is still up, or no file at all
+        out.print(_table(statuses))
+        stale = [k for k in os.environ.get("FEDAPT_ENV_VARS", "").split() if k in os.environ]
+        found, _ = svc.tool_env()
+        if any(k not in found for k in stale):  # an earlier eval "$(fedapt env)" set them
+            out.print('this shell still points tools at them; unset with: eval "$(fedapt env)"')
+
+    guard(body)
+
+
+@app.command("env")
+def env_() -> None:
+    """Point prefect, mlflow and AWS tools at the services: eval "$(fedapt env)".
+
+    Prints export lines (PREFECT_API_URL, MLFLOW_TRACKING_URI, AWS_*) for the services that
+    are up; for those that are down it unsets what an earlier eval set and says so on stderr.
+    """
+
+    def body() -> None:
+        from flows import services as svc
+
+        text, down = svc.env_script()
+        sys.stdout.write(text)
+        if down:
+            names = ", ".join(down)
+            err.print(
+                f"fedapt env: not running: {names} (start with: fedapt up)",
+                highlight=False,
+                markup=False,
+            )
 
     guard(body)
 
@@ -81,7 +115,9 @@ def status() -> None:
     def body() -> None:
         from flows import services as svc
 
-        out.print(_table(svc.status()))
+        statuses = svc.status()
+        svc.write_env_file()  # a service that died since `fedapt up` leaves it
+        out.print(_table(statuses))
 
     guard(body)
 

@@ -16,7 +16,9 @@ a 0600 identities file for SeaweedFS and never printed or logged.
 Modules, each importing only those before it: ``config`` (names, ports, state directory,
 mlflow/server.toml, errors), ``procs`` (state file, lock, processes, ports and probes), ``s3``
 (SeaweedFS, S3 client, buckets), ``supervisor`` (commands, up, down, status), ``clients``
-(env_for_clients, embedded_s3, temporary_prefect, run_environment), ``locks`` (the exclusive
+(env_for_clients, embedded_s3, temporary_prefect, run_environment), ``envfile`` (the
+variables that point the ``prefect``/``mlflow`` CLIs at the services: ``fedapt env`` and
+``<state_dir>/env``), ``locks`` (the exclusive
 lock of an output directory: one run per experiment). Servers a run starts for itself are
 tied to it (``procs._spawn(tied=True)``: a watchdog stops them when the run's process is gone,
 kill -9 included). This package re-exports their public API
@@ -61,6 +63,7 @@ from flows.services.config import (
     resolve_ports,
     state_dir,
 )
+from flows.services.envfile import ENV_FILE, env_path, env_script, tool_env, write_env_file
 from flows.services.locks import LOCK_NAME, DirectoryLocked, run_lock
 from flows.services.procs import free_port, port_free, probe, read_state, write_state
 from flows.services.s3 import s3_client, s3_client_env, weed_binary
@@ -70,6 +73,7 @@ __all__ = [
     "DEFAULT_BUCKET",
     "DEFAULT_PORTS",
     "DEPENDS",
+    "ENV_FILE",
     "LOCK_NAME",
     "HEALTH_PATHS",
     "HOST",
@@ -91,6 +95,8 @@ __all__ = [
     "artifact_bucket",
     "down",
     "embedded_s3",
+    "env_path",
+    "env_script",
     "env_for_clients",
     "free_port",
     "mlflow_config",
@@ -108,10 +114,12 @@ __all__ = [
     "state_dir",
     "status",
     "temporary_prefect",
+    "tool_env",
     "up",
     "user_configured_s3",
     "weed_binary",
     "work_pool_status",
     "worker_limit",
+    "write_env_file",
     "write_state",
 ]

@@ -36,7 +36,13 @@ from flows.services.procs import (
     free_port,
     probe,
 )
-from flows.services.s3 import _data_lock, _ensure_buckets, s3_client_env
+from flows.services.s3 import (
+    _data_lock,
+    _ensure_buckets,
+    remove_leftovers,
+    s3_client_env,
+    weed_leftovers,
+)
 from flows.services.supervisor import _command, _wait_healthy, status
 
 # ----------------------------------------------------------------------------- clients
@@ -152,8 +158,9 @@ def embedded_s3(
                     tied=True,
                     users=_users_path(sd),
                     info={"url": _url(port)},
+                    leftovers=weed_leftovers(cmd),  # its watchdog removes them
                 )
-                stack.callback(_stop_embedded, pid, users)
+                stack.callback(_stop_embedded, pid, users, weed_leftovers(cmd))
         if shared is not None:
             with patched_environ(shared.env) if set_env else contextlib.nullcontext():
                 yield shared
@@ -212,9 +219,10 @@ def _share(sd: Path, stack: contextlib.ExitStack, timeout: float) -> EmbeddedS3 
     return EmbeddedS3(url, s3_client_env(url), False, pid, info.get("log"))
 
 
-def _stop_embedded(pid: int, users: int | None) -> None:
+def _stop_embedded(pid: int, users: int | None, leftovers: Iterable[str] = ()) -> None:
     """At the end of the run that started it: stop it now when no other run uses it, else
-    leave it to its watchdog, which stops it after the last user (the pipe closes here)."""
+    leave it to its watchdog, which stops it after the last user (the pipe closes here).
+    Either way its ``leftovers`` (sockets, logs) go when it has stopped."""
     try:
         if users is not None:
             fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)  # SH -> EX: the only user?
@@ -223,6 +231,7 @@ def _stop_embedded(pid: int, users: int | None) -> None:
         return
     if _pid_alive(pid) or _group_alive(pid):
         _terminate(pid)
+    remove_leftovers(leftovers)  # also when its watchdog was killed before it could
 
 
 def _prefect_server_command(port: int) -> list[str]:

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,7 @@ def _spawn(
     tied: bool = False,
     users: Path | None = None,
     info: Mapping[str, Any] | None = None,
+    leftovers: Iterable[str] = (),
 ) -> int:
     """Start ``cmd`` detached (own session and process group). With ``lock``, the child
     inherits an exclusive flock on it and holds it for its lifetime (one SeaweedFS per data
@@ -191,7 +192,8 @@ def _spawn(
     included: it runs under a watchdog (``watchdog.py``) that stops its process group when the
     pipe from this process reaches end-of-file, and, with ``users``, no process holds a shared
     flock on that file any more (runs sharing the server). ``info`` goes into the lock file
-    (e.g. the server's URL). Returns the pid (the process group's id)."""
+    (e.g. the server's URL). A tied server's ``leftovers`` (files, folders) are removed by its
+    watchdog once it has stopped. Returns the pid (the process group's id)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     label = Path(cmd[0]).name
     with contextlib.ExitStack() as stack:
@@ -207,6 +209,8 @@ def _spawn(
             read_end, write_end = os.pipe()  # both close-on-exec; the read end is passed on
             stack.callback(os.close, read_end)
             shared = ["--users", str(users)] if users is not None else []
+            for path in leftovers:
+                shared += ["--leftover", str(path)]
             cmd = [sys.executable, "-I", "-S", _WATCHDOG, str(read_end), *shared, *cmd]
             pass_fds = (*pass_fds, read_end)
         try:

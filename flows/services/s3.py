@@ -61,9 +61,108 @@ def _data_lock(sd: Path) -> Path:
     return sd / "s3" / ".fedapt.lock"
 
 
+def scratch_dir(sd: Path, port: int) -> Path:
+    """The SeaweedFS server's own folder under the state folder: its working directory,
+    ``TMPDIR``, log files (``-logdir``) and the S3 gateway's local socket. Removed when it
+    stops (``remove_leftovers``)."""
+    return sd / "run" / f"s3-{port}"
+
+
+# Sockets SeaweedFS 4.x creates at paths it hardcodes in /tmp (no flag, not TMPDIR), by the
+# flag of the port in their name; removed by fedapt when the server has stopped.
+_HARDCODED_SOCKETS = {
+    "-s3.port": "s3",
+    "-s3.port.grpc": "s3-grpc",
+    "-master.port.grpc": "master-grpc",
+    "-volume.port.grpc": "volume-grpc",
+    "-filer.port": "filer",
+    "-filer.port.grpc": "filer-grpc",
+}
+
+
+def weed_leftovers(cmd: Iterable[str]) -> list[str]:
+    """What a ``weed mini`` started with ``cmd`` leaves behind when it stops (its socket files
+    survive SIGTERM): its scratch folder (the ``-logdir``) and the sockets it puts in /tmp
+    whatever it is told, named after its ports."""
+    out = []
+    for arg in cmd:
+        flag, _, value = arg.partition("=")
+        if flag == "-logdir":
+            out.append(value)
+        elif flag in _HARDCODED_SOCKETS and value.isdigit():
+            out.append(f"/tmp/seaweedfs-{_HARDCODED_SOCKETS[flag]}-{value}.sock")
+        elif flag == "-admin.port" and value.isdigit():  # its gRPC port is admin.port + 10000
+            out.append(f"/tmp/seaweedfs-admin-grpc-{int(value) + 10000}.sock")
+    return out
+
+
+_LEFTOVERS_FILE = "leftovers.json"  # in the scratch folder: for sweep_scratch
+
+
+def _bound_sockets() -> set[str] | None:
+    """The paths of the Unix sockets some process listens on (None: unknown, not Linux)."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    return {parts[7] for parts in (line.split() for line in lines) if len(parts) > 7}
+
+
+def remove_leftovers(paths: Iterable[str]) -> None:
+    """Remove what ``weed_leftovers`` named (call it once the server is gone). A socket in /tmp
+    that a process listens on is left alone: its port may be another SeaweedFS's by now."""
+    import shutil
+
+    bound = None
+    for path in paths:
+        p = Path(path)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            continue
+        if p.parent == Path("/tmp"):
+            if not p.name.startswith("seaweedfs-") or p.suffix != ".sock":
+                continue  # only what weed_leftovers names
+            bound = _bound_sockets() if bound is None else bound
+            if bound is None or str(p) in bound:
+                continue
+        p.unlink(missing_ok=True)
+
+
+def sweep_scratch(sd: Path) -> None:
+    """Remove the scratch folders (and their /tmp sockets) of SeaweedFS servers of this state
+    folder that are gone without cleaning up (e.g. a watchdog killed with SIGKILL). Only when no
+    server holds the data folder: then every scratch folder is a dead server's."""
+    import fcntl
+
+    run = sd / "run"
+    if not run.is_dir():
+        return
+    fd = os.open(_data_lock(sd), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return  # a server runs (or is stopping: its own cleanup follows)
+    try:
+        for scratch in sorted(run.glob("s3-*")):
+            try:
+                listed = json.loads((scratch / _LEFTOVERS_FILE).read_text())
+            except (OSError, ValueError):
+                listed = []
+            sockets = [p for p in listed if isinstance(p, str) and p.startswith("/tmp/")]
+            remove_leftovers([*sockets, str(scratch)])
+    finally:
+        os.close(fd)
+
+
 def _weed_cmd(sd: Path, port: int) -> list[str]:
+    """The command line of SeaweedFS; run it in ``scratch_dir(sd, port)`` with ``TMPDIR``
+    pointing there (``supervisor._command``)."""
     data = sd / "s3"
     data.mkdir(parents=True, exist_ok=True)
+    sweep_scratch(sd)
+    scratch = scratch_dir(sd, port)
+    scratch.mkdir(parents=True, exist_ok=True)
     # Nine distinct ports: the OS may hand out a just-released port again, and two SeaweedFS
     # components on one port leave one of them dead after the health check passed.
     taken = {port}
@@ -77,8 +176,9 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
 
     ports = {k: distinct() for k in ("master", "volume", "filer")}
     grpc = {k: distinct() for k in ("master", "volume", "filer", "s3")}
-    return [
+    cmd = [
         weed_binary(),
+        f"-logdir={scratch}",  # glog files (default: TMPDIR)
         "mini",
         f"-dir={data}",
         f"-ip={HOST}",
@@ -87,6 +187,9 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
         f"-s3.port={port}",
         f"-s3.port.grpc={grpc['s3']}",
         f"-s3.config={_s3_identities(sd)}",
+        # relative to its working directory, the scratch folder: a socket path has at most
+        # 107 bytes, a state folder may be deeper than that
+        "-s3.localSocket=s3.sock",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         "-webdav=false",
@@ -100,6 +203,8 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
         f"-filer.port={ports['filer']}",
         f"-filer.port.grpc={grpc['filer']}",
     ]
+    (scratch / _LEFTOVERS_FILE).write_text(json.dumps(weed_leftovers(cmd)))
+    return cmd
 
 
 def s3_client_env(endpoint: str) -> dict[str, str]:

@@ -51,7 +51,15 @@ from flows.services.procs import (
     read_state,
     write_state,
 )
-from flows.services.s3 import _data_lock, _ensure_buckets, _weed_cmd, s3_client_env
+from flows.services.s3 import (
+    _data_lock,
+    _ensure_buckets,
+    _weed_cmd,
+    remove_leftovers,
+    s3_client_env,
+    scratch_dir,
+    weed_leftovers,
+)
 
 # ----------------------------------------------------------------------------- commands
 
@@ -85,8 +93,9 @@ def worker_limit() -> int:
 
 def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
     env = _base_env()
-    if name == "s3":
-        return _weed_cmd(sd, port), env, sd / "s3"
+    if name == "s3":  # its files live in its scratch folder, removed when it stops
+        env["TMPDIR"] = str(scratch_dir(sd, port))
+        return _weed_cmd(sd, port), env, scratch_dir(sd, port)
     bindir = Path(sys.executable).parent
     if name == "mlflow":  # configured in mlflow/server.toml
         conf = mlflow_config(sd)
@@ -237,7 +246,7 @@ def up(
         records = read_state(sd)
         for n in list(records):
             if not _alive_record(n, records[n]):
-                records.pop(n)
+                remove_leftovers(records.pop(n).get("leftovers", []))
         # A service whose dependency moved (or is gone) is restarted against the new one.
         for n, dep, key, field in (
             ("mlflow", "s3", "s3_url", "url"),
@@ -268,6 +277,8 @@ def up(
                 log = sd / "logs" / f"{n}.log"
                 pid = _spawn(cmd, env, cwd, log, _data_lock(sd) if n == "s3" else None)
                 records[n] = _record(n, pid, port, log)
+                if n == "s3":
+                    records[n]["leftovers"] = weed_leftovers(cmd)
                 if n == "mlflow":
                     records[n]["s3_url"] = records["s3"]["url"]
                 if n == "worker":
@@ -285,6 +296,7 @@ def up(
                 for n, rec in pending.items():
                     if _group_alive(rec["pid"]):
                         _terminate(rec["pid"], timeout=5.0)
+                    remove_leftovers(rec.get("leftovers", []))
                     records.pop(n, None)
                 write_state(sd, records)
                 raise
@@ -323,6 +335,7 @@ def down(
             rec = records[n]
             if _is_ours(rec.get("pid"), n):
                 _terminate(int(rec["pid"]), timeout=timeout)
+            remove_leftovers(rec.get("leftovers", []))  # s3: its sockets and logs
             records.pop(n)
             write_state(sd, records)
     return status(names, state=sd)

@@ -1,7 +1,9 @@
 """The watchdog of a server tied to the process that started it (``procs._spawn(tied=True)``).
 
-Run as a script, stdlib only: ``python -I -S watchdog.py FD [--users PATH] CMD...``. It forks
-CMD into its own process group (the watchdog's), exits with CMD's status when CMD ends, and
+Run as a script, stdlib only: ``python -I -S watchdog.py FD [--users PATH] [--leftover PATH]...
+CMD...``. It forks CMD into its own process group (the watchdog's), exits with CMD's status
+when CMD ends (first removing each ``--leftover`` file or folder: what the server leaves
+behind, e.g. SeaweedFS's sockets and logs), and
 when FD, the read end of a pipe whose write end only the starting process holds, reaches
 end-of-file (that process is gone, however it died: exit, SIGTERM, kill -9) it sends SIGTERM
 to the group, then SIGKILL after 10 s. With ``--users PATH`` it first waits until no process
@@ -15,9 +17,11 @@ be killed with that thread), and it reaches only the direct child, not the proce
 starts itself; end-of-file on a pipe means exactly "every copy of the write end is closed".
 """
 
+import contextlib
 import fcntl
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -29,6 +33,10 @@ def main() -> None:
     users = None
     if cmd[:1] == ["--users"]:
         users, cmd = cmd[1], cmd[2:]
+    leftovers = []
+    while cmd[:1] == ["--leftover"]:
+        leftovers.append(cmd[1])
+        cmd = cmd[2:]
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pid = os.fork()
@@ -44,6 +52,12 @@ def main() -> None:
     def reap() -> None:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
+            for path in leftovers:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif os.path.lexists(path):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
             code = os.waitstatus_to_exitcode(status)
             os._exit(code if code >= 0 else 128 - code)
 
