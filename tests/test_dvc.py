@@ -213,14 +213,27 @@ def test_committed_lock_reproduces_the_data_stages(tmp_path):
 
 
 @pytest.mark.slow
-def test_dvc_exp_run_temp_with_a_param_override(repo_copy):
+def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch):
     """`dvc exp run --temp -S key=value` runs the pipeline in DVC's temporary copy of the
     repository (no venv there: the stages call `fedapt` from the environment) and records
-    the experiment's metrics."""
+    the experiment's metrics. Tracked, on the whole test split, it is still a smoke run: its
+    MLflow run names the DVC experiment and no model is registered (no alias moves)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     sh(DVC, "commit", "--force", "data.dvc", cwd=repo_copy)  # the data into this copy's cache
     sh("git", "add", "-A", cwd=repo_copy)
     sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base", cwd=repo_copy)
-    out = sh(DVC, "exp", "run", "--temp", "-S", "federation.rounds=1", cwd=repo_copy)
+    sets = ["federation.rounds=1", "runtime.tracking=true", "data.test_subset=null"]
+    out = sh(DVC, "exp", "run", "--temp", *[a for kv in sets for a in ("-S", kv)], cwd=repo_copy)
+    assert "not registered: a smoke run (dvc exp run (" in out
+    client = MlflowClient(uri)
+    (cell,) = client.search_runs(
+        [client.get_experiment_by_name("fmnist-dir05-fedavg").experiment_id]
+    )
+    assert cell.data.tags["fedapt.entry"] == "dvc" and cell.data.tags["fedapt.dvc_experiment"]
+    assert client.search_registered_models() == []
     assert "Running stage 'train@fedavg-full'" in out
     shown = json.loads(sh(DVC, "exp", "show", "--json", cwd=repo_copy))
     exps = [
