@@ -233,11 +233,12 @@ class RichProgress(Callback):
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
+            TextColumn("{task.fields[grid]}"),  # the grid's rounds done and ETA
             console=self.console,
             transient=False,
         )
         self._progress.start()
-        self._task = self._progress.add_task(self.label, total=info["rounds"], status="")
+        self._task = self._progress.add_task(self.label, total=info["rounds"], status="", grid="")
 
     def on_resume(self, history: Any) -> None:
         done = len(history.rounds)
@@ -268,9 +269,8 @@ class RichProgress(Callback):
                 soft_wrap=True,  # one line per round, whatever the width
             )
             return
-        if grid is not None:
-            status += f"  {grid.text()}"
-        self._progress.update(self._task, advance=1, status=status)
+        text = grid.text() if grid is not None else ""
+        self._progress.update(self._task, advance=1, status=status, grid=text)
 
     def on_fit_end(self, history: Any) -> None:
         if self._progress is not None:

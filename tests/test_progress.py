@@ -203,3 +203,24 @@ def test_a_real_two_cell_grid_shows_cell_2_of_2(tmp_path, monkeypatch):
         "cell 2 of 2: fedprox-full: rounds done of 2",
     ]
     assert not (tmp_path / "grid-progress" / "checkpoints").exists()  # files removed with it
+
+
+def test_the_live_bar_shows_the_cell_and_the_grid(tmp_path):
+    import re
+
+    buf = io.StringIO()
+    for slot in grid_slots(2, 2, [tmp_path] * 2, parallel=1):
+        grid = GridTracker(slot)
+        console = Console(file=buf, force_terminal=True, width=200)
+        bar = RichProgress(labelled("fedavg-full", slot), console, grid)
+        for cb in (grid, bar):
+            cb.on_fit_start({"rounds": 2})
+        for r in (1, 2):
+            for cb in (grid, bar):
+                cb.on_round_end(rec(r, 1.0))
+        for cb in (grid, bar):
+            cb.on_fit_end(None)
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue()).replace("\r", "\n")
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[-1].startswith("cell 2 of 2: fedavg-full")
+    assert lines[-1].endswith("grid 4/4 rounds, ETA 0:00:00")
