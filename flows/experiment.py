@@ -22,7 +22,7 @@ from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from flows import services
-from flows.runners import cell_params, grid_task_runner
+from flows.runners import cell_params, grid_parallelism, grid_task_runner
 from tasks import checkpoint, tracking
 from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, in_force, load_params
@@ -37,6 +37,7 @@ from tasks.data import (
 from tasks.io import check_writable
 from tasks.origin import Origin, check_results, origin, prefect_run
 from tasks.pretrain import check_source, log_base_task, pretrain_task
+from tasks.progress import end_grid, start_grid
 from tasks.report import (
     end_tracking_task,
     log_results_task,
@@ -186,6 +187,15 @@ def train_grid_flow(
     run_origin: Origin | None = None,
 ) -> list[dict[str, Any]]:
     """One training task per (algorithm, adapter) cell, on the configured task runner."""
+    cells = [(a, d) for a in params.grid.algorithms for d in params.grid.adapters]
+    folders = [Path(checkpoint_dir)] * len(cells) if checkpoint_dir else None
+    slots = start_grid(
+        len(cells),
+        params.federation.rounds,
+        folders,
+        params.experiment.name,
+        grid_parallelism(params),
+    )
     futures = [
         train_task.submit(
             params,
@@ -197,11 +207,13 @@ def train_grid_flow(
             base_path,
             checkpoint_dir,
             run_origin=run_origin,
+            slot=slot,
         )
-        for algorithm in params.grid.algorithms
-        for adapter in params.grid.adapters
+        for (algorithm, adapter), slot in zip(cells, slots, strict=True)
     ]
-    return [f.result() for f in futures]  # in grid order, whatever order they finish in
+    records = [f.result() for f in futures]  # in grid order, whatever order they finish in
+    end_grid(slots)
+    return records
 
 
 @flow(name="fedapt-train-sweep", flow_run_name=grid_run_name)
@@ -219,6 +231,16 @@ def train_sweep_flow(
     Returns the records per seed, in grid order, whatever order they finish in."""
     seeds = params.experiment.seeds or ()
     bases = base_paths or [None] * len(seeds)
+    cells = [(a, d) for a in params.grid.algorithms for d in params.grid.adapters]
+    folders = [seed_dir(experiment_dir, s) / "checkpoints" for s in seeds for _ in cells]
+    slots = start_grid(
+        len(folders),
+        params.federation.rounds,
+        folders,
+        params.experiment.name,
+        grid_parallelism(params),
+    )
+    slot = iter(slots)  # (seed, cell) in order: seed-major, as the folders
     futures = []
     for seed, part_dir, base in zip(seeds, partition_dirs, bases, strict=True):
         ps, out = seed_params(params, seed), seed_dir(experiment_dir, seed)
@@ -235,12 +257,14 @@ def train_sweep_flow(
                     str(out / "checkpoints"),
                     seed,
                     run_origin,
+                    slot=next(slot),
                 )  # fmt: skip
-                for a in params.grid.algorithms
-                for d in params.grid.adapters
+                for a, d in cells
             ]
         )
-    return [[f.result() for f in per_seed] for per_seed in futures]
+    records = [[f.result() for f in per_seed] for per_seed in futures]
+    end_grid(slots)
+    return records
 
 
 @flow(

@@ -22,6 +22,7 @@ from fedcore import numerics
 from flows import services
 from flows.experiment import experiment_flow
 from tasks import tracking
+from tasks.progress import clock
 from tasks.reproduce import report, runs
 from tasks.reproduce.registry import select
 
@@ -88,13 +89,21 @@ def reproduce_flow(
     root = runs.reproduce_root(params_file, sets, profile)
     log = get_run_logger()
     with services.run_lock(root, "fedapt reproduce"):
-        for item in items:
-            state = runs.status(item)
-            name = item.params.experiment.name
+        states = [runs.status(item) for item in items]
+        left = sum(runs.work(i) for i, s in zip(items, states, strict=True) if s != "done")
+        done, spent = 0, 0.0  # this session's cell-rounds and seconds: the ETA's pace
+        for k, (item, state) in enumerate(zip(items, states, strict=True), 1):
+            name = f"experiment {k} of {len(items)}: {item.params.experiment.name}"
             if state == "done":
                 log.info("%s: finished earlier for this configuration, skipped", name)
                 continue
-            log.info("%s: %s", name, "resuming" if state == "resume" else "running")
+            log.info(
+                "%s: %s (%d cell-rounds; %s)",
+                name,
+                "resuming" if state == "resume" else "running",
+                runs.work(item),
+                runs.eta_text(done, spent, left),
+            )
             if (source := runs.share_base(item, root)) is not None:
                 log.info("%s: frozen base from %s (same data, model, pretrain)", name, source)
             started = time.perf_counter()
@@ -104,7 +113,10 @@ def reproduce_flow(
                 overrides=list(item.overrides),
                 entry="reproduce",
             )
-            runs.write_stamp(item, time.perf_counter() - started, resumed=state == "resume")
+            seconds = time.perf_counter() - started
+            runs.write_stamp(item, seconds, resumed=state == "resume")
+            done, spent, left = done + runs.work(item), spent + seconds, left - runs.work(item)
+            log.info("%s: done in %s", name, clock(seconds))
         path = report_task(profile, claims, params_file, sets, command)
         if runs.base_params(params_file, sets).runtime.tracking:
             log_report_task(profile, str(root))

@@ -81,6 +81,18 @@ def ray_task_runner(params: Params) -> Any:
     )
 
 
+def grid_parallelism(params: Params) -> int | None:
+    """How many cells the grid's task runner trains at once: 1 here, the local Dask or Ray
+    workers; None for a cluster at an address (its size is its own)."""
+    rt = params.runtime
+    if rt.task_runner == "thread":
+        return 1
+    address = rt.dask_address if rt.task_runner == "dask" else rt.ray_address
+    if address:
+        return None
+    return rt.dask_workers if rt.task_runner == "dask" else rt.ray_workers
+
+
 def cell_params(params: Params) -> Params:
     """The params each training task gets. On a LocalCluster the cells share this machine's
     cores, so ``workers: auto`` becomes an equal share per Dask worker (results do not depend

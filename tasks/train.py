@@ -32,7 +32,7 @@ from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.origin import Origin
-from tasks.progress import PrefectProgress, RichProgress
+from tasks.progress import GridSlot, GridTracker, PrefectProgress, RichProgress, labelled
 
 _err = Console(stderr=True)
 
@@ -337,17 +337,25 @@ def run_cell(
     keep_checkpoint: bool = False,
     label: str | None = None,
     run_origin: Origin | None = None,
+    slot: GridSlot | None = None,
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
     per-round metrics and the final (merged) model registered. Returns the summary record.
     ``checkpoint_file``: see ``train_cell_model``. ``label``: the progress lines' and the
     MLflow run's name (default ``<algorithm>-<adapter>``). ``run_origin``: how the run was
-    started (MLflow tags; a smoke run is not registered under ``tracking.register: auto``)."""
+    started (MLflow tags; a smoke run is not registered under ``tracking.register: auto``).
+    ``slot``: the cell's place in its grid, shown as ``cell k of N`` with the grid's progress
+    (display only)."""
     run_origin = run_origin or Origin()
     data = load_experiment_data(params)
     part = load_partition(partition_dir)
     name = label or cell_name(algorithm, adapter)
-    callbacks: list[Callback] = [RichProgress(name, Console(stderr=True)), PrefectProgress(name)]
+    grid, shown = GridTracker(slot), labelled(name, slot)
+    callbacks: list[Callback] = [
+        grid,  # first: the others show what it just wrote
+        RichProgress(shown, Console(stderr=True), grid),
+        PrefectProgress(shown, grid),
+    ]
     run_id = None
     if params.runtime.tracking:
         flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
@@ -495,6 +503,7 @@ def train_task(
     checkpoint_dir: str | None = None,
     seed: int | None = None,
     run_origin: Origin | None = None,
+    slot: GridSlot | None = None,
 ) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record.
     Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
@@ -516,4 +525,5 @@ def train_task(
         keep_checkpoint=True,
         label=None if seed is None else f"{name} seed {seed}",
         run_origin=run_origin,
+        slot=slot,
     )

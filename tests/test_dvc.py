@@ -161,6 +161,10 @@ def test_dvc_repro_exact_and_incremental(repo_copy):
     out = sh(DVC, "repro", cwd=repo_copy)
     for stage in ("prepare", "partition", "validate", "train@fedavg-full", "report"):
         assert f"Running stage '{stage}'" in out
+    assert "cell 1 of 1: fedavg-full round 2/2" in out  # the train stage's grid position
+    # the report stage: a row per cell, not its records (it printed ~300 lines before)
+    report = out.split("Running stage 'report'")[1].split("Updating lock file")[0]
+    assert "'accuracy'" not in report and len(report.splitlines()) < 20, report
     first = hashed_outputs(repo_copy)
     metrics = accuracy_metrics(repo_copy)
     assert metrics[0]["final_accuracy"] is not None

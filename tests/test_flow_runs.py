@@ -70,4 +70,8 @@ def test_flow_run_names_logs_and_artifacts(tmp_path, monkeypatch):
     assert any("fedavg-full round 2/2: acc" in m for m in lines), lines[-10:]
     (results,) = [a for a in markdown if a.key == "fedapt-named-runs"]
     assert "| fedavg-full |" in results.data
-    assert [a.data for a in progress] == [100.0]
+    # the cell's and its grid's (issue 28: cell k of N, the grid's rounds done)
+    assert sorted((a.description, a.data) for a in progress) == [
+        ("Named-Runs: rounds done of all 1 cells of the grid", 100.0),
+        ("cell 1 of 1: fedavg-full: rounds done of 2", 100.0),
+    ]

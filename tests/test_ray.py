@@ -34,6 +34,7 @@ def test_ray_runner_is_built_from_params():
 
 @pytest.mark.slow
 def test_two_cells_train_in_parallel_ray_workers(tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.experiment import experiment_flow
@@ -55,7 +56,14 @@ def test_two_cells_train_in_parallel_ray_workers(tmp_path, monkeypatch):
     ]
     with prefect_test_harness(server_startup_timeout=180):
         records = experiment_flow(params_file=str(REPO / "params.yaml"), overrides=overrides)
+        with get_client(sync_client=True) as client:
+            logs = [log.message for log in client.read_logs()]
     assert [(r["algorithm"], r["rounds"]) for r in records] == [("fedavg", 2), ("fedprox", 2)]
+    # grid progress in the two worker processes: each cell by its grid position, with the
+    # grid's rounds (a worker's last lines may reach the API after the flow has ended)
+    for cell in ("cell 1 of 2: fedavg-full round 1/2", "cell 2 of 2: fedprox-full round 1/2"):
+        line = next((m for m in logs if cell in m), None)
+        assert line is not None and "/4 rounds" in line, [m for m in logs if "round" in m]
     runs = tmp_path / "reports/pinned-ray/runs"
     pids = {
         json.loads((runs / c / "timing.json").read_text())["pid"]

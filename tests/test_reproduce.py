@@ -217,8 +217,9 @@ def test_reproduce_dvc_pipeline_matches_the_command():
     assert {"fedcore", "models", "tasks", "flows", "data"} <= set(do["deps"])
     outs = [next(iter(o)) for o in do["outs"]]
     root = "reports/reproduce/${item}"
-    assert outs == [f"{root}/{runs.REPORT}", f"{root}/verdicts.json"]
-    assert [next(iter(p)) for p in do["plots"]] == [f"{root}/{runs.FIGURES}"]
+    assert outs == [f"{root}/{runs.REPORT}", f"{root}/verdicts.json", f"{root}/{runs.FIGURES}"]
+    # no plots: the root's `dvc plots show` would warn about them until a profile has run
+    assert "plots" not in do
     # the default pipeline never starts a reproduction
     assert "reproduce" not in (REPO / "dvc.yaml").read_text()
 

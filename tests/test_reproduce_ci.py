@@ -40,6 +40,15 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         assert res.exit_code == 0, res.output
         assert f"report: {root / 'reproduction.md'}" in res.output
         assert "adapters: " in res.output and "(smoke test)" in res.output
+        # progress: experiment k of M, the second with an ETA at this session's pace; the
+        # cells of each grid as cell k of N
+        n = len(items)
+        first = f"experiment 1 of {n}: {items[0].params.experiment.name}: running ("
+        assert first in res.output and "ETA after the first experiment" in res.output
+        second = f"experiment 2 of {n}: {items[1].params.experiment.name}: running ("
+        line = next(x for x in res.output.splitlines() if second in x)
+        assert "cell-rounds left, ETA " in line and "at this session's pace" in line, line
+        assert "cell 1 of " in res.output and "grid " in res.output
 
         text = (root / "reproduction.md").read_text()
         assert "Smoke test, not a reproduction" in text

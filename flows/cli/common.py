@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -230,47 +231,65 @@ def load(
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:
-    """One row per run; accuracy in %, traffic in MiB (2**20 bytes) per round and in total."""
+    """One row per grid cell: accuracy in %, traffic in MiB (2**20 bytes) per round and in
+    total, the round it diverged at. A record read from metrics.json (the report stage)
+    carries its per-round list in ``rounds``: the table shows its length, never the list."""
     from fedcore.payload import mib
 
-    t = Table(title="fedapt results (MiB = 2^20 bytes)")
-    cols = (
-        "run",
+    t = Table(
+        title="fedapt results (traffic in MiB = 2^20 bytes; acc last L: mean over the last L "
+        "evaluated rounds; s: wall seconds)",
+        box=box.SIMPLE_HEAD,
+    )
+    cols = [
+        "cell",
         "partition",
         "rounds",
         "final acc",
-        "mean acc last L",
-        "up MiB/rnd",
-        "down MiB/rnd",
-        "up MiB",
-        "down MiB",
+        "acc last L",
+        "up/rnd",
+        "down/rnd",
+        "up",
+        "down",
+        "total",
+        "diverged at",
         "s",
-    )
+    ]
     exits = any(r.get("final_accuracy_exits") for r in records)  # early-exit methods
     if exits:
-        cols = (*cols, "acc per exit")
+        cols.append("acc per exit")
     personal = any(r.get("personalization") for r in records)  # seed 001 Table 4
     if personal:
-        cols = (*cols, "personalized % (gain)")
+        cols.append("personalized % (gain)")
     for col in cols:
-        t.add_column(col, justify="left" if col in ("run", "partition") else "right")
+        t.add_column(col, justify="left" if col in ("cell", "partition") else "right")
     for r in records:
         per_exit = " ".join(f"{100 * a:.1f}" for a in r.get("final_accuracy_exits") or [])
+        up, down = mib(r["upload_bytes"]), mib(r["download_bytes"])
         t.add_row(
-            f"{r['algorithm']}/{r['adapter']}",
-            r["partition"],
-            str(r["rounds"]),
+            f"{r['algorithm']}-{r['adapter']}",
+            str(r["partition"]),
+            str(rounds_run(r)),
             _pct(r["final_accuracy"]),
             f"{_pct(r['mean_accuracy_last_L'])} L={r['last_rounds_L']}",
             f"{mib(r['upload_bytes_per_round']):.2f}",
             f"{mib(r['download_bytes_per_round']):.2f}",
-            f"{mib(r['upload_bytes']):.1f}",
-            f"{mib(r['download_bytes']):.1f}",
+            f"{up:.1f}",
+            f"{down:.1f}",
+            f"{up + down:.1f}",
+            str(r.get("diverged_at_round") or "-"),
             f"{r['wall_seconds']:.0f}" if "wall_seconds" in r else "-",
             *([per_exit or "-"] if exits else []),
             *([_personal(r.get("personalization") or {})] if personal else []),
         )
     return t
+
+
+def rounds_run(record: dict[str, Any]) -> int:
+    """The rounds a record ran: ``rounds`` is their number in a run's record and the list
+    of per-round records in a cell's metrics.json."""
+    rounds = record["rounds"]
+    return rounds if isinstance(rounds, int) else len(rounds)
 
 
 def sweep_table(cells: list[dict[str, Any]], seeds: list[int]) -> Table:

@@ -141,12 +141,20 @@ def train(
     def body() -> None:
         from flows.experiment import preflight
         from tasks.cell import cell_name, require_base
+        from tasks.config import load_params
         from tasks.origin import origin
+        from tasks.progress import GridSlot
         from tasks.train import run_cell
 
+        grid = load_params(params, set_).grid  # the whole grid: where this cell stands in it
+        cells = [(a, d) for a in grid.algorithms for d in grid.adapters]
         extra = [f"runtime.device={device}"] if device else []
         extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
         p = load(params, set_, extra, numerics="portable")
+        slot = None  # "cell k of N" (each cell is its own stage: no grid ETA)
+        if (algorithm, adapter) in cells:
+            k = cells.index((algorithm, adapter)) + 1
+            slot = GridSlot(k, len(cells), p.federation.rounds)
         preflight(p, partition_dir, storage=False)
         _require_valid(partition_dir)
         require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
@@ -165,6 +173,7 @@ def train(
             # outside the stage's output (DVC removes that before it runs): a killed
             # `dvc repro` resumes the cell; deleted when the cell's outputs are written
             checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
+            slot=slot,
         )
         out.print(results_table([record]))
         out.print(f"metrics: {cell_dir / 'metrics.json'}")

@@ -117,6 +117,26 @@ def status(item: Planned) -> str:
     return "rerun" if summary is not None else "pending"
 
 
+def work(item: Planned) -> int:
+    """An experiment's size in cell-rounds: grid cells x rounds (x seeds of a sweep)."""
+    p = item.params
+    cells = len(p.grid.algorithms) * len(p.grid.adapters) * len(p.experiment.seeds or [0])
+    return cells * p.federation.rounds
+
+
+def eta_text(done: int, seconds: float, left: int) -> str:
+    """The reproduction's ETA at this session's pace: ``seconds`` for the ``done``
+    cell-rounds of the experiments run so far, times the ``left`` ones (their models and
+    data differ, so it is a rough guide; a resumed experiment makes it optimistic)."""
+    from tasks.progress import clock
+
+    if left <= 0:
+        return "nothing left"
+    if done <= 0:
+        return f"{left} cell-rounds left, ETA after the first experiment"
+    return f"{left} cell-rounds left, ETA {clock(left * seconds / done)} at this session's pace"
+
+
 def share_base(item: Planned, root: Path) -> Path | None:
     """Give ``item`` the frozen base another experiment under ``root`` trained for the same
     data, model and pretrain params (the pretrain stage's own cache check: same fingerprint,
