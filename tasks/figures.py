@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,14 @@ def accuracy_vs_mib(rounds: Sequence[Mapping[str, Any]], title: str) -> Figure:
     up = np.array([r["cum_upload_bytes"] for r in ev], dtype=float) / MIB
     down = np.array([r["cum_download_bytes"] for r in ev], dtype=float) / MIB
     ax.plot(up + down, acc, marker="o", ms=3, label="upload + download")
-    ax.plot(up, acc, ls="--", label="upload")
-    ax.plot(down, acc, ls=":", label="download")
+    # Upload and download are often equal (FedAvg sends the same payload both ways): drawn
+    # with their own line style and open markers (^ upload, v download), so that a curve
+    # lying on the other still shows, and the legend says when they coincide.
+    same = bool(np.array_equal(up, down))
+    ax.plot(up, acc, ls="--", marker="^", ms=7, mfc="none", lw=1.6,
+            label="upload" + (" (= download)" if same else ""))  # fmt: skip
+    ax.plot(down, acc, ls=":", marker="v", ms=7, mfc="none", lw=1.6,
+            label="download" + (" (= upload)" if same else ""))  # fmt: skip
     ax.set(xlabel="cumulative MiB transmitted", ylabel="test accuracy (%)", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -78,7 +85,8 @@ def traffic_by_phase(
     fig, ax = _figure()
     x = [r["round"] for r in rounds]
     ax.plot(x, [r["download_bytes"] / MIB for r in rounds], ds="steps-mid", label="download")
-    ax.plot(x, [r["upload_bytes"] / MIB for r in rounds], ds="steps-mid", label="upload")
+    ax.plot(x, [r["upload_bytes"] / MIB for r in rounds], ds="steps-mid", ls="--", lw=1.6,
+            label="upload (dashed)")  # fmt: skip
     phase = [r["extra"][key] for r in rounds]
     start = 0
     for i in range(1, len(rounds) + 1):
@@ -123,7 +131,7 @@ def label_histogram(counts: np.ndarray, title: str) -> Figure:
 def pareto(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str) -> Figure:
     """Accuracy against cumulative MiB (upload + download) for every cell of the grid: which
     method reaches which accuracy for how many MiB. The last point of each curve is labelled."""
-    fig, ax = _figure((7.2, 4.6))
+    fig, ax = _figure((8.0, 4.6))
     for name, rounds in runs.items():
         ev = _evaluated(rounds)
         if not ev:
@@ -131,11 +139,15 @@ def pareto(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str) -> Figur
         mib = [(r["cum_upload_bytes"] + r["cum_download_bytes"]) / MIB for r in ev]
         acc = [100 * r["accuracy"] for r in ev]
         (line,) = ax.plot(mib, acc, marker="o", ms=2, label=name)
-        ax.annotate(name, (mib[-1], acc[-1]), fontsize=7, color=line.get_color())
+        ax.plot(mib[-1:], acc[-1:], marker="o", ms=6, color=line.get_color())  # where it ends
     if any(_evaluated(r) for r in runs.values()):
         ax.set_xscale("log")
-        ax.legend(fontsize=7)
-    ax.set(xlabel="cumulative MiB transmitted (log)", ylabel="test accuracy (%)", title=title)
+        # Beside the axes, never over the curves: constrained layout makes room for it (the
+        # names written at each curve's end were clipped at the edge and overlapped).
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="cell (• end)",
+                  title_fontsize=7)  # fmt: skip
+    ax.set(xlabel="cumulative MiB transmitted (log)", ylabel="test accuracy (%)")
+    ax.set_title("\n".join(textwrap.wrap(title, 60)))
     ax.grid(alpha=0.3, which="both")
     return fig
 

@@ -128,15 +128,25 @@ def _init_sqlite_store(uri: str) -> Any:
 client = _client  # the MlflowClient of the tracking URI in use (tasks.artifacts)
 
 
+# MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view; this value
+# (the UI's ``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT``) opens the classic training view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def _experiment_id(client: Any, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag: a kind the user chose stays
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     location = None
     uri = tracking_uri()
     if uri.startswith("sqlite:///"):  # artifacts beside the database file
         location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    return client.create_experiment(
+        name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    )
 
 
 def provenance_tags() -> dict[str, str]:
@@ -159,15 +169,38 @@ def provenance_tags() -> dict[str, str]:
     return tags
 
 
+def parent_run_name(experiment: str, deployment: str | None = None, now: Any = None) -> str:
+    """``<experiment> [<deployment>] <UTC YYYY-mm-dd HH:MM:SS>``: parent runs told apart."""
+    import datetime as dt
+
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M:%S")
+    return " ".join(p for p in (experiment, deployment, stamp) if p)
+
+
+def _deployment_name() -> str | None:
+    """The Prefect deployment running this flow (None outside a deployment or Prefect)."""
+    try:
+        from prefect.runtime import deployment
+
+        return deployment.name or None
+    except Exception:  # noqa: BLE001 - no Prefect context: not a deployment run
+        return None
+
+
 def start_experiment_run(
-    experiment: str, flat_params: dict[str, Any], *, tags: dict[str, str] | None = None
+    experiment: str,
+    flat_params: dict[str, Any],
+    *,
+    run_name: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> str:
-    """Create the parent run of an experiment (``tags``: e.g. its origin, ``tasks.origin``);
-    returns its run id."""
+    """Create the parent run of an experiment; returns its run id. Named
+    :func:`parent_run_name` (time, and the Prefect deployment when one runs it) unless
+    ``run_name`` is given; ``tags``: e.g. its origin (``tasks.origin``)."""
     client = _client()
     run = client.create_run(
         _experiment_id(client, experiment),
-        run_name=experiment,
+        run_name=run_name or parent_run_name(experiment, _deployment_name()),
         tags={"fedapt.kind": "experiment", **provenance_tags(), **_owner_tags(), **(tags or {})},
     )
     _started(run.info.run_id)
@@ -366,13 +399,24 @@ def log_and_register_model(
     import torch
 
     client = _client()
-    with _registry_lock(name), mlflow.start_run(run_id=run_id):
+    with (
+        _registry_lock(name),
+        _model_code() as code,
+        _quiet_pickle_warning(),
+        mlflow.start_run(run_id=run_id),
+    ):
+        # A pickled module, not MLflow 3's default ``pt2`` (a torch.export GraphModule whose
+        # .eval() raises): ``load_model`` gives back the nn.Module itself. Its classes come
+        # from fedapt's ``fedcore`` and ``models`` packages, logged beside it (``code_paths``:
+        # MLflow puts them on sys.path when it loads the model).
         info = mlflow.pytorch.log_model(
             model.eval(),
             name="model",
             input_example=example.numpy(),
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
             registered_model_name=name,
+            serialization_format="pickle",
+            code_paths=code,
         )
     version = str(info.registered_model_version)  # MLflow returns an int here
     if accuracy is not None:
@@ -383,6 +427,40 @@ def log_and_register_model(
         client.set_registered_model_alias(name, CHALLENGER, version)
         update_champion(name, version)
     return version
+
+
+MODEL_CODE = ("fedcore", "models")  # the packages a registered model's classes come from
+
+
+@contextlib.contextmanager
+def _model_code() -> Iterator[list[str]]:
+    """Copies of :data:`MODEL_CODE` without their ``__pycache__`` (the ``code_paths``)."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fedapt-model-code-") as tmp:
+        paths = []
+        for package in MODEL_CODE:
+            dst = Path(tmp) / package
+            shutil.copytree(ROOT / package, dst, ignore=shutil.ignore_patterns("__pycache__"))
+            paths.append(str(dst))
+        yield paths
+
+
+class _PickleWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Pickle or CloudPickle" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_pickle_warning() -> Iterator[None]:
+    """MLflow warns on every pickled model; fedapt pickles its own modules on purpose."""
+    logger, flt = logging.getLogger("mlflow.pytorch"), _PickleWarning()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
 
 
 @contextlib.contextmanager

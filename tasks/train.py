@@ -25,7 +25,7 @@ from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, summarize
 from models.serving import ImageServing
-from tasks import artifacts, checkpoint, figures, tracking
+from tasks import artifacts, checkpoint, figures, modelfile, tracking
 from tasks.backbone import model_input
 from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, require_base
 from tasks.config import Params
@@ -103,7 +103,11 @@ def train_cell_model(
             **timer.summary(),
         }
     )
-    write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file)
+    # A frozen-base cell stores what it trained (what the engine transmits) and a reference to
+    # its base; full fine-tuning stores the whole model (tasks/modelfile.py).
+    trained = None if sim.payload_keys is None else list(sim.payload_keys)
+    base = None if trained is None else modelfile.base_reference(params, adapter, base_path)
+    write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file, trained, base)
     if saver is not None and not keep_checkpoint:
         saver.path.unlink(missing_ok=True)
     adapted.to("cpu").load_state_dict(sim.global_state)  # it trained the in-process clients
@@ -227,11 +231,15 @@ def write_cell_outputs(
     history: History,
     state: payload.StateDict,
     timing_file: str | Path | None = None,
+    trained: Sequence[str] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> None:
     """model.pt, metrics.json and rounds.csv hold only what the seed determines (DVC hashes
     them: a rerun gives the same bytes); times go to ``timing_file`` (default: timing.json
-    beside them; the DVC stage keeps it outside the hashed folder)."""
-    atomic_write_bytes(out / "model.pt", payload.encode(state))
+    beside them; the DVC stage keeps it outside the hashed folder). ``trained``: the entries a
+    frozen-base cell trained (model.pt holds them and ``base``'s reference, tasks/modelfile.py);
+    None: the whole state."""
+    atomic_write_bytes(out / modelfile.MODEL_FILE, modelfile.encode(state, trained, base))
     rounds = history.to_dict()["rounds"]
     exact = {k: v for k, v in record.items() if k not in _TIMING_KEYS}
     exact["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in rounds]

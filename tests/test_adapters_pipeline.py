@@ -13,6 +13,7 @@ import torch
 
 from fedcore import payload
 from models.adapters import ResidualConv2d, adapted_model, get_adapter
+from tasks import modelfile
 from tasks.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +73,11 @@ def test_cell_traffic_is_the_payload(tmp_path, adapter):
     from tasks.backbone import model_input
     from tests.test_accuracy_bookkeeping import independent_accuracy
 
-    saved = payload.decode((tmp_path / "cell/model.pt").read_bytes())
+    saved = modelfile.load_state(
+        tmp_path / "cell/model.pt", modelfile.initial_model(p, data, adapter)
+    )
+    if adapter != "full":  # model.pt: the trained part (what travels) and the base's sha256
+        assert (tmp_path / "cell/model.pt").stat().st_size < wire + 4096 < record["model_bytes"]
     test = data.image_data("test", model_input(p, data.train.info))
     acc = independent_accuracy(model, saved, test)
     assert record["final_accuracy"] == pytest.approx(acc, abs=1e-12)
@@ -111,8 +116,10 @@ def test_cell_personalization(tmp_path):
     from tasks.backbone import model_input
     from tests.test_accuracy_bookkeeping import independent_accuracy, personal_test_split
 
-    saved = payload.decode((tmp_path / "cell/model.pt").read_bytes())
     model = adapted_model("resnet26", "residual", num_classes=10, in_channels=1, width=0.125)
+    saved = modelfile.load_state(
+        tmp_path / "cell/model.pt", modelfile.initial_model(p, data, "residual")
+    )
     train = data.image_data("train", model_input(p, data.train.info))
     for c in clients:
         assert c["tune_samples"] + c["test_samples"] == sizes[c["client"]]
@@ -151,8 +158,7 @@ def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
     loaded = mlflow.pytorch.load_model(f"models:/{record['registered_model']}@champion")
     names = [n for n, _ in loaded.named_parameters()] + list(loaded.state_dict())
     assert names and not any("adapter" in n for n in names)
-    adapted = adapted_model("resnet26", "residual", num_classes=10, in_channels=1, width=0.125)
-    adapted.load_state_dict(payload.decode((tmp_path / "cell/model.pt").read_bytes()))
+    adapted = modelfile.load_cell_model(p, data, "residual", tmp_path / "cell")
     assert any(isinstance(m, ResidualConv2d) for m in adapted.modules())
     # The registered model takes images as stored (pixel/255, 1x28x28) and applies the
     # training input step itself (resize to resnet26's 72x72, normalise): its logits equal

@@ -205,6 +205,52 @@ def check_mlflow(tmp_path, run):
     x = torch.rand(4, 1, 28, 28)
     normalised = (x - info.mean[0]) / info.std[0]
     assert torch.allclose(loaded(x), ref.eval()(normalised), atol=1e-5)
+    check_readme_load(tmp_path, ref.eval())
+
+
+README_LOAD = """
+import sys
+import mlflow.pytorch
+import torch
+model = mlflow.pytorch.load_model("models:/fedapt-fashion-mnist-cifar-cnn-full@champion")
+model.eval()
+with torch.no_grad():
+    torch.save(model(torch.load(sys.argv[1])).argmax(1), sys.argv[2])
+print(type(model).__name__, all(not m.training for m in model.modules()))
+"""
+
+
+def check_readme_load(tmp_path, ref):
+    """What the README shows ("Results and registered models"), as a user runs it: a fresh
+    Python with MLFLOW_TRACKING_URI set and fedapt not on PYTHONPATH loads the champion, an
+    nn.Module that .eval()s, and predicts real test images as the final global model does."""
+    import os
+
+    import torch
+
+    from fedcore.datasets import load_dataset
+
+    test = load_dataset("fashion_mnist", REPO / "data/raw", "test")
+    images, labels = test.images[:64].float() / 255.0, test.labels[:64]
+    torch.save(images, tmp_path / "batch.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run(
+        [sys.executable, "-c", README_LOAD, str(tmp_path / "batch.pt"), str(tmp_path / "y.pt")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ImageServing", "True"]  # the module itself, in eval mode
+    predicted = torch.load(tmp_path / "y.pt")
+    info = test.info
+    with torch.no_grad():
+        expected = ref((images - info.mean[0]) / info.std[0]).argmax(1)
+    assert torch.equal(predicted, expected)
+    assert (predicted == labels).float().mean() > 0.3  # well above 10% chance
 
 
 def test_validation_failure_stops_before_training(tmp_path):

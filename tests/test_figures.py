@@ -132,3 +132,48 @@ def test_progress_lines_carry_an_eta():
     assert "(10.0 s, ETA 0:00:20)" in lines[0]  # two rounds left at 10 s each
     assert "(20.0 s, ETA 0:00:15)" in lines[1]  # one left at the mean, 15 s
     assert "ETA" not in lines[2]
+
+
+def _clipped(fig) -> list[str]:
+    """The titles, axis labels, legend entries and annotations that reach past the figure's
+    edge once laid out."""
+    fig.draw_without_rendering()  # constrained layout runs at draw time
+    page = fig.bbox
+    out = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        texts += [*legend.get_texts(), legend.get_title()] if legend else []
+        for t in texts:
+            box = t.get_window_extent()
+            if t.get_text() and (
+                box.x0 < page.x0 or box.x1 > page.x1 + 0.5 or box.y1 > page.y1 + 0.5
+            ):
+                out.append(t.get_text())
+    return out
+
+
+def test_upload_and_download_both_show_when_they_coincide():
+    same = [{**r, "cum_download_bytes": r["cum_upload_bytes"]} for r in rounds()]
+    fig = figures.accuracy_vs_mib(same, "t")
+    _, up, down = fig.axes[0].get_lines()
+    assert np.allclose(up.get_xdata(), down.get_xdata())  # the same curve...
+    assert (up.get_marker(), down.get_marker()) == ("^", "v")  # ...drawn with its own markers
+    assert up.get_linestyle() != down.get_linestyle() and up.get_markerfacecolor() == "none"
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["upload + download", "upload (= download)", "download (= upload)"]
+    labels = [
+        t.get_text()
+        for t in figures.accuracy_vs_mib(rounds(), "t").axes[0].get_legend().get_texts()
+    ]
+    assert labels == ["upload + download", "upload", "download"]  # unequal: no note
+
+
+def test_grid_figure_labels_fit_the_figure():
+    names = ["fedavg-houlsby", "fedavg-pfeiffer", "fedavg-lora", "fedavg-accumulator_pa"]
+    title = "label-skew-m3-random-base-seed-sweep-of-the-long-name: accuracy vs MiB transmitted"
+    fig = figures.pareto({n: rounds(4 + i) for i, n in enumerate(names)}, title)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == names
+    assert _clipped(fig) == []  # labels, legend and title inside the figure
+    assert "\n" in ax.get_title()  # a long title wraps

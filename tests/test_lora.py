@@ -21,6 +21,7 @@ from fedcore.text import TextData
 from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.lora import lora_delta, lora_layers
+from tasks import modelfile
 from tests.helpers import toy_data
 
 R = 8  # the default rank
@@ -305,7 +306,7 @@ def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
     assert record["upload_bytes_per_round"] == 4 * wire
     loaded = mlflow.pytorch.load_model(f"models:/{record['registered_model']}@champion")
     assert not any("lora" in k or "base_layer" in k for k in loaded.state_dict())
-    adapted.load_state_dict(payload.decode((tmp_path / "cell/model.pt").read_bytes()))
+    adapted = modelfile.load_cell_model(p, data, "lora", tmp_path / "cell")  # base + trained part
     test = data.image_data("test", model_input(p, data.train.info))
     idx = torch.arange(4)
     x, _ = test.batch(idx)

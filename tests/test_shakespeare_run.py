@@ -119,10 +119,8 @@ def test_fedapt_run_pretrains_federates_and_registers(tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
     from typer.testing import CliRunner
 
-    from fedcore import payload
     from flows.cli import app
-    from models import get_model
-    from models.adapters import adapt
+    from tasks import modelfile
 
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -141,8 +139,14 @@ def test_fedapt_run_pretrains_federates_and_registers(tmp_path, monkeypatch):
     (run,) = json.loads((out / "summary.json").read_text())["runs"]
     assert 0.0 <= run["final_accuracy"] <= 1.0
     loaded = mlflow.pytorch.load_model(f"models:/{run['registered_model']}@champion")
-    ref = adapt(get_model("gpt2_small", num_classes=512, options=params().model.options), "houlsby")
-    ref.load_state_dict(payload.decode((out / "runs/fedavg-houlsby/model.pt").read_bytes()))
-    x = load_experiment_data(params()).text_example()  # (2, 8) ids, as logged
+    # model.pt holds the trained part; the base is the pretrain file (its sha256 checked)
+    p = params("model.base=pretrain", "grid.adapters=[houlsby]")
+    data = load_experiment_data(p)
+    ref = modelfile.load_cell_model(
+        p, data, "houlsby", out / "runs/fedavg-houlsby", out / "pretrain" / "base.pt"
+    )
+    trained, base = modelfile.read(out / "runs/fedavg-houlsby/model.pt")
+    assert base is not None and base["pretrain_file"] == "base.pt" and "head.weight" not in trained
+    x = data.text_example()  # (2, 8) ids, as logged
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), ref.eval()(x), atol=1e-5, rtol=1e-5)

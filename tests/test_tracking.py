@@ -100,3 +100,37 @@ def test_which_runs_register(tmp_path):
     assert registers(always, whole, ok, smoke)
     assert eval_set_sha256(auto, whole) != eval_set_sha256(auto, part)
     assert eval_set_sha256(auto, whole) == eval_set_sha256(auto, data(np.arange(10)))
+
+
+def test_experiments_open_in_the_training_view_and_parent_runs_have_distinct_names(
+    tmp_path, monkeypatch
+):
+    import datetime as dt
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking.tracking_uri())
+    old = client.create_experiment("old")  # made before fedapt set the kind
+    mine = client.create_experiment("mine", tags={tracking.EXPERIMENT_KIND_TAG: "finetuning"})
+    run_id = tracking.start_experiment_run("new", {"a": 1})
+    tracking.end_run(run_id)
+    run = client.get_run(run_id)
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    # "new 2026-11-25 16:31:02": the experiment and the UTC time (no deployment outside Prefect)
+    name, day, clock = run.info.run_name.split(" ")
+    assert name == "new" and dt.datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S")
+    tracking.end_run(tracking.start_experiment_run("old", {}))
+    tracking.end_run(tracking.start_experiment_run("mine", {}))
+    assert client.get_experiment(old).tags[tracking.EXPERIMENT_KIND_TAG] == tracking.EXPERIMENT_KIND
+    assert client.get_experiment(mine).tags[tracking.EXPERIMENT_KIND_TAG] == "finetuning"
+    when = dt.datetime(2026, 11, 25, 9, 5, 7, tzinfo=dt.UTC)
+    assert tracking.parent_run_name("e", "nightly", when) == "e nightly 2026-11-25 09:05:07"
+    assert tracking.parent_run_name("e", None, when) == "e 2026-11-25 09:05:07"
+    # under a Prefect deployment (prefect.runtime.deployment.name; set the way Prefect's
+    # runtime lets a test set it) the parent run carries the deployment's name
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__NAME", "nightly")
+    run_id = tracking.start_experiment_run("new", {})
+    tracking.end_run(run_id)
+    assert client.get_run(run_id).info.run_name.startswith("new nightly 20")
