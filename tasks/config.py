@@ -548,6 +548,24 @@ def resolved(params: Params, default: str) -> Params:
     return params.model_copy(update={"runtime": runtime})
 
 
+def from_flat(flat: Mapping[str, Any]) -> Params | None:
+    """The Params of a flat view (``Params.flat``, e.g. a summary's ``params``); None when it
+    does not validate (written by another fedapt version)."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                return None
+        node[last] = value
+    try:
+        return Params.model_validate(nested)
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
 def load_params(path: str | Path | None = None, overrides: list[str] | None = None) -> Params:
     """Read params.yaml (or only defaults when ``path`` is None and none exists)."""
     source = str(path or DEFAULT_PARAMS)

@@ -28,7 +28,7 @@ from typing import Any
 
 from fedcore.errors import ConfigError
 from tasks.checkpoint import NEUTRAL, significant
-from tasks.config import Params, experiment_dir
+from tasks.config import Params, experiment_dir, from_flat
 
 ENTRIES = ("run", "deployment", "dvc", "reproduce")
 MAX_VERSION = 999
@@ -134,21 +134,8 @@ def _key(flat: dict[str, Any]) -> dict[str, Any]:
 def _typed(flat: dict[str, Any]) -> dict[str, Any]:
     """``flat`` read back as Params and flattened again (defaults filled in); as given when
     it does not validate (params of another fedapt version: compared key by key)."""
-    from pydantic import ValidationError
-
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        *parents, last = key.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                return flat
-        node[last] = value
-    try:
-        return Params.model_validate(nested).flat()
-    except (ValidationError, ValueError, TypeError):
-        return flat
+    params = from_flat(flat)
+    return flat if params is None else params.flat()
 
 
 def differences(theirs: dict[str, Any], ours: dict[str, Any], limit: int = 4) -> str:
