@@ -44,6 +44,9 @@ def write_manifest(partition: Partition, labels: np.ndarray, path: str | Path) -
     _atomic_write_text(path, "\n".join(rows) + "\n")
 
 
+_INT64_MAX = int(np.iinfo(np.int64).max)  # the columns are int64
+
+
 def read_manifest(
     path: str | Path, num_samples: int | None = None, labels: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -77,7 +80,13 @@ def read_manifest(
                 cell.isascii() and cell.isdigit(),
                 f"{path}: row {r + 2}, column {columns[c]}: {cell[:40]!r} is not an integer >= 0",
             )
-            data[r, c] = int(cell)
+            value = int(cell)
+            _check(
+                value <= _INT64_MAX,
+                f"{path}: row {r + 2}, column {columns[c]}: {cell[:40]} is too large "
+                f"(at most {_INT64_MAX})",
+            )
+            data[r, c] = value
     if num_samples is not None and len(data):
         r = int(np.argmax(data[:, 1]))
         _check(

@@ -43,20 +43,35 @@ from tasks.yamlfile import apply_overrides, read_mapping, where
 DEFAULT_PARAMS = Path("params.yaml")
 
 
+INT64_MAX = 2**63 - 1  # every integer in the params fits a signed 64-bit integer
+MAX_SEED = 2**32 - 1  # experiment.seed(s): seeds derive further seeds (seed x 1000 + epoch)
+MAX_ROUNDS = 100_000  # federation.rounds: a sanity bound (records and metrics per round)
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Floats are finite (.inf, .nan refused); integers fit int64 (numpy and torch take them).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after", check_fields=False)
+    @classmethod
+    def _int64(cls, v: Any) -> Any:
+        for x in v if isinstance(v, tuple) else (v,):
+            if type(x) is int and not -INT64_MAX - 1 <= x <= INT64_MAX:
+                raise ValueError(f"must be an integer in [{-INT64_MAX - 1}, {INT64_MAX}] (got {x})")
+        return v
 
 
 AUTO_NAME = "auto"  # experiment.name absent, null or "auto": derived by Params (derived_name)
 _SEEDS = (
-    "must be a list of distinct seeds >= 0, e.g. [0, 1, 2, 3, 4], or null for experiment.seed alone"
+    f"must be a list of distinct seeds in [0, {MAX_SEED}], e.g. [0, 1, 2, 3, 4], or null for "
+    "experiment.seed alone"
 )
 
 
 class ExperimentSection(_Section):
     # reports/<name>/ and the MLflow experiment; absent/null/auto: derived from the params
     name: str = Field(AUTO_NAME, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     reports_dir: str = "reports"
     # A seed sweep (tasks/sweep.py): every grid cell once per seed, reported as mean +- std;
     # null: experiment.seed alone. In a sweep, seed (absent: the smallest of seeds) is the one
@@ -90,7 +105,7 @@ class ExperimentSection(_Section):
     def _sweep(cls, v: tuple[int, ...] | None, info: ValidationInfo) -> tuple[int, ...] | None:
         if v is None:
             return v
-        if not v or min(v) < 0 or len(set(v)) != len(v):
+        if not v or min(v) < 0 or max(v) > MAX_SEED or len(set(v)) != len(v):
             raise ValueError(f"{_SEEDS} (got {list(v)})")
         seed = info.data.get("seed")
         if seed is not None and seed not in v:
@@ -220,7 +235,7 @@ class PretrainSection(_Section):
 
 
 class FederationSection(_Section):
-    rounds: int = Field(20, ge=1)
+    rounds: int = Field(20, ge=1, le=MAX_ROUNDS)
     participation: float = Field(1.0, gt=0.0, le=1.0)
     sampling: Literal["without_replacement", "with_replacement"] = "without_replacement"
     eval_every: int = Field(1, ge=1)
@@ -287,10 +302,17 @@ class GridSection(_Section):
     @field_validator("algorithms", "adapters")
     @classmethod
     def _known(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        if info.field_name == "algorithms":
-            _registered("algorithm", ALGORITHMS, *v)
-        else:
-            _registered("adapter method", ADAPTER_METHODS, *v)
+        kind, registry = (
+            ("algorithm", ALGORITHMS)
+            if info.field_name == "algorithms"
+            else ("adapter method", ADAPTER_METHODS)
+        )
+        if not v:
+            raise ValueError(f"name at least one {kind}; allowed: {', '.join(sorted(registry))}")
+        _registered(kind, registry, *v)
+        twice = sorted({x for x in v if v.count(x) > 1})
+        if twice:  # each cell would train twice into one folder
+            raise ValueError(f"names {', '.join(twice)} more than once; list each {kind} once")
         return v
 
     def algorithm(self, name: str) -> FederatedAlgorithm:

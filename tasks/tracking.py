@@ -56,38 +56,102 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
 
 
+# The stores fedapt runs on (MLflow 3 refuses its file store, ``./mlruns`` or ``file://``).
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql")
+_ALLOWED = (
+    "allowed: sqlite:///PATH/mlflow.db, http(s)://HOST:PORT (an MLflow server, e.g. fedapt up) "
+    "or a database URL (postgresql://, mysql://, mssql://)"
+)
+
+
 def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
-    """An http(s) tracking URI must answer /health, else one line says what to do."""
+    """The tracking URI must name a store fedapt can use, checked before work starts: an
+    http(s) server answers /health; a ``sqlite:///`` path is (or can become) an SQLite
+    database; a database URL has its driver installed; anything else is one line naming
+    the allowed forms. Passwords in the URI are masked in every message."""
+    from fedcore.errors import mask_credentials
+
     uri = uri or tracking_uri()
-    if uri.startswith("sqlite:///"):
+    shown = mask_credentials(uri)
+    where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "local store"
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in TRACKING_SCHEMES:
+        why = (
+            "MLflow 3 no longer runs a file store"
+            if scheme in ("", "file")
+            else f"unsupported scheme {scheme!r}"
+        )
+        raise ConfigError(f"{where}: {shown}: {why}; {_ALLOWED}")
+    if scheme == "sqlite":
         _check_sqlite_store(uri)
         return
-    if not uri.startswith(("http://", "https://")):
+    if scheme in ("postgresql", "mysql", "mssql"):
+        _check_database_driver(uri, where, shown)
         return
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
             if resp.status == 200:
                 return
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a URL urllib cannot parse (no host, bad port)
         pass
     raise ConfigError(
-        f"MLflow tracking server {uri} is not reachable; start it with `fedapt up` or unset "
+        f"MLflow tracking server {shown} is not reachable; start it with `fedapt up` or unset "
         "MLFLOW_TRACKING_URI to use the local store mlruns/"
     )
 
 
+def _check_database_driver(uri: str, where: str, shown: str) -> None:
+    """A database URL needs its SQLAlchemy dialect and DB-API driver (psycopg2 for
+    postgresql://, pymysql for mysql+pymysql://, ...) importable in this environment."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(uri)
+        url.get_dialect().import_dbapi()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(
+            f"{where}: {shown}: not a database URL SQLAlchemy knows ({exc})"
+        ) from None
+    except ImportError as exc:
+        raise ConfigError(
+            f"{where}: {shown}: its database driver {exc.name or 'module'!s} is not installed; "
+            f"install it (e.g. pip install {_DRIVERS.get(exc.name or '', exc.name)}) or use "
+            f"another store; {_ALLOWED}"
+        ) from None
+
+
+_DRIVERS = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient"}
+
+
 def _check_sqlite_store(uri: str) -> None:
-    """A ``sqlite:///PATH`` store must be a file in a folder that exists or can be made and
-    written: one line naming where the URI came from and the path."""
+    """A ``sqlite:///PATH`` store must be an SQLite database file (or not exist yet) in a
+    folder that exists or can be made and written: one line naming where the URI came from
+    and the path."""
+    from fedcore.errors import mask_credentials
     from tasks.io import check_writable
 
     where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "local store"
+    shown = mask_credentials(uri)
+    if not uri.startswith("sqlite:///") or uri == "sqlite:///":
+        raise ConfigError(f"{where}: {shown}: give a database file, sqlite:///PATH/mlflow.db")
     db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     if db.is_dir():
         raise ConfigError(
             f"{where}: {uri}: {db} is a folder; give the path of a database file, e.g. "
             f"sqlite:///{db / 'mlflow.db'}"
         )
+    if db.is_file() and db.stat().st_size > 0:
+        try:
+            with db.open("rb") as fh:
+                header = fh.read(16)
+        except OSError as exc:
+            raise ConfigError(f"{where}: {uri}: cannot read {db} ({exc.strerror})") from None
+        if header != b"SQLite format 3\x00":
+            raise ConfigError(
+                f"{where}: {uri}: {db} is not an SQLite database; give a database file "
+                "(a new path is created)"
+            )
     try:
         check_writable(where, db.parent)
     except ConfigError as exc:
