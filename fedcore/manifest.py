@@ -30,8 +30,10 @@ def _atomic_write_text(path: str | Path, text: str) -> None:
             fh.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600 files
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)  # no partial output, whatever stopped the write
+        if isinstance(exc, OSError) and exc.filename is None:  # ENOSPC, EIO: name the path
+            raise OSError(exc.errno, exc.strerror or type(exc).__name__, str(path)) from exc
         raise
 
 

@@ -137,13 +137,14 @@ def _note_stale_runs(run_ids: list[str], params: Any) -> None:
 def _where_results(params: Any) -> list[str]:
     import os
 
+    from fedcore.errors import mask_credentials
     from tasks.data import data_sources
 
     lines = [f"data: {src}"] if (src := data_sources(params)) else []
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if params.runtime.tracking:
         lines.append(
-            f"MLflow: {uri}"
+            f"MLflow: {mask_credentials(uri)}"  # never a password on the screen
             if uri
             else "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
             "--backend-store-uri sqlite:///mlruns/mlflow.db`)"

@@ -286,6 +286,12 @@ def temporary_prefect(
             raise
     try:
         yield f"{_url(port)}/api"
+    except Exception:
+        # a failure too: the flow's last logs reach the server before it stops, else Prefect
+        # sends them at exit and prints "Error logging to API" after the error line
+        _drain_prefect_clients()
+        raise
+    else:
         _drain_prefect_clients()  # a normal end: the run's last logs and events reach it
     finally:
         if _pid_alive(pid) or _group_alive(pid):
