@@ -70,12 +70,16 @@ def s3_client(attempts: int = 3) -> Any:
     )
     # A fresh session each time: the default session caches the first credentials it finds,
     # so a long-lived process (a Prefect worker, the tests) would keep using stale keys.
-    return _session().client(
-        "s3",
-        endpoint_url=endpoint_url(),
-        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        config=cfg,
-    )
+    from botocore.exceptions import InvalidRegionError
+
+    region = os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    try:
+        return _session().client("s3", endpoint_url=endpoint_url(), region_name=region, config=cfg)
+    except InvalidRegionError:
+        raise StorageError(
+            f"AWS_DEFAULT_REGION: {region!r} is not a region name; give one such as us-east-1 "
+            "(or unset it)"
+        ) from None
 
 
 def _explain(exc: Exception, bucket: str) -> StorageError:
