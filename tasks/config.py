@@ -63,8 +63,8 @@ class _Section(BaseModel):
 
 AUTO_NAME = "auto"  # experiment.name absent, null or "auto": derived by Params (derived_name)
 _SEEDS = (
-    f"must be a list of distinct seeds in [0, {MAX_SEED}], e.g. [0, 1, 2, 3, 4], or null for "
-    "experiment.seed alone"
+    f"must be a list of distinct seeds >= 0 (at most {MAX_SEED}), e.g. [0, 1, 2, 3, 4], or "
+    "null for experiment.seed alone"
 )
 
 

@@ -74,7 +74,7 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
         (["--set", "experiment.seeds=[1,1]"], "experiment.seeds: must be a list of distinct"),
         # numbers past int64 (or past a documented bound), refused at parse time
         (["--set", f"experiment.seed={2**64}"], "experiment.seed: must be less than or equal"),
-        (["--set", f"experiment.seeds=[0,{2**40}]"], "seeds in [0, 4294967295]"),
+        (["--set", f"experiment.seeds=[0,{2**40}]"], "seeds >= 0 (at most 4294967295)"),
         (["--set", "federation.rounds=10000000000"], "federation.rounds: must be less than or"),
         (["--set", f"client.batch_size={2**63}"], "client.batch_size: must be an integer in"),
         (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
