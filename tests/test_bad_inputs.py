@@ -85,6 +85,20 @@ def test_bad_params_values(tmp_path, args, needle):
     assert_one_clear_line(res, needle, tmp_path / "reports")
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--num-classes", "0"], "--num-classes: must be in [2, 1000000] (got 0)"),
+        (["--num-classes", str(2**64)], f"--num-classes: must be in [2, 1000000] (got {2**64})"),
+        (["--input-shape", f"3,{2**40},{2**40}"], "--input-shape: C in [1, 64] and H = W in"),
+        (["--input-shape", "0,32,32"], "--input-shape: C in [1, 64]"),
+    ],
+)
+def test_bad_model_shapes(args, needle):
+    res = runner.invoke(app, ["models", "-m", "cifar_cnn", *args])
+    assert_one_clear_line(res, needle, REPO / "no-outputs")
+
+
 # ---- files: data.root, outputs, --partition ---------------------------------------------------
 
 
@@ -240,6 +254,11 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
     if name == "bad-region":
         env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_DEFAULT_REGION": "a b", **keys}
         return env, s3, "AWS_DEFAULT_REGION: 'a b' is not a region name"
+    if name == "prefect-unreachable":
+        url = "http://fed:secret@127.0.0.1:1/api"
+        return {"PREFECT_API_URL": url}, [], "PREFECT_API_URL: http://fed:***@127.0.0.1:1/api is"
+    if name == "prefect-not-a-url":
+        return {"PREFECT_API_URL": "127.0.0.1:4200"}, [], "PREFECT_API_URL: 127.0.0.1:4200 is not"
     if name == "numerics":
         return {"FEDAPT_NUMERICS": "fast"}, [], "FEDAPT_NUMERICS: 'fast' is not one of portable"
     raise AssertionError(name)
@@ -259,6 +278,8 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         "endpoint-without-scheme",
         "unknown-profile",
         "bad-region",
+        "prefect-unreachable",
+        "prefect-not-a-url",
         "numerics",
     ],
 )
