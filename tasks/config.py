@@ -46,6 +46,7 @@ DEFAULT_PARAMS = Path("params.yaml")
 INT64_MAX = 2**63 - 1  # every integer in the params fits a signed 64-bit integer
 MAX_SEED = 2**32 - 1  # experiment.seed(s): seeds derive further seeds (seed x 1000 + epoch)
 MAX_ROUNDS = 100_000  # federation.rounds: a sanity bound (records and metrics per round)
+MAX_PROCESSES = 1024  # runtime.workers, threads, dask_workers, ray_workers: a sanity bound
 
 
 class _Section(BaseModel):
@@ -398,9 +399,13 @@ class RuntimeSection(_Section):
     # "ray" (prefect-ray: the cluster at ray_address, or a local Ray of ray_workers CPUs).
     task_runner: Literal["thread", "dask", "ray"] = "thread"
     dask_address: str | None = None  # e.g. tcp://10.0.0.5:8786; null = start a LocalCluster
-    dask_workers: int = Field(2, ge=1)  # LocalCluster size (one single-thread worker process each)
+    dask_workers: int = Field(
+        2, ge=1, le=MAX_PROCESSES
+    )  # LocalCluster size (one single-thread worker process each)
     ray_address: str | None = None  # e.g. ray://10.0.0.5:10001 or auto; null = a local Ray
-    ray_workers: int = Field(2, ge=1)  # local Ray: CPUs, so cells trained at once (one CPU each)
+    ray_workers: int = Field(
+        2, ge=1, le=MAX_PROCESSES
+    )  # local Ray: CPUs, so cells trained at once (one CPU each)
     # Round checkpoints (tasks/checkpoint.py): every N rounds, 0 never, auto: after any round
     # that ends 5 s or more after the last checkpoint (so every round of a slow run).
     checkpoint_every: int | Literal["auto"] = "auto"
@@ -427,8 +432,10 @@ class RuntimeSection(_Section):
             "cohort_size": (1, "clients"),
             "threads": (1, "threads"),
         }[str(info.field_name)]
-        if not isinstance(v, str) and v < least:
-            raise ValueError(f"{info.field_name} is auto or a number of {what} >= {least}")
+        most = None if info.field_name == "cohort_size" else MAX_PROCESSES
+        if not isinstance(v, str) and (v < least or (most is not None and v > most)):
+            within = f">= {least}" if most is None else f"in [{least}, {most}]"
+            raise ValueError(f"{info.field_name} is auto or a number of {what} {within}")
         return v
 
     @field_validator("checkpoint_every")

@@ -51,7 +51,7 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
     ("args", "needle"),
     [
         (["--workers", "-1"], "runtime.workers"),
-        (["--set", "runtime.workers=-1"], "auto or a number of worker processes >= 0"),
+        (["--set", "runtime.workers=-1"], "auto or a number of worker processes in [0, 1024]"),
         (["--set", "runtime.dask_workers=0"], "runtime.dask_workers"),
         (["--set", "runtime.cohort_size=0"], "runtime.cohort_size"),
         (["--set", "data.test_subset=20000"], "data.test_subset: 20000 rows asked"),
@@ -78,6 +78,8 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
         (["--set", "federation.rounds=10000000000"], "federation.rounds: must be less than or"),
         (["--set", f"client.batch_size={2**63}"], "client.batch_size: must be an integer in"),
         (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
+        (["--set", "runtime.workers=100000"], "runtime.workers: workers is auto or a number of"),
+        (["--set", "runtime.dask_workers=100000"], "runtime.dask_workers: must be less than or"),
     ],
 )
 def test_bad_params_values(tmp_path, args, needle):
