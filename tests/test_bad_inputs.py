@@ -208,6 +208,18 @@ def test_bad_files(tmp_path, partition_dir, name):
     assert_one_clear_line(res, needle, tmp_path / "reports")
 
 
+@pytest.mark.parametrize("option", ["--out", "--timing"])
+def test_stage_outputs_below_a_file_stop_before_training(tmp_path, partition_dir, option):
+    """A DVC stage's output folder below a file: one line before training, not after it."""
+    part = _copy(partition_dir, tmp_path / "part")
+    assert invoke(tmp_path, "validate", "--partition", str(part)).exit_code == 0
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    args = ["--algorithm", "fedavg", "--partition", str(part), option, str(a_file / "cell")]
+    res = invoke(tmp_path, "train", *args)
+    assert_one_clear_line(res, f"{option}: {a_file} is a file", tmp_path / "reports")
+
+
 # ---- environment ------------------------------------------------------------------------------
 
 
