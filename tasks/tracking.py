@@ -89,15 +89,49 @@ def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
         _check_database_driver(uri, where, shown)
         return
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
-            if resp.status == 200:
-                return
+        with urllib.request.urlopen(_health_request(uri), timeout=timeout) as resp:
+            healthy = resp.status == 200
     except (OSError, ValueError):  # ValueError: a URL urllib cannot parse (no host, bad port)
-        pass
-    raise ConfigError(
-        f"MLflow tracking server {shown} is not reachable; start it with `fedapt up` or unset "
-        "MLFLOW_TRACKING_URI to use the local store mlruns/"
-    )
+        healthy = False
+    if not healthy:
+        raise ConfigError(
+            f"MLflow tracking server {shown} is not reachable; start it with `fedapt up` or "
+            "unset MLFLOW_TRACKING_URI to use the local store mlruns/"
+        )
+    _check_access(uri, shown)
+
+
+def _health_request(uri: str) -> urllib.request.Request:
+    """GET <uri>/health; user:password in the URI (which urllib does not take) become a
+    basic-auth header, as MLflow's own client sends them."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    url = urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health"
+    headers = {}
+    if parts.username is not None:
+        token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+    return urllib.request.Request(url, headers=headers)
+
+
+def _check_access(uri: str, shown: str) -> None:
+    """The server answers its API, not only /health: refused credentials (a server with
+    authentication) are one line now, not a traceback once training has started."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except MlflowException as exc:
+        first = str(exc.message).strip().splitlines()[0][:200] if exc.message else ""
+        raise ConfigError(
+            f"MLflow tracking server {shown} refused the request ({exc.error_code}: {first}); "
+            "check the credentials (user:password in MLFLOW_TRACKING_URI, "
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN)"
+        ) from None
 
 
 def _check_database_driver(uri: str, where: str, shown: str) -> None:

@@ -361,6 +361,43 @@ def test_guard_prints_plain_text_and_names_the_path_of_an_os_error(capsys):
         assert err.startswith("fedapt: error: ") and len(err.strip().splitlines()) == 1, err
 
 
+def test_tracking_server_refusing_the_credentials_is_one_line(tmp_path, monkeypatch):
+    """A server that answers /health but refuses the API (authentication on, wrong or no
+    password): one line before any work, the password masked. The server is a stand-in
+    that answers as MLflow's basic-auth app does (401 on every API call)."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            ok = self.path == "/health"
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b"OK" if ok else b"You are not authenticated.")
+
+        do_POST = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        uri = f"http://fed:secret@127.0.0.1:{server.server_port}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        res = invoke(tmp_path, "run", "--set", "runtime.tracking=true")
+    finally:
+        server.shutdown()
+        server.server_close()
+    needle = f"http://fed:***@127.0.0.1:{server.server_port} refused the request (UNAUTH"
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+    assert "secret" not in res.output, res.output
+    assert seen[0] == "Basic ZmVkOnNlY3JldA==", seen  # /health asked with the URI's user
+
+
 # ---- faults: a full disk, credentials ---------------------------------------------------------
 
 
