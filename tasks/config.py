@@ -33,7 +33,7 @@ from pydantic import (
 
 from fedcore import numerics
 from fedcore.algorithms import ALGORITHMS, FederatedAlgorithm, build_algorithm
-from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.errors import ConfigError, UnknownNameError, mask_credentials
 from fedcore.options import describe, fields_at, location
 from fedcore.partition import PARTITIONERS, scheme_options_type
 from models.adapters import ADAPTER_METHODS, AdapterMethod, get_adapter
@@ -477,13 +477,16 @@ class Params(_Section):
     tracking: TrackingSection = TrackingSection()
 
     def flat(self) -> dict[str, Any]:
-        """Dotted-key view (for tracking params and the run summary)."""
+        """Dotted-key view (for tracking params and the run summary); a password in a URI
+        value (``runtime.dask_address``, ``ray_address``) is masked."""
         out: dict[str, Any] = {}
 
         def walk(prefix: str, value: Any) -> None:
             if isinstance(value, dict) and value:
                 for k, v in value.items():
                     walk(f"{prefix}.{k}" if prefix else str(k), v)
+            elif isinstance(value, str):
+                out[prefix] = mask_credentials(value)
             else:
                 out[prefix] = list(value) if isinstance(value, tuple) else value
 

@@ -485,6 +485,9 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     links = artifacts.run_links([{"algorithm": "fedavg", "adapter": "full", "mlflow_run_id": "r"}])
     assert links == {"fedavg-full": "https://fed:***@mlflow.example:5000/#/experiments/7/runs/r"}
 
+    ray = load_params(REPO / "params.yaml", ["runtime.ray_address=ray://fed:secret@h:10001"])
+    assert ray.flat()["runtime.ray_address"] == "ray://fed:***@h:10001"  # MLflow params, summary
+
     record = logging.LogRecord(
         "prefect.flow_runs", logging.ERROR, __file__, 1, "failed: %s", (uri,), None
     )
