@@ -61,8 +61,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         os.replace(tmp, path)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)  # no partial output, whatever stopped the write
-        if isinstance(exc, OSError) and exc.filename is None:  # ENOSPC, EIO: name the path
-            raise OSError(exc.errno, exc.strerror or type(exc).__name__, str(path)) from exc
+        if isinstance(exc, OSError) and exc.errno and exc.filename is None:  # ENOSPC, EIO: name it
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
     return path
 
