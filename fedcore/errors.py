@@ -23,3 +23,11 @@ class UnknownNameError(ConfigError):
 
 class DataUnavailableError(FedaptError, FileNotFoundError):
     """Dataset files are missing and could not be fetched; the message says how to get them."""
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with the password of every URI in it masked: ``scheme://user:secret@host``
+    -> ``scheme://user:***@host`` (tracking URIs, S3 endpoints: printed, logged or stored)."""
+    import re
+
+    return re.sub(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*):[^\s/@]*@", r"\1:***@", text)

@@ -30,8 +30,10 @@ def _atomic_write_text(path: str | Path, text: str) -> None:
             fh.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600 files
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)  # no partial output, whatever stopped the write
+        if isinstance(exc, OSError) and exc.errno and exc.filename is None:  # ENOSPC, EIO: name it
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
 
 
@@ -42,6 +44,9 @@ def write_manifest(partition: Partition, labels: np.ndarray, path: str | Path) -
     for c, ix in enumerate(partition.client_indices):
         rows.extend(f"{c},{i},{y}" for i, y in zip(ix.tolist(), labels[ix].tolist(), strict=True))
     _atomic_write_text(path, "\n".join(rows) + "\n")
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)  # the columns are int64
 
 
 def read_manifest(
@@ -77,7 +82,13 @@ def read_manifest(
                 cell.isascii() and cell.isdigit(),
                 f"{path}: row {r + 2}, column {columns[c]}: {cell[:40]!r} is not an integer >= 0",
             )
-            data[r, c] = int(cell)
+            value = int(cell)
+            _check(
+                value <= _INT64_MAX,
+                f"{path}: row {r + 2}, column {columns[c]}: {cell[:40]} is too large "
+                f"(at most {_INT64_MAX})",
+            )
+            data[r, c] = value
     if num_samples is not None and len(data):
         r = int(np.argmax(data[:, 1]))
         _check(

@@ -71,9 +71,9 @@ class NumericsError(FedaptError, RuntimeError):
     """Portable numerics were asked for where they cannot be had (one line for the CLI)."""
 
 
-def check_mode(mode: str, allowed: tuple[str, ...] = MODES) -> str:
+def check_mode(mode: str, allowed: tuple[str, ...] = MODES, key: str = "runtime.numerics") -> str:
     if mode not in allowed:
-        raise ConfigError(f"runtime.numerics: {mode!r} is not one of {', '.join(allowed)}")
+        raise ConfigError(f"{key}: {mode!r} is not one of {', '.join(allowed)}")
     return mode
 
 
@@ -87,7 +87,7 @@ def resolve(mode: str, default: str) -> str:
         return mode
     inherited = os.environ.get(MODE_VAR)
     if inherited is not None:
-        return check_mode(inherited)
+        return check_mode(inherited, key=MODE_VAR)
     return check_mode(default)
 
 

@@ -14,8 +14,8 @@ every fedapt error uses: ``<key>: must be ... (got ...)`` or ``unknown key '<key
 ...``. ``tasks.config`` embeds the same dataclasses in its ``Params`` model and formats with
 the same :func:`describe`, adding the file and YAML line.
 
-Numbers are strict (``"3"`` or ``true`` is not 3; an integer is a valid float) and floats
-finite, through :data:`Int` and :data:`Float`.
+Numbers are strict (``"3"`` or ``true`` is not 3; an integer is a valid float), integers
+fit int64 and floats are finite, through :data:`Int` and :data:`Float`.
 """
 
 from __future__ import annotations
@@ -28,13 +28,22 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from typing import Annotated, Any, TypeVar, Union
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Strict, TypeAdapter, ValidationError
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+)
 
 from fedcore.errors import ConfigError
 
 T = TypeVar("T")
 
-Int = Annotated[int, Strict()]  # an integer; not a bool, a float or a string
+# an integer that fits int64 (numpy, torch); not a bool, a float or a string
+Int = Annotated[int, Strict(), Field(ge=-(2**63), le=2**63 - 1)]
 Float = Annotated[float, Strict(), AllowInfNan(False)]  # a finite number (an integer is one)
 
 # Set on each options dataclass (and inherited): a key the dataclass lacks is an error.

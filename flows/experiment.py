@@ -319,7 +319,10 @@ def experiment_flow(
             return run_sweep(p, out, parent, run_origin)
         part_dir = partition_dir or partition_task(p, str(out / "partition"))
         num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
-        validate_task(part_dir, num_classes, p.validation.min_shard_size)  # stops before training
+        # stops before training; a given partition is an input, never written to: its report
+        # goes to the experiment's own folder
+        report = str(out / "validation.json") if partition_dir else None
+        validate_task(part_dir, num_classes, p.validation.min_shard_size, report)
         base = None
         if p.model.base == "pretrain":  # the frozen base, trained once and reused (cached)
             base = pretrain_task(p, str(out / "pretrain"))

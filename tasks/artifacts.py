@@ -63,6 +63,7 @@ def log_experiment(
 
 def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """cell -> the URL of its run in the MLflow UI (an http tracking server only)."""
+    from fedcore.errors import mask_credentials
     from tasks import tracking
 
     uri = tracking.tracking_uri()
@@ -74,5 +75,6 @@ def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     for cell, run_id in ids.items():
         if run_id:
             exp = client.get_run(run_id).info.experiment_id
-            links[cell] = f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+            # never a password in a link: the links are stored in the Prefect artifact
+            links[cell] = f"{mask_credentials(uri).rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
     return links

@@ -33,7 +33,7 @@ from pydantic import (
 
 from fedcore import numerics
 from fedcore.algorithms import ALGORITHMS, FederatedAlgorithm, build_algorithm
-from fedcore.errors import ConfigError, UnknownNameError
+from fedcore.errors import ConfigError, UnknownNameError, mask_credentials
 from fedcore.options import describe, fields_at, location
 from fedcore.partition import PARTITIONERS, scheme_options_type
 from models.adapters import ADAPTER_METHODS, AdapterMethod, get_adapter
@@ -43,20 +43,36 @@ from tasks.yamlfile import apply_overrides, read_mapping, where
 DEFAULT_PARAMS = Path("params.yaml")
 
 
+INT64_MAX = 2**63 - 1  # every integer in the params fits a signed 64-bit integer
+MAX_SEED = 2**32 - 1  # experiment.seed(s): seeds derive further seeds (seed x 1000 + epoch)
+MAX_ROUNDS = 100_000  # federation.rounds: a sanity bound (records and metrics per round)
+MAX_PROCESSES = 1024  # runtime.workers, threads, dask_workers, ray_workers: a sanity bound
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Floats are finite (.inf, .nan refused); integers fit int64 (numpy and torch take them).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after", check_fields=False)
+    @classmethod
+    def _int64(cls, v: Any) -> Any:
+        for x in v if isinstance(v, tuple) else (v,):
+            if type(x) is int and not -INT64_MAX - 1 <= x <= INT64_MAX:
+                raise ValueError(f"must be an integer in [{-INT64_MAX - 1}, {INT64_MAX}] (got {x})")
+        return v
 
 
 AUTO_NAME = "auto"  # experiment.name absent, null or "auto": derived by Params (derived_name)
 _SEEDS = (
-    "must be a list of distinct seeds >= 0, e.g. [0, 1, 2, 3, 4], or null for experiment.seed alone"
+    f"must be a list of distinct seeds >= 0 (at most {MAX_SEED}), e.g. [0, 1, 2, 3, 4], or "
+    "null for experiment.seed alone"
 )
 
 
 class ExperimentSection(_Section):
     # reports/<name>/ and the MLflow experiment; absent/null/auto: derived from the params
     name: str = Field(AUTO_NAME, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     reports_dir: str = "reports"
     # A seed sweep (tasks/sweep.py): every grid cell once per seed, reported as mean +- std;
     # null: experiment.seed alone. In a sweep, seed (absent: the smallest of seeds) is the one
@@ -90,7 +106,7 @@ class ExperimentSection(_Section):
     def _sweep(cls, v: tuple[int, ...] | None, info: ValidationInfo) -> tuple[int, ...] | None:
         if v is None:
             return v
-        if not v or min(v) < 0 or len(set(v)) != len(v):
+        if not v or min(v) < 0 or max(v) > MAX_SEED or len(set(v)) != len(v):
             raise ValueError(f"{_SEEDS} (got {list(v)})")
         seed = info.data.get("seed")
         if seed is not None and seed not in v:
@@ -220,7 +236,7 @@ class PretrainSection(_Section):
 
 
 class FederationSection(_Section):
-    rounds: int = Field(20, ge=1)
+    rounds: int = Field(20, ge=1, le=MAX_ROUNDS)
     participation: float = Field(1.0, gt=0.0, le=1.0)
     sampling: Literal["without_replacement", "with_replacement"] = "without_replacement"
     eval_every: int = Field(1, ge=1)
@@ -287,10 +303,17 @@ class GridSection(_Section):
     @field_validator("algorithms", "adapters")
     @classmethod
     def _known(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        if info.field_name == "algorithms":
-            _registered("algorithm", ALGORITHMS, *v)
-        else:
-            _registered("adapter method", ADAPTER_METHODS, *v)
+        kind, registry = (
+            ("algorithm", ALGORITHMS)
+            if info.field_name == "algorithms"
+            else ("adapter method", ADAPTER_METHODS)
+        )
+        if not v:
+            raise ValueError(f"name at least one {kind}; allowed: {', '.join(sorted(registry))}")
+        _registered(kind, registry, *v)
+        twice = sorted({x for x in v if v.count(x) > 1})
+        if twice:  # each cell would train twice into one folder
+            raise ValueError(f"names {', '.join(twice)} more than once; list each {kind} once")
         return v
 
     def algorithm(self, name: str) -> FederatedAlgorithm:
@@ -376,9 +399,13 @@ class RuntimeSection(_Section):
     # "ray" (prefect-ray: the cluster at ray_address, or a local Ray of ray_workers CPUs).
     task_runner: Literal["thread", "dask", "ray"] = "thread"
     dask_address: str | None = None  # e.g. tcp://10.0.0.5:8786; null = start a LocalCluster
-    dask_workers: int = Field(2, ge=1)  # LocalCluster size (one single-thread worker process each)
+    dask_workers: int = Field(
+        2, ge=1, le=MAX_PROCESSES
+    )  # LocalCluster size (one single-thread worker process each)
     ray_address: str | None = None  # e.g. ray://10.0.0.5:10001 or auto; null = a local Ray
-    ray_workers: int = Field(2, ge=1)  # local Ray: CPUs, so cells trained at once (one CPU each)
+    ray_workers: int = Field(
+        2, ge=1, le=MAX_PROCESSES
+    )  # local Ray: CPUs, so cells trained at once (one CPU each)
     # Round checkpoints (tasks/checkpoint.py): every N rounds, 0 never, auto: after any round
     # that ends 5 s or more after the last checkpoint (so every round of a slow run).
     checkpoint_every: int | Literal["auto"] = "auto"
@@ -405,8 +432,10 @@ class RuntimeSection(_Section):
             "cohort_size": (1, "clients"),
             "threads": (1, "threads"),
         }[str(info.field_name)]
-        if not isinstance(v, str) and v < least:
-            raise ValueError(f"{info.field_name} is auto or a number of {what} >= {least}")
+        most = None if info.field_name == "cohort_size" else MAX_PROCESSES
+        if not isinstance(v, str) and (v < least or (most is not None and v > most)):
+            within = f">= {least}" if most is None else f"in [{least}, {most}]"
+            raise ValueError(f"{info.field_name} is auto or a number of {what} {within}")
         return v
 
     @field_validator("checkpoint_every")
@@ -448,13 +477,16 @@ class Params(_Section):
     tracking: TrackingSection = TrackingSection()
 
     def flat(self) -> dict[str, Any]:
-        """Dotted-key view (for tracking params and the run summary)."""
+        """Dotted-key view (for tracking params and the run summary); a password in a URI
+        value (``runtime.dask_address``, ``ray_address``) is masked."""
         out: dict[str, Any] = {}
 
         def walk(prefix: str, value: Any) -> None:
             if isinstance(value, dict) and value:
                 for k, v in value.items():
                     walk(f"{prefix}.{k}" if prefix else str(k), v)
+            elif isinstance(value, str):
+                out[prefix] = mask_credentials(value)
             else:
                 out[prefix] = list(value) if isinstance(value, tuple) else value
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedcore.errors import FedaptError
+from fedcore.errors import FedaptError, mask_credentials
 
 
 class StorageError(FedaptError):
@@ -20,11 +20,46 @@ class StorageError(FedaptError):
 
 
 def endpoint_url() -> str | None:
-    return os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+    """The S3 endpoint from the environment (None: AWS S3 itself), checked: an
+    ``http(s)://host[:port]`` URL, else one line naming the variable."""
+    from urllib.parse import urlsplit
+
+    for var in ("AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL"):
+        url = os.environ.get(var)
+        if not url:
+            continue
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - a port that is not a number raises ValueError
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise StorageError(
+                f"{var}: {mask_credentials(url)} is not an S3 endpoint URL; give "
+                "http(s)://HOST[:PORT], e.g. http://127.0.0.1:8333"
+            )
+        return url
+    return None
+
+
+def _session() -> Any:
+    """A fresh boto3 session; an unknown ``AWS_PROFILE`` is one line naming the known ones."""
+    import boto3
+    import botocore.session
+    from botocore.exceptions import ProfileNotFound
+
+    try:
+        return boto3.session.Session()
+    except ProfileNotFound:
+        name = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
+        known = ", ".join(sorted(botocore.session.Session().available_profiles)) or "none"
+        raise StorageError(
+            f"AWS_PROFILE: unknown profile {name!r}; known: {known} (~/.aws/config, "
+            "~/.aws/credentials); unset AWS_PROFILE or name one of them"
+        ) from None
 
 
 def s3_client(attempts: int = 3) -> Any:
-    import boto3
     from botocore.config import Config
 
     cfg = Config(
@@ -35,18 +70,22 @@ def s3_client(attempts: int = 3) -> Any:
     )
     # A fresh session each time: the default session caches the first credentials it finds,
     # so a long-lived process (a Prefect worker, the tests) would keep using stale keys.
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint_url(),
-        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        config=cfg,
-    )
+    from botocore.exceptions import InvalidRegionError
+
+    region = os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    try:
+        return _session().client("s3", endpoint_url=endpoint_url(), region_name=region, config=cfg)
+    except InvalidRegionError:
+        raise StorageError(
+            f"AWS_DEFAULT_REGION: {region!r} is not a region name; give one such as us-east-1 "
+            "(or unset it)"
+        ) from None
 
 
 def _explain(exc: Exception, bucket: str) -> StorageError:
     from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-    where = endpoint_url() or "AWS S3 (no AWS_ENDPOINT_URL set)"
+    where = mask_credentials(endpoint_url() or "AWS S3 (no AWS_ENDPOINT_URL set)")
     if isinstance(exc, NoCredentialsError):
         return StorageError(
             f"no S3 credentials for {where}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"

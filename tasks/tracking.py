@@ -18,13 +18,11 @@ import os
 import socket
 import subprocess
 import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from fedcore import numerics
-from fedcore.errors import ConfigError
 from fedcore.events import Callback, RoundRecord
 from fedcore.payload import mib
 from tasks.io import pid_alive
@@ -57,41 +55,11 @@ def tracking_uri() -> str:
 
 
 def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
-    """An http(s) tracking URI must answer /health, else one line says what to do."""
-    uri = uri or tracking_uri()
-    if uri.startswith("sqlite:///"):
-        _check_sqlite_store(uri)
-        return
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
-            if resp.status == 200:
-                return
-    except OSError:
-        pass
-    raise ConfigError(
-        f"MLflow tracking server {uri} is not reachable; start it with `fedapt up` or unset "
-        "MLFLOW_TRACKING_URI to use the local store mlruns/"
-    )
+    """The tracking URI names a store fedapt can use, checked before work starts
+    (``tasks.tracking_store``: the allowed schemes, one line each)."""
+    from tasks.tracking_store import check_store
 
-
-def _check_sqlite_store(uri: str) -> None:
-    """A ``sqlite:///PATH`` store must be a file in a folder that exists or can be made and
-    written: one line naming where the URI came from and the path."""
-    from tasks.io import check_writable
-
-    where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "local store"
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-    if db.is_dir():
-        raise ConfigError(
-            f"{where}: {uri}: {db} is a folder; give the path of a database file, e.g. "
-            f"sqlite:///{db / 'mlflow.db'}"
-        )
-    try:
-        check_writable(where, db.parent)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (in {uri})") from None
+    check_store(uri or tracking_uri(), timeout)
 
 
 def _client() -> Any:

@@ -158,6 +158,9 @@ def validate_partition(
 
 
 @task(name="validate-shards", cache_policy=NO_CACHE)
-def validate_task(partition_dir: str, num_classes: int, min_size: int) -> str:
-    """Check the client shards (pandera + great-expectations) before any training."""
-    return str(validate_partition(partition_dir, num_classes, min_size))
+def validate_task(
+    partition_dir: str, num_classes: int, min_size: int, out: str | None = None
+) -> str:
+    """Check the client shards (pandera + great-expectations) before any training; the
+    report goes to ``out`` (default: validation.json beside the manifest)."""
+    return str(validate_partition(partition_dir, num_classes, min_size, out))

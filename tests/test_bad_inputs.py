@@ -4,6 +4,8 @@ The CLI runs in this process (typer's CliRunner); each case stops in preflight."
 
 from __future__ import annotations
 
+import errno
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -38,7 +40,7 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
     assert "Traceback" not in text, text
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     assert needle in text, text
-    assert "fedapt: error: " in text, text
+    assert text.splitlines()[-1].startswith("fedapt: error: "), text  # the last thing printed
     assert not outputs.exists() or not any(p.is_file() for p in outputs.rglob("*")), text
 
 
@@ -49,7 +51,7 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
     ("args", "needle"),
     [
         (["--workers", "-1"], "runtime.workers"),
-        (["--set", "runtime.workers=-1"], "auto or a number of worker processes >= 0"),
+        (["--set", "runtime.workers=-1"], "auto or a number of worker processes in [0, 1024]"),
         (["--set", "runtime.dask_workers=0"], "runtime.dask_workers"),
         (["--set", "runtime.cohort_size=0"], "runtime.cohort_size"),
         (["--set", "data.test_subset=20000"], "data.test_subset: 20000 rows asked"),
@@ -59,11 +61,44 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
         (["--set", "data.dataset=x[full]"], "unknown dataset 'x[full]'"),
         (["--set", "data.download=maybe"], "data.download"),
         (["--set", "experiment.name=../x"], "experiment.name"),
+        # floats are finite, in the sections and in every registry entry's options
+        (["--set", "client.lr=.inf"], "client.lr: must be a finite number"),
+        (["--set", "client.lr=.nan"], "client.lr: must be a finite number"),
+        (["--set", "federation.participation=-.inf"], "federation.participation: must be a"),
+        (["--set", "grid.adapter_options.lora.alpha=.inf"], "lora.alpha: must be a finite"),
+        # empty and repeated lists
+        (["--set", "grid.algorithms=[]"], "grid.algorithms: name at least one algorithm; allowed"),
+        (["--set", "grid.adapters=[]"], "grid.adapters: name at least one adapter method"),
+        (["--set", "grid.algorithms=[fedavg,fedprox,fedavg]"], "names fedavg more than once"),
+        (["--set", "grid.adapters=[lora,lora]"], "grid.adapters: names lora more than once"),
+        (["--set", "experiment.seeds=[1,1]"], "experiment.seeds: must be a list of distinct"),
+        # numbers past int64 (or past a documented bound), refused at parse time
+        (["--set", f"experiment.seed={2**64}"], "experiment.seed: must be less than or equal"),
+        (["--set", f"experiment.seeds=[0,{2**40}]"], "seeds >= 0 (at most 4294967295)"),
+        (["--set", "federation.rounds=10000000000"], "federation.rounds: must be less than or"),
+        (["--set", f"client.batch_size={2**63}"], "client.batch_size: must be an integer in"),
+        (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
+        (["--set", "runtime.workers=100000"], "runtime.workers: workers is auto or a number of"),
+        (["--set", "runtime.dask_workers=100000"], "runtime.dask_workers: must be less than or"),
     ],
 )
 def test_bad_params_values(tmp_path, args, needle):
     res = invoke(tmp_path, "run", *args)
     assert_one_clear_line(res, needle, tmp_path / "reports")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--num-classes", "0"], "--num-classes: must be in [2, 1000000] (got 0)"),
+        (["--num-classes", str(2**64)], f"--num-classes: must be in [2, 1000000] (got {2**64})"),
+        (["--input-shape", f"3,{2**40},{2**40}"], "--input-shape: C in [1, 64] and H = W in"),
+        (["--input-shape", "0,32,32"], "--input-shape: C in [1, 64]"),
+    ],
+)
+def test_bad_model_shapes(args, needle):
+    res = runner.invoke(app, ["models", "-m", "cifar_cnn", *args])
+    assert_one_clear_line(res, needle, REPO / "no-outputs")
 
 
 # ---- files: data.root, outputs, --partition ---------------------------------------------------
@@ -130,6 +165,9 @@ def _file_case(name: str, tmp_path: Path, part: Path) -> tuple[list[str], Path |
     if name == "manifest-index-out-of-range":
         _edit_manifest(d, 2, 1, "60000")
         return args, None, "manifest.csv: row 2, column sample_index: 60000 is out of range"
+    if name == "manifest-index-past-int64":
+        _edit_manifest(d, 3, 1, str(2**64))
+        return args, None, f"manifest.csv: row 3, column sample_index: {2**64} is too large"
     if name == "manifest-not-integer":
         _edit_manifest(d, 5, 0, "x1")
         return args, None, "manifest.csv: row 5, column client_id: 'x1' is not an integer"
@@ -157,6 +195,7 @@ def _file_case(name: str, tmp_path: Path, part: Path) -> tuple[list[str], Path |
         "partition-other-seed",
         "partition-legacy-other-rows",
         "manifest-index-out-of-range",
+        "manifest-index-past-int64",
         "manifest-not-integer",
         "manifest-wrong-label",
         "stats-not-json",
@@ -169,21 +208,104 @@ def test_bad_files(tmp_path, partition_dir, name):
     assert_one_clear_line(res, needle, tmp_path / "reports")
 
 
+@pytest.mark.parametrize("option", ["--out", "--timing"])
+def test_stage_outputs_below_a_file_stop_before_training(tmp_path, partition_dir, option):
+    """A DVC stage's output folder below a file: one line before training, not after it."""
+    part = _copy(partition_dir, tmp_path / "part")
+    assert invoke(tmp_path, "validate", "--partition", str(part)).exit_code == 0
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    args = ["--algorithm", "fedavg", "--partition", str(part), option, str(a_file / "cell")]
+    res = invoke(tmp_path, "train", *args)
+    assert_one_clear_line(res, f"{option}: {a_file} is a file", tmp_path / "reports")
+
+
 # ---- environment ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["sqlite-under-file", "sqlite-is-folder"])
-def test_bad_environment(tmp_path, monkeypatch, name):
+_S3_VARS = ("AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_REGION")
+_ALLOWED_STORES = "allowed: sqlite:///PATH/mlflow.db, http(s)://HOST:PORT"
+
+
+def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[str], str]:
+    """(environment, args, needle) of one bad-environment case."""
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
+    track, s3 = ["--set", "runtime.tracking=true"], ["--set", "storage.bucket=fedapt"]
+    keys = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
     if name == "sqlite-under-file":
-        uri, needle = f"sqlite:///{a_file}/x.db", f"MLFLOW_TRACKING_URI: {a_file} is a file"
-    else:
+        uri = f"sqlite:///{a_file}/x.db"
+        return {"MLFLOW_TRACKING_URI": uri}, track, f"MLFLOW_TRACKING_URI: {a_file} is a file"
+    if name == "sqlite-is-folder":
         uri = f"sqlite:///{tmp_path}"
-        needle = f"MLFLOW_TRACKING_URI: {uri}: {tmp_path} is a folder"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    res = invoke(tmp_path, "run", "--set", "runtime.tracking=true")
+        return {"MLFLOW_TRACKING_URI": uri}, track, f"{uri}: {tmp_path} is a folder"
+    if name == "sqlite-not-a-database":
+        uri = f"sqlite:///{a_file}"
+        return {"MLFLOW_TRACKING_URI": uri}, track, f"{a_file} is not an SQLite database"
+    if name == "bare-path":
+        uri = str(tmp_path / "mlruns")
+        return {"MLFLOW_TRACKING_URI": uri}, track, f"{uri}: MLflow 3 no longer runs a file store"
+    if name == "file-store":
+        uri = (tmp_path / "mlruns").as_uri()
+        return {"MLFLOW_TRACKING_URI": uri}, track, _ALLOWED_STORES
+    if name == "postgresql-without-driver":
+        pytest.importorskip("sqlalchemy")
+        if importlib.util.find_spec("psycopg2") is not None:
+            pytest.skip("psycopg2 is installed")
+        uri = "postgresql://fed:secret@127.0.0.1:1/mlflow"
+        return {"MLFLOW_TRACKING_URI": uri}, track, "database driver psycopg2 is not installed"
+    if name == "unknown-scheme":
+        return {"MLFLOW_TRACKING_URI": "ftp://h/x"}, track, "unsupported scheme 'ftp'; allowed"
+    if name == "password-in-uri":  # masked in the line (and never printed in clear)
+        uri = "http://fed:secret@127.0.0.1:1"
+        return {"MLFLOW_TRACKING_URI": uri}, track, "http://fed:***@127.0.0.1:1 is not reachable"
+    if name == "endpoint-without-scheme":
+        env = {"AWS_ENDPOINT_URL": "127.0.0.1:8333", **keys}
+        return env, s3, "AWS_ENDPOINT_URL: 127.0.0.1:8333 is not an S3 endpoint URL"
+    if name == "unknown-profile":
+        env = {"AWS_PROFILE": "no-such-profile", "AWS_CONFIG_FILE": str(tmp_path / "cfg")}
+        return env, s3, "AWS_PROFILE: unknown profile 'no-such-profile'; known: none"
+    if name == "bad-region":
+        env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_DEFAULT_REGION": "a b", **keys}
+        return env, s3, "AWS_DEFAULT_REGION: 'a b' is not a region name"
+    if name == "prefect-unreachable":
+        url = "http://fed:secret@127.0.0.1:1/api"
+        return {"PREFECT_API_URL": url}, [], "PREFECT_API_URL: http://fed:***@127.0.0.1:1/api is"
+    if name == "prefect-not-a-url":
+        return {"PREFECT_API_URL": "127.0.0.1:4200"}, [], "PREFECT_API_URL: 127.0.0.1:4200 is not"
+    if name == "numerics":
+        return {"FEDAPT_NUMERICS": "fast"}, [], "FEDAPT_NUMERICS: 'fast' is not one of portable"
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sqlite-under-file",
+        "sqlite-is-folder",
+        "sqlite-not-a-database",
+        "bare-path",
+        "file-store",
+        "postgresql-without-driver",
+        "unknown-scheme",
+        "password-in-uri",
+        "endpoint-without-scheme",
+        "unknown-profile",
+        "bad-region",
+        "prefect-unreachable",
+        "prefect-not-a-url",
+        "numerics",
+    ],
+)
+def test_bad_environment(tmp_path, monkeypatch, name):
+    env, args, needle = _environment_case(name, tmp_path)
+    for var in _S3_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    res = invoke(tmp_path, "run", *args)
     assert_one_clear_line(res, needle, tmp_path / "reports")
+    assert "secret" not in res.output, res.output
 
 
 # ---- units: the manifest reader and the data.root rule ---------------------------------------
@@ -237,3 +359,173 @@ def test_guard_prints_plain_text_and_names_the_path_of_an_os_error(capsys):
         err = capsys.readouterr().err
         assert code.value.exit_code == 2 and needle in err and "Traceback" not in err, err
         assert err.startswith("fedapt: error: ") and len(err.strip().splitlines()) == 1, err
+
+
+def test_tracking_server_refusing_the_credentials_is_one_line(tmp_path, monkeypatch):
+    """A server that answers /health but refuses the API (authentication on, wrong or no
+    password): one line before any work, the password masked. The server is a stand-in
+    that answers as MLflow's basic-auth app does (401 on every API call)."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            ok = self.path == "/health"
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b"OK" if ok else b"You are not authenticated.")
+
+        do_POST = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        uri = f"http://fed:secret@127.0.0.1:{server.server_port}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        res = invoke(tmp_path, "run", "--set", "runtime.tracking=true")
+    finally:
+        server.shutdown()
+        server.server_close()
+    needle = f"http://fed:***@127.0.0.1:{server.server_port} refused the request (UNAUTH"
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+    assert "secret" not in res.output, res.output
+    assert seen[0] == "Basic ZmVkOnNlY3JldA==", seen  # /health asked with the URI's user
+
+
+# ---- faults: a full disk, credentials ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("writer", ["checkpoint", "manifest"])
+def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys, writer):
+    """ENOSPC while an output is written (a checkpoint after minutes of training, a manifest):
+    one line naming the file, exit 2, neither the file nor its temp file left behind."""
+    import os
+
+    import typer
+
+    from fedcore.manifest import _atomic_write_text
+    from flows.cli.common import guard
+    from tasks.io import atomic_write_bytes
+
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            self.fh.write(data[:10])  # a part reached the disk, then it was full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: Full(real_fdopen(fd, *a, **k)))
+    target = tmp_path / "out" / ("fedavg-full.pt" if writer == "checkpoint" else "manifest.csv")
+    target.parent.mkdir()
+
+    def body() -> None:
+        if writer == "checkpoint":  # tasks/checkpoint.py writes through atomic_write_bytes
+            atomic_write_bytes(target, b"x" * 4096)
+        else:
+            _atomic_write_text(target, "client_id,sample_index,label\n" * 100)
+
+    with pytest.raises(typer.Exit) as code:
+        guard(body)
+    err = capsys.readouterr().err
+    assert code.value.exit_code == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("fedapt: error: "), err
+    assert f"{target}: No space left on device; free some space" in err, err
+    assert list(target.parent.iterdir()) == [], "a partial output or temp file was left"
+
+
+def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
+    """user:password@ -> user:***@ in the error line, the lines after a run, Prefect's log
+    records (console and API) and the MLflow links of the Prefect results artifact."""
+    import logging
+
+    from fedcore.errors import mask_credentials
+    from flows.cli import common
+    from flows.cli.experiment import _where_results
+    from tasks import artifacts, tracking
+    from tasks.config import load_params
+
+    assert (
+        mask_credentials("at http://u:p@h:5000/x and s3://b/k")
+        == "at http://u:***@h:5000/x and s3://b/k"
+    )
+    assert (
+        mask_credentials("postgresql+psycopg2://u:p%40w@h/db") == "postgresql+psycopg2://u:***@h/db"
+    )
+    assert mask_credentials("sqlite:///a/b.db http://h:1") == "sqlite:///a/b.db http://h:1"
+
+    uri = "https://fed:secret@mlflow.example:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    lines = _where_results(load_params(REPO / "params.yaml", ["storage.bucket=null"]))
+    assert "MLflow: https://fed:***@mlflow.example:5000" in lines, lines
+
+    class Run:  # a unit test: the MLflow client is a stand-in
+        class info:  # noqa: N801
+            experiment_id = "7"
+
+    class Client:
+        def get_run(self, run_id):
+            return Run()
+
+    monkeypatch.setattr(tracking, "client", Client)
+    links = artifacts.run_links([{"algorithm": "fedavg", "adapter": "full", "mlflow_run_id": "r"}])
+    assert links == {"fedavg-full": "https://fed:***@mlflow.example:5000/#/experiments/7/runs/r"}
+
+    ray = load_params(REPO / "params.yaml", ["runtime.ray_address=ray://fed:secret@h:10001"])
+    assert ray.flat()["runtime.ray_address"] == "ray://fed:***@h:10001"  # MLflow params, summary
+
+    record = logging.LogRecord(
+        "prefect.flow_runs", logging.ERROR, __file__, 1, "failed: %s", (uri,), None
+    )
+    assert common._NoTracebackForFedaptErrors().filter(record)
+    assert record.getMessage() == "failed: https://fed:***@mlflow.example:5000"
+
+
+@pytest.mark.slow
+def test_a_given_partition_is_never_written_and_the_error_line_is_last(tmp_path, partition_dir):
+    """``fedapt run --partition DIR`` writes its shard report into the experiment's folder,
+    never into DIR; a failure inside the flow (shards too small, found by the validation
+    task) ends with the error line: Prefect's API logs were sent before its temporary
+    server stopped (no "Error logging to API" after it). A real process and server."""
+    import os
+    import subprocess
+    import sys
+
+    part = _copy(partition_dir, tmp_path / "part")
+    before = {p.name: p.stat().st_mtime_ns for p in part.iterdir()}
+    part.chmod(0o555)
+    reports = tmp_path / "reports"
+    cmd = [
+        sys.executable, "-m", "flows.cli", "run", *LOCAL, *SMALL,
+        "--params", str(REPO / "params.yaml"),
+        "--set", f"data.root={REPO / 'data/raw'}",
+        "--set", f"experiment.reports_dir={reports}",
+        "--set", "validation.min_shard_size=100000",
+        "--partition", str(part),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        part.chmod(0o755)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert lines[-1].startswith("fedapt: error: shard validation failed"), res.stderr
+    assert "Error logging to API" not in res.stderr + res.stdout, res.stderr
+    report = reports / "fmnist-dir05-fedavg" / "validation.json"
+    assert f"report: {report}" in lines[-1] and report.is_file(), lines[-1]
+    assert {p.name: p.stat().st_mtime_ns for p in part.iterdir()} == before

@@ -4,6 +4,7 @@ guard, params loading and the results table. Heavy imports happen inside command
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -51,14 +52,19 @@ SetOpt = Annotated[
 
 class _NoTracebackForFedaptErrors(logging.Filter):
     """Prefect logs task/flow failures with tracebacks; a FedaptError is a user-facing
-    message, so its records keep the message and lose the traceback."""
+    message, so its records keep the message and lose the traceback. Any password in a URI
+    is masked, on the console and in the logs sent to the Prefect API."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from fedcore.errors import FedaptError
+        from fedcore.errors import FedaptError, mask_credentials
 
         if record.exc_info and isinstance(record.exc_info[1], FedaptError):
             record.exc_info = None
             record.exc_text = None
+        with contextlib.suppress(Exception):  # a record whose args do not format: as it is
+            message = record.getMessage()
+            if (masked := mask_credentials(message)) != message:
+                record.msg, record.args = masked, ()
         return True
 
 
@@ -73,9 +79,13 @@ def quiet_prefect_tracebacks() -> None:
 
 def print_error(message: str) -> None:
     """``fedapt: error: <message>`` on stderr, the prefix red; the message as plain text (a
-    value such as ``[/x]`` or ``[full]`` is printed as is, never read as Rich markup)."""
+    value such as ``[/x]`` or ``[full]`` is printed as is, never read as Rich markup), any
+    password in a URI masked."""
+    from fedcore.errors import mask_credentials
+
     line = Text("fedapt: error: ", style="red")
-    line.append(" ".join(message.splitlines()) if message else "(no message)")
+    message = mask_credentials(" ".join(message.splitlines())) if message else "(no message)"
+    line.append(message)
     err.print(line, highlight=False, soft_wrap=True)
 
 
@@ -92,10 +102,14 @@ def guard(fn: Callable[[], Any]) -> Any:
         if exc.filename is None:
             raise
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
-        print_error(
-            f"{path}: {exc.strerror or type(exc).__name__}; check that the path exists, is "
-            "the right kind (file or folder) and that you may read and write it"
-        )
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            hint = "free some space there (or raise the quota) and run again"
+        else:
+            hint = (
+                "check that the path exists, is the right kind (file or folder) and that you "
+                "may read and write it"
+            )
+        print_error(f"{path}: {exc.strerror or type(exc).__name__}; {hint}")
         raise typer.Exit(2) from None
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted):  # the command unwound: stop now, threads and all

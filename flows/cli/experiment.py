@@ -25,6 +25,8 @@ from flows.cli.common import (
 )
 
 MAX_LABEL_COLUMNS = 100  # `fedapt partition` prints per-class counts up to this many classes
+# `fedapt models`: the shapes it builds (model.input_size's bound; a decoder's vocabulary)
+MAX_CHANNELS, MAX_SIDE, MAX_CLASSES = 64, 1024, 1_000_000
 
 
 @app.command()
@@ -161,13 +163,14 @@ def _note_stale_runs(run_ids: list[str], params: Any) -> None:
 def _where_results(params: Any) -> list[str]:
     import os
 
+    from fedcore.errors import mask_credentials
     from tasks.data import data_sources
 
     lines = [f"data: {src}"] if (src := data_sources(params)) else []
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if params.runtime.tracking:
         lines.append(
-            f"MLflow: {uri}"
+            f"MLflow: {mask_credentials(uri)}"  # never a password on the screen
             if uri
             else "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
             "--backend-store-uri sqlite:///mlruns/mlflow.db`)"
@@ -257,6 +260,13 @@ def models(
             raise ConfigError(f"--input-shape expects C,H,W (got {input_shape!r})") from None
         if h != w:
             raise ConfigError(f"--input-shape: square inputs only (got {h}x{w})")
+        if not (1 <= c <= MAX_CHANNELS and 1 <= h <= MAX_SIDE):
+            raise ConfigError(
+                f"--input-shape: C in [1, {MAX_CHANNELS}] and H = W in [1, {MAX_SIDE}] "
+                f"(got {input_shape})"
+            )
+        if not 2 <= num_classes <= MAX_CLASSES:
+            raise ConfigError(f"--num-classes: must be in [2, {MAX_CLASSES}] (got {num_classes})")
         names = model or list_models()
         for name in names:
             if name not in list_models():

@@ -96,10 +96,13 @@ def pretrain(
 
     def body() -> None:
         from flows.experiment import check_names
+        from tasks.io import check_writable
         from tasks.pretrain import check_source, run_pretrain
 
         p = load(params, set_, numerics="portable")
         check_names(p)
+        for key, folder in (("--out", out_dir), ("--timing", timing_dir)):
+            check_writable(key, folder)  # a path below a file: one line now, not after training
         if p.model.base == "pretrain":
             check_source(p)  # bad source -> one line before any training
         card = run_pretrain(p, out_dir, timing_file=timing_dir / "pretrain.json")
@@ -142,6 +145,7 @@ def train(
         from flows.experiment import preflight
         from tasks.cell import cell_name, require_base
         from tasks.config import load_params
+        from tasks.io import check_writable
         from tasks.origin import origin
         from tasks.progress import GridSlot
         from tasks.train import run_cell
@@ -159,6 +163,8 @@ def train(
         _require_valid(partition_dir)
         require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
         cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
+        for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
+            check_writable(key, folder)  # a path below a file: one line now, not after training
         cell = cell_name(algorithm, adapter)
         record = run_cell(
             p,

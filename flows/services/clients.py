@@ -295,6 +295,12 @@ def temporary_prefect(
             raise
     try:
         yield f"{_url(port)}/api"
+    except Exception:
+        # a failure too: the flow's last logs reach the server before it stops, else Prefect
+        # sends them at exit and prints "Error logging to API" after the error line
+        _drain_prefect_clients()
+        raise
+    else:
         _drain_prefect_clients()  # a normal end: the run's last logs and events reach it
     finally:
         if _pid_alive(pid) or _group_alive(pid):
@@ -331,6 +337,35 @@ def _drain_prefect_clients(timeout: float = 5.0) -> None:
         if service is not None:
             with contextlib.suppress(Exception):
                 service.drain_all(timeout=timeout)
+
+
+def check_prefect_api(timeout: float = 5.0) -> None:
+    """The Prefect API in use (``PREFECT_API_URL``, or the active profile's) answers: any
+    HTTP reply to its /health counts (a Cloud workspace may ask for its key); a URL that is
+    malformed or does not connect is one line naming it."""
+    import urllib.error
+    import urllib.request
+
+    from fedcore.errors import mask_credentials
+
+    url = os.environ.get("PREFECT_API_URL")
+    where = "PREFECT_API_URL" if url else "the Prefect profile's PREFECT_API_URL"
+    if not url:
+        with contextlib.suppress(Exception):
+            url = str(sys.modules["prefect.settings"].get_current_settings().api.url or "")
+    if not url:
+        return
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout):
+            return
+    except urllib.error.HTTPError:  # it answered
+        return
+    except (OSError, ValueError):  # refused, no such host, timed out, not a URL
+        pass
+    raise ServiceError(
+        f"{where}: {mask_credentials(url)} is not reachable; start the services (fedapt up) "
+        "or unset PREFECT_API_URL to run on a temporary Prefect server"
+    )
 
 
 def _prefect_api_configured() -> bool:
@@ -380,6 +415,7 @@ def prefect_environment(state: str | os.PathLike[str] | None = None) -> Iterator
     """``PREFECT_API_URL`` for the block: as configured (nothing added), else a temporary
     Prefect server tied to this process (``temporary_prefect``). Yields what was added."""
     if os.environ.get("PREFECT_API_URL") or _prefect_api_configured():
+        check_prefect_api()  # one line now, not Prefect's traceback once the flow starts
         yield {}
         return
     with contextlib.ExitStack() as stack:

@@ -1,0 +1,147 @@
+"""Which MLflow tracking stores fedapt can use, checked before any work: one line naming
+``MLFLOW_TRACKING_URI`` (or the local store), with every password masked.
+
+MLflow 3 refuses its file store (a bare path or ``file://``); fedapt runs on ``sqlite:///``
+(an SQLite file, created when missing), an http(s) server (``fedapt up``'s, or yours, with
+user:password in the URI or ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` / ``_TOKEN``) or a
+database URL whose SQLAlchemy driver is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from pathlib import Path
+
+from fedcore.errors import ConfigError, mask_credentials
+
+# The stores fedapt runs on (MLflow 3 refuses its file store, ``./mlruns`` or ``file://``).
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql")
+_ALLOWED = (
+    "allowed: sqlite:///PATH/mlflow.db, http(s)://HOST:PORT (an MLflow server, e.g. fedapt up) "
+    "or a database URL (postgresql://, mysql://, mssql://)"
+)
+
+
+def check_store(uri: str, timeout: float = 5.0) -> None:
+    """The tracking URI must name a store fedapt can use, checked before work starts: an
+    http(s) server answers /health; a ``sqlite:///`` path is (or can become) an SQLite
+    database; a database URL has its driver installed; anything else is one line naming
+    the allowed forms. Passwords in the URI are masked in every message."""
+    shown = mask_credentials(uri)
+    where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "local store"
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in TRACKING_SCHEMES:
+        why = (
+            "MLflow 3 no longer runs a file store"
+            if scheme in ("", "file")
+            else f"unsupported scheme {scheme!r}"
+        )
+        raise ConfigError(f"{where}: {shown}: {why}; {_ALLOWED}")
+    if scheme == "sqlite":
+        _check_sqlite_store(uri)
+        return
+    if scheme in ("postgresql", "mysql", "mssql"):
+        _check_database_driver(uri, where, shown)
+        return
+    try:
+        with urllib.request.urlopen(_health_request(uri), timeout=timeout) as resp:
+            healthy = resp.status == 200
+    except (OSError, ValueError):  # ValueError: a URL urllib cannot parse (no host, bad port)
+        healthy = False
+    if not healthy:
+        raise ConfigError(
+            f"MLflow tracking server {shown} is not reachable; start it with `fedapt up` or "
+            "unset MLFLOW_TRACKING_URI to use the local store mlruns/"
+        )
+    _check_access(uri, shown)
+
+
+def _health_request(uri: str) -> urllib.request.Request:
+    """GET <uri>/health; user:password in the URI (which urllib does not take) become a
+    basic-auth header, as MLflow's own client sends them."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    url = urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health"
+    headers = {}
+    if parts.username is not None:
+        token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+    return urllib.request.Request(url, headers=headers)
+
+
+def _check_access(uri: str, shown: str) -> None:
+    """The server answers its API, not only /health: refused credentials (a server with
+    authentication) are one line now, not a traceback once training has started."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except MlflowException as exc:
+        first = str(exc.message).strip().splitlines()[0][:200] if exc.message else ""
+        raise ConfigError(
+            f"MLflow tracking server {shown} refused the request ({exc.error_code}: {first}); "
+            "check the credentials (user:password in MLFLOW_TRACKING_URI, "
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN)"
+        ) from None
+
+
+def _check_database_driver(uri: str, where: str, shown: str) -> None:
+    """A database URL needs its SQLAlchemy dialect and DB-API driver (psycopg2 for
+    postgresql://, pymysql for mysql+pymysql://, ...) importable in this environment."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(uri)
+        url.get_dialect().import_dbapi()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(
+            f"{where}: {shown}: not a database URL SQLAlchemy knows ({exc})"
+        ) from None
+    except ImportError as exc:
+        raise ConfigError(
+            f"{where}: {shown}: its database driver {exc.name or 'module'!s} is not installed; "
+            f"install it (e.g. pip install {_DRIVERS.get(exc.name or '', exc.name)}) or use "
+            f"another store; {_ALLOWED}"
+        ) from None
+
+
+_DRIVERS = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient"}
+
+
+def _check_sqlite_store(uri: str) -> None:
+    """A ``sqlite:///PATH`` store must be an SQLite database file (or not exist yet) in a
+    folder that exists or can be made and written: one line naming where the URI came from
+    and the path."""
+    from tasks.io import check_writable
+
+    where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "local store"
+    shown = mask_credentials(uri)
+    if not uri.startswith("sqlite:///") or uri == "sqlite:///":
+        raise ConfigError(f"{where}: {shown}: give a database file, sqlite:///PATH/mlflow.db")
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if db.is_dir():
+        raise ConfigError(
+            f"{where}: {uri}: {db} is a folder; give the path of a database file, e.g. "
+            f"sqlite:///{db / 'mlflow.db'}"
+        )
+    if db.is_file() and db.stat().st_size > 0:
+        try:
+            with db.open("rb") as fh:
+                header = fh.read(16)
+        except OSError as exc:
+            raise ConfigError(f"{where}: {uri}: cannot read {db} ({exc.strerror})") from None
+        if header != b"SQLite format 3\x00":
+            raise ConfigError(
+                f"{where}: {uri}: {db} is not an SQLite database; give a database file "
+                "(a new path is created)"
+            )
+    try:
+        check_writable(where, db.parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in {uri})") from None
