@@ -51,3 +51,16 @@ def s3_env(s3_server, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return s3_server
+
+
+@pytest.fixture(autouse=True)
+def _prefect_api_url_restored():
+    """A test that runs a Dask or Ray grid in-process leaves PREFECT_API_URL naming its
+    (temporary, now stopped) server for the workers (``flows/runners.py``): restored after
+    each test, so a later test does not meet a dead server."""
+    before = os.environ.get("PREFECT_API_URL")
+    yield
+    if before is None:
+        os.environ.pop("PREFECT_API_URL", None)
+    else:
+        os.environ["PREFECT_API_URL"] = before

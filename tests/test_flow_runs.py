@@ -4,6 +4,7 @@ progress artifact per cell. On a real (test) Prefect server."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,14 @@ def test_flow_run_names_logs_and_artifacts(tmp_path, monkeypatch):
                     flow_run_id=TaskRunFilterFlowRunId(any_=[r.id for r in subflows])
                 )
             )
-            logs = client.read_logs(
-                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in [run, *subflows]]))
-            )
+            flows = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in [run, *subflows]]))
+            deadline = time.monotonic() + 60  # the API log handler ships in batches
+            while True:
+                logs = read_all_logs(client, flows)
+                done = any("fedavg-full round 2/2: acc" in log.message for log in logs)
+                if done or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
             markdown = client.read_artifacts(
                 artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["markdown"]))
             )
@@ -75,3 +81,13 @@ def test_flow_run_names_logs_and_artifacts(tmp_path, monkeypatch):
         ("Named-Runs: rounds done of all 1 cells of the grid", 100.0),
         ("cell 1 of 1: fedavg-full: rounds done of 2", 100.0),
     ]
+
+
+def read_all_logs(client, log_filter=None) -> list:
+    """Every log of ``log_filter``, page by page (the server caps a read at 200)."""
+    logs: list = []
+    while True:
+        page = client.read_logs(log_filter, limit=200, offset=len(logs))
+        logs += page
+        if len(page) < 200:
+            return logs
