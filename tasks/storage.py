@@ -120,6 +120,11 @@ def ensure_bucket(bucket: str, client: Any | None = None) -> None:
     try:
         client.create_bucket(Bucket=bucket)
     except Exception as exc:  # noqa: BLE001
+        from botocore.exceptions import ClientError
+
+        code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+        if code == "BucketAlreadyOwnedByYou":  # another run created it meanwhile: ours to use
+            return
         raise _explain(exc, bucket) from None
 
 

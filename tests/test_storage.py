@@ -28,3 +28,20 @@ def test_unreachable_endpoint_is_one_line(tmp_path, monkeypatch):
     ) as exc:
         storage.upload_tree(tmp_path, "b", "p")
     assert "\n" not in str(exc.value) and "testing" not in str(exc.value)
+
+
+def test_a_bucket_created_meanwhile_by_another_run_is_used():
+    """Two runs starting together: both see no bucket, both create it; the second one's
+    BucketAlreadyOwnedByYou means the bucket is there for it (a CI race, now a case)."""
+    from botocore.exceptions import ClientError
+
+    from tasks.storage import ensure_bucket
+
+    class Racing:
+        def head_bucket(self, Bucket):  # noqa: N803 - boto3's keyword
+            raise ClientError({"Error": {"Code": "404"}}, "HeadBucket")
+
+        def create_bucket(self, Bucket):  # noqa: N803
+            raise ClientError({"Error": {"Code": "BucketAlreadyOwnedByYou"}}, "CreateBucket")
+
+    ensure_bucket("fedapt", Racing())
