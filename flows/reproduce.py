@@ -2,15 +2,18 @@
 profile need, each through the experiment flow exactly as ``fedapt run`` runs it (a subflow:
 partition, validation, training tasks, MLflow, summary), then the reproduction report.
 
-Finished experiments (a summary for the same configuration) are skipped; an unfinished one
-resumes its cells from their round checkpoints (the experiment flow's own resume), so the
-same command can be run again after a stop, in another session, until everything is done.
-The report is rewritten from whatever has finished each time, and logged to MLflow as the
-run ``reproduce-<profile>`` with the report and figures as artifacts.
+Finished experiments (a committed record for the same configuration, code version and
+numerics, ``tasks.reproduce.records``) are skipped; an unfinished one resumes its cells from
+their round checkpoints (the experiment flow's own resume), so the same command can be run
+again after a stop, in another session or on a fresh clone, until everything is done. Each
+experiment writes its record as soon as it finishes; the report is rewritten from the
+records each time, and logged to MLflow as the run ``reproduce-<profile>`` with the report
+and figures as artifacts.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,11 +44,12 @@ def report_task(
     params_file: str | None,
     overrides: list[str],
     command: str,
+    out: str | None = None,
 ) -> str:
-    """reproduction.md, verdicts.json and figures/ from every finished experiment."""
+    """reproduction.md, verdicts.json and figures/ from every current record."""
     chosen = select(claims)
-    items = runs.plan(chosen, profile, params_file, overrides)
-    root = runs.reproduce_root(params_file, overrides, profile)
+    items = runs.plan(chosen, profile, params_file, overrides, out)
+    root = runs.out_root(profile, out)
     return str(report.write_report(profile, chosen, items, runs.results(items), root, command))
 
 
@@ -78,25 +82,40 @@ def reproduce_flow(
     overrides: list[str] | None = None,
     claims: list[str] | None = None,
     command: str = "fedapt reproduce",
+    out: str | None = None,
+    rerun_stale: bool = False,
 ) -> str:
     """Run what the profile's claims still need, then write (and track) the report.
     Returns the report's path."""
     sets = list(overrides or [])
     chosen = select(claims)
-    items = runs.plan(chosen, profile, params_file, sets)
+    items = runs.plan(chosen, profile, params_file, sets, out)
     if items:  # a deployment's run: the numerics before anything computes
         numerics.apply(items[0].params.runtime.numerics, items[0].params.runtime.threads)
     root = runs.reproduce_root(params_file, sets, profile)
     log = get_run_logger()
     with services.run_lock(root, "fedapt reproduce"):
         states = [runs.status(item) for item in items]
-        left = sum(runs.work(i) for i, s in zip(items, states, strict=True) if s != "done")
+        left = sum(
+            runs.work(i)
+            for i, s in zip(items, states, strict=True)
+            if s not in ("done", "finished")
+        )
         done, spent = 0, 0.0  # this session's cell-rounds and seconds: the ETA's pace
         for k, (item, state) in enumerate(zip(items, states, strict=True), 1):
             name = f"experiment {k} of {len(items)}: {item.params.experiment.name}"
             if state == "done":
-                log.info("%s: finished earlier for this configuration, skipped", name)
+                log.info("%s: recorded for this configuration and code, skipped", name)
                 continue
+            if state == "finished":  # ran to the end, its record not yet written
+                runs.write_record(item)
+                log.info("%s: finished earlier, recorded in %s", name, item.record)
+                continue
+            if state == "stale":
+                if not rerun_stale:
+                    raise ValueError(runs.stale_text(item))
+                log.info("%s: its record is another code's: rerun from scratch", name)
+                shutil.rmtree(item.dir, ignore_errors=True)
             log.info(
                 "%s: %s (%d cell-rounds; %s)",
                 name,
@@ -115,9 +134,10 @@ def reproduce_flow(
             )
             seconds = time.perf_counter() - started
             runs.write_stamp(item, seconds, resumed=state == "resume")
+            runs.write_record(item)
             done, spent, left = done + runs.work(item), spent + seconds, left - runs.work(item)
             log.info("%s: done in %s", name, clock(seconds))
-        path = report_task(profile, claims, params_file, sets, command)
+        path = report_task(profile, claims, params_file, sets, command, out)
         if runs.base_params(params_file, sets).runtime.tracking:
-            log_report_task(profile, str(root))
+            log_report_task(profile, str(runs.out_root(profile, out)))
     return path

@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.reproduce import claim_adapters, registry, report, runs
-from tasks.reproduce.spec import PROFILES, dedupe
+from tasks.reproduce import claim_adapters, records, registry, report, runs
+from tasks.reproduce.spec import PROFILES, ExperimentResult, dedupe
 from tests.test_reproduce_verdicts import MB, _transformer, cell, exp
+
+
+def two_seeds(result):
+    """The same cells for seeds 0 and 1 (the ci profile's two)."""
+    return ExperimentResult(result.params, {0: result.cells, 1: result.cells})
+
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,37 +92,88 @@ def test_dedupe_keeps_the_last_value():
     assert dedupe(["a.b=1", "a={}", "a.b=2", "c=1"]) == ["a={}", "a.b=2", "c=1"]
 
 
-def test_status_done_rerun_resume(tmp_path):
+def _plan_adapters(tmp_path):
     (it,) = runs.plan(
         registry.select(["adapters"]),
         "ci",
         REPO / "params.yaml",
-        [f"experiment.reports_dir={tmp_path}"],
+        [f"experiment.reports_dir={tmp_path / 'reports'}"],
+        tmp_path / "out",
     )
+    return it
+
+
+def _finish(it, seeds=(0, 1), **changed):
+    """A finished seed sweep in the experiment's folder, as the experiment flow leaves it."""
+    flat = {**it.params.flat(), **changed}
+    sweep = {"experiment": "x", "params": flat, "seeds": list(seeds), "runs": []}
+    for s in seeds:
+        d = it.dir / f"seed-{s}"
+        (d / "runs" / "fedavg-full").mkdir(parents=True, exist_ok=True)
+        (d / "partition").mkdir(exist_ok=True)
+        (d / "partition" / "stats.json").write_text(json.dumps({"label_totals": [13, 4, 3]}))
+        rounds = [{"round": 1, "accuracy": 0.5 + s / 10}]
+        (d / "runs" / "fedavg-full" / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+        sweep["runs"].append({"algorithm": "fedavg", "adapter": "full", "seed": s})
+    (it.dir / "summary.json").write_text(json.dumps(sweep))
+
+
+def test_status_from_records_and_the_experiment_folder(tmp_path):
+    it = _plan_adapters(tmp_path)
+    assert it.record == tmp_path / "out" / "records" / f"{it.params.experiment.name}.json"
     assert runs.status(it) == "pending"
-    it.dir.mkdir(parents=True)
-    (it.dir / "checkpoints").mkdir()
+    (it.dir / "checkpoints").mkdir(parents=True)
     (it.dir / "checkpoints" / "fedavg-full.pt").write_bytes(b"x")
     assert runs.status(it) == "resume"
-    flat = it.params.flat()
-    summary = {"experiment": "x", "params": {**flat, "runtime.workers": 7}, "runs": []}
-    (it.dir / "summary.json").write_text(json.dumps(summary))
-    assert runs.status(it) == "done"  # runtime.workers cannot change a number
-    summary["params"]["client.lr"] = 0.5
-    (it.dir / "summary.json").write_text(json.dumps(summary))
-    assert runs.status(it) == "resume"  # another configuration's summary; checkpoints there
-    (it.dir / "checkpoints" / "fedavg-full.pt").unlink()
-    assert runs.status(it) == "rerun"
+    _finish(it, **{"runtime.workers": 7})  # runtime.workers cannot change a number
+    assert runs.status(it) == "resume"  # a summary, but no stamp of this code version
+    runs.write_stamp(it, 12.5, resumed=False)
+    assert runs.status(it) == "finished"
+    runs.write_record(it)
+    assert runs.status(it) == "done"
+    rec = json.loads(it.record.read_text())
+    assert rec["code"] == records.code_version() and rec["numerics"] == "portable"
+    assert rec["seconds"] == 12.5 and sorted(rec["seeds"]) == ["0", "1"]
+    result = runs.results([it])[it.experiment.name]
+    assert result.seeds == (0, 1) and result.majorities == {0: 0.65, 1: 0.65}
+    assert result.runs[1]["fedavg-full"].rounds == [{"round": 1, "accuracy": 0.6}]
+    # the record alone is the evidence: the experiment's folder may be gone (a fresh clone)
+    shutil.rmtree(it.dir)
+    assert runs.status(it) == "done" and it.experiment.name in runs.results([it])
+    # another code version's record is stale, and says how to go on in one line
+    rec["code"] = "0123456789ab"
+    it.record.write_text(json.dumps(rec))
+    assert runs.status(it) == "stale" and not runs.results([it])
+    assert "--rerun-stale" in runs.stale_text(it) and "0123456789ab" in runs.stale_text(it)
+    # a record of another configuration does not count
+    rec["code"], rec["config"]["client.lr"] = records.code_version(), 0.5
+    it.record.write_text(json.dumps(rec))
+    assert runs.status(it) == "pending"
 
 
-def test_load_result_reads_the_class_prior(tmp_path):
-    summary = {"experiment": "x", "params": {"client.lr": 0.1}, "runs": []}
-    (tmp_path / "summary.json").write_text(json.dumps(summary))
-    assert runs.load_result(tmp_path).majority is None  # no partition stats
-    (tmp_path / "partition").mkdir()
-    (tmp_path / "partition" / "stats.json").write_text(json.dumps({"label_totals": [13, 4, 3]}))
-    result = runs.load_result(tmp_path)
-    assert result.majority == 0.65 and result.params == {"client.lr": 0.1} and not result.cells
+def test_code_version_follows_the_number_code_only(tmp_path):
+    for rel in ("fedcore/a.py", "models/b.py", "tasks/c.py", "tasks/report.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    (tmp_path / "tasks" / "reproduce").mkdir()
+    (tmp_path / "tasks" / "reproduce" / "claim_x.py").write_text("y = 1\n")
+    v = records.code_version(tmp_path)
+    (tmp_path / "tasks" / "report.py").write_text("x = 2\n")  # writes reports: no number
+    (tmp_path / "tasks" / "reproduce" / "claim_x.py").write_text("y = 2\n")
+    assert records.code_version(tmp_path) == v
+    (tmp_path / "fedcore" / "a.py").write_text("x = 2\n")
+    assert records.code_version(tmp_path) != v
+
+
+def test_too_few_seeds_for_a_claim_is_one_line(tmp_path):
+    res = CliRunner().invoke(
+        app,
+        ["reproduce", "--profile", "cpu", "--claim", "adapters", "--plan", "--set",
+         "experiment.seeds=[0,1]", "--set", f"experiment.reports_dir={tmp_path}"],
+    )  # fmt: skip
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert "claim 'adapters' needs at least 3 seeds" in res.output
+    assert len(res.output.strip().splitlines()) == 1
 
 
 def test_experiments_with_the_same_base_share_it(tmp_path):
@@ -152,12 +210,18 @@ def test_report_from_hand_made_results(tmp_path):
     items = runs.plan(
         registry.CLAIMS, "ci", REPO / "params.yaml", [f"experiment.reports_dir={tmp_path}"]
     )
-    results = _transformer(0.61, 0.50)
-    results["adapters-dir05"] = exp(
-        {"fedavg-full": cell(0.94, per_round=9 * MB), "fedavg-residual": cell(0.93, per_round=MB)}
+    results = {k: two_seeds(v) for k, v in _transformer(0.61, 0.50).items()}
+    results["adapters-dir05"] = two_seeds(
+        exp(
+            {
+                "fedavg-full": cell(0.94, per_round=9 * MB),
+                "fedavg-residual": cell(0.93, per_round=MB),
+            }
+        )
     )
     root = tmp_path / "reproduce" / "ci"
     path = report.write_report("ci", registry.CLAIMS, items, results, root, "fedapt reproduce")
+    assert "Over 2 seeds (0, 1)" in path.read_text()
     text = path.read_text()
     assert "Smoke test, not a reproduction" in text
     for i, claim in enumerate(registry.CLAIMS, 1):
@@ -168,10 +232,14 @@ def test_report_from_hand_made_results(tmp_path):
     assert not (root / "figures" / "fednilo.png").exists()  # nothing ran: no figure
     verdicts = json.loads((root / "verdicts.json").read_text())
     assert verdicts["adapters"]["holds"] is True and verdicts["fednilo"]["holds"] is None
-    cpu = report.markdown(
-        "cpu", registry.CLAIMS, [], results, report.verdicts(registry.CLAIMS, results), {}, "x"
+    cpu_items = runs.plan(
+        registry.CLAIMS, "cpu", REPO / "params.yaml", [f"experiment.reports_dir={tmp_path}"]
     )
+    three = {k: ExperimentResult(v.params, {**v.runs, 2: v.runs[0]}) for k, v in results.items()}
+    decided = report.verdicts(registry.CLAIMS, cpu_items, three, "cpu")
+    cpu = report.markdown("cpu", registry.CLAIMS, cpu_items, three, decided, {}, "x")
     assert "Smoke test" not in cpu and "| holds |" in cpu
+    assert "Over 3 seeds (0, 1, 2)" in cpu
 
 
 def test_bad_profile_is_one_line(tmp_path):
@@ -216,8 +284,15 @@ def test_reproduce_dvc_pipeline_matches_the_command():
     assert do["cmd"] == "fedapt reproduce --profile ${item}" and do["wdir"] == ".."
     assert {"fedcore", "models", "tasks", "flows", "data"} <= set(do["deps"])
     outs = [next(iter(o)) for o in do["outs"]]
-    root = "reports/reproduce/${item}"
-    assert outs == [f"{root}/{runs.REPORT}", f"{root}/verdicts.json", f"{root}/{runs.FIGURES}"]
+    root = "reproduce/${item}"
+    assert outs == [
+        f"{root}/{runs.REPORT}",
+        f"{root}/verdicts.json",
+        f"{root}/{runs.FIGURES}",
+        f"{root}/{records.RECORDS}",
+    ]
+    kept = do["outs"][-1][f"{root}/{records.RECORDS}"]
+    assert kept == {"cache": False, "persist": True}  # the records a rerun resumes from
     # no plots: the root's `dvc plots show` would warn about them until a profile has run
     assert "plots" not in do
     # the default pipeline never starts a reproduction

@@ -16,6 +16,7 @@ from tasks.reproduce import (
     registry,
 )
 from tasks.reproduce.spec import Cell, ExperimentResult
+from tasks.reproduce.verdict import combine
 
 MB = 2**20
 
@@ -45,7 +46,12 @@ def cell(acc=0.5, accs=None, per_round=MB, seconds=1.0, exits=None):
 
 
 def exp(cells, majority=None, **params):
-    return ExperimentResult(params, cells, 60.0, majority)
+    return ExperimentResult(params, {0: cells}, 60.0, {0: majority})
+
+
+def judge(claim, results):
+    """The claim's verdict on one seed's results (its rule, decided as over seeds)."""
+    return combine(claim, [(0, claim.measure(results))], min_seeds=1)
 
 
 # ---- claim 1: residual adapters vs full under Dir(0.5) ------------------------------------
@@ -60,19 +66,19 @@ def test_adapters_holds_within_a_point_at_a_ninth():
             }
         )
     }
-    v = claim_adapters.judge(r)
+    v = judge(claim_adapters.CLAIM, r)
     assert v.holds is True and "1/9.00" in v.table and "| 1.00 |" in v.table
 
 
 def test_adapters_fails_on_a_large_gap_or_no_saving():
     far = {"fedavg-full": cell(0.94, per_round=9 * MB), "fedavg-residual": cell(0.90, per_round=MB)}
-    assert claim_adapters.judge({"adapters-dir05": exp(far)}).holds is False
+    assert judge(claim_adapters.CLAIM, {"adapters-dir05": exp(far)}).holds is False
     same = {"fedavg-full": cell(0.94, per_round=MB), "fedavg-residual": cell(0.94, per_round=MB)}
-    assert claim_adapters.judge({"adapters-dir05": exp(same)}).holds is False
+    assert judge(claim_adapters.CLAIM, {"adapters-dir05": exp(same)}).holds is False
 
 
 def test_adapters_missing():
-    v = claim_adapters.judge({})
+    v = judge(claim_adapters.CLAIM, {})
     assert v.holds is None and "adapters-dir05" in v.text
 
 
@@ -82,11 +88,11 @@ def test_adapters_missing():
 def test_label_skew_holds_and_fails():
     m1 = exp({"fedavg-full": cell(0.18), "fedavg-residual": cell(0.17)})
     m3 = exp({"fedavg-full": cell(0.70), "fedavg-residual": cell(0.66)})
-    assert claim_label_skew.judge({"label-skew-m1": m1, "label-skew-m3": m3}).holds is True
+    assert judge(claim_label_skew.CLAIM, {"label-skew-m1": m1, "label-skew-m3": m3}).holds is True
     m1_learns = exp({"fedavg-full": cell(0.55), "fedavg-residual": cell(0.17)})
-    v = claim_label_skew.judge({"label-skew-m1": m1_learns, "label-skew-m3": m3})
-    assert v.holds is False and "1 of 2 cells collapse" in v.text
-    v = claim_label_skew.judge({"label-skew-m1": m1})
+    v = judge(claim_label_skew.CLAIM, {"label-skew-m1": m1_learns, "label-skew-m3": m3})
+    assert v.holds is False and "Does not hold: 'fedavg-full: #M=1 acc %'" in v.text
+    v = judge(claim_label_skew.CLAIM, {"label-skew-m1": m1})
     assert v.holds is None and "label-skew-m3" in v.text
 
 
@@ -102,51 +108,63 @@ def test_fednilo_levels_are_half_points_below_fedavgs_best():
 
 
 def test_fednilo_holds_when_it_reaches_the_levels_for_less():
-    accs = [0.5, 0.6, 0.7, 0.8, 0.8]
+    accs = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8, 0.8]  # window 2: FedAvg level over its last 2 rounds
     base = exp({"fedavg-full": cell(accs=accs, per_round=10 * MB)}, **{"report.window": 2})
     r = {"fednilo-fedavg": base, "fednilo-k350f25": _nilo(5 * MB, accs)}
-    v = claim_fednilo.judge(r)
-    assert v.holds is True and "50.0%" in v.text  # half the bytes at every level
+    v = judge(claim_fednilo.CLAIM, r)
+    assert v.holds is True and "| mean saving (%) | >= 30 | 50.00 |" in v.table  # half the bytes
 
 
 def test_fednilo_fails_when_it_saves_less_or_never_reaches():
-    accs = [0.5, 0.6, 0.7, 0.8, 0.8]
+    accs = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8, 0.8]
     base = exp({"fedavg-full": cell(accs=accs, per_round=10 * MB)}, **{"report.window": 2})
-    v = claim_fednilo.judge({"fednilo-fedavg": base, "fednilo-k350f25": _nilo(8 * MB, accs)})
-    assert v.holds is False and "20.0%" in v.text
-    low = _nilo(MB, [0.3, 0.3, 0.3, 0.3, 0.3])
-    v = claim_fednilo.judge({"fednilo-fedavg": base, "fednilo-k500f75": low})
+    v = judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base, "fednilo-k350f25": _nilo(8 * MB, accs)})
+    assert v.holds is False and "| mean saving (%) | >= 30 | 20.00 |" in v.table
+    low = _nilo(MB, [0.3] * 7)
+    v = judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base, "fednilo-k500f75": low})
     assert v.holds is False and "none" in v.text and "its best ACC" in v.text and "30.00%" in v.text
     assert "not reached" in v.table
 
 
+def test_fednilo_cannot_say_while_fedavg_still_rises():
+    rising = [0.5, 0.6, 0.7, 0.8, 0.9]  # +20 points over the last 2 rounds (the window)
+    base = exp({"fedavg-full": cell(accs=rising, per_round=10 * MB)}, **{"report.window": 2})
+    v = judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base, "fednilo-k350f25": _nilo(MB, rising)})
+    assert v.holds is None and "precondition" in v.text and "still" not in v.table
+
+
 def test_fednilo_missing():
-    assert claim_fednilo.judge({}).holds is None
+    assert judge(claim_fednilo.CLAIM, {}).holds is None
     base = exp({"fedavg-full": cell(accs=[0.5, 0.6])}, **{"report.window": 2})
-    assert claim_fednilo.judge({"fednilo-fedavg": base}).holds is None
+    assert judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base}).holds is None
 
 
 # ---- claim 4: server optimisers' round-to-round variance -----------------------------------
 
 
 def test_server_opt_variance_decides():
-    jumpy = cell(accs=[0.5, 0.6, 0.4, 0.7, 0.3, 0.7, 0.4, 0.8])
+    jumpy = cell(accs=[0.5, 0.6, 0.4, 0.7, 0.3, 0.7, 0.4, 0.62])
     smooth = cell(accs=[0.5, 0.52, 0.54, 0.56, 0.57, 0.59, 0.60, 0.62])
     r = {
         "server-opt-lenet5": exp(
             {"fedavg-full": jumpy, "fedadam-full": smooth, "fedadagrad-full": smooth}
         )
     }
-    assert claim_server_opt.judge(r).holds is True
+    assert judge(claim_server_opt.CLAIM, r).holds is True
     steady = cell(accs=[0.5 + 0.01 * i for i in range(8)])  # equal steps: variance 0
     r = {
         "server-opt-lenet5": exp(
             {"fedavg-full": smooth, "fedadam-full": jumpy, "fedadagrad-full": steady}
         )
     }
-    v = claim_server_opt.judge(r)
-    assert v.holds is False and "1 of 2" in v.text
-    assert claim_server_opt.judge({}).holds is None
+    v = judge(claim_server_opt.CLAIM, r)
+    assert v.holds is False and "Does not hold: 'lenet5 fedadam: variance / FedAvg's'" in v.text
+    assert judge(claim_server_opt.CLAIM, {}).holds is None
+    # steadier but ending well below FedAvg: slower learning, not steadier training
+    slow = cell(accs=[0.30, 0.31, 0.32, 0.33, 0.34, 0.35, 0.36, 0.37])
+    r = {"server-opt-lenet5": exp({"fedavg-full": jumpy, "fedadam-full": slow})}
+    v = judge(claim_server_opt.CLAIM, r)
+    assert v.holds is False and "'lenet5 fedadam: final acc below FedAvg (points)'" in v.text
 
 
 def test_step_variance_by_hand():
@@ -177,14 +195,14 @@ def _transformer(adapter_acc, head_acc, share=0.01):
 
 
 def test_transformer_holds_fails_and_is_inconclusive():
-    v = claim_transformer.judge(_transformer(0.61, 0.50))
-    assert v.holds is True and "head) ends at 50.00%; 3 of 3 adapters" in v.text
+    v = judge(claim_transformer.CLAIM, _transformer(0.61, 0.50))
+    assert v.holds is True and "| houlsby: above the head alone (points) (guard) |" in v.table
     assert "| houlsby | 61.00 | 1.00 |" in v.table
-    assert claim_transformer.judge(_transformer(0.55, 0.50)).holds is False  # 7 points below
-    assert claim_transformer.judge(_transformer(0.61, 0.50, share=0.05)).holds is False
-    v = claim_transformer.judge(_transformer(0.61, 0.61))  # the head alone is as good
-    assert v.holds is None and "Inconclusive" in v.text
-    assert claim_transformer.judge({}).holds is None
+    assert judge(claim_transformer.CLAIM, _transformer(0.55, 0.50)).holds is False  # 7 points below
+    assert judge(claim_transformer.CLAIM, _transformer(0.61, 0.50, share=0.05)).holds is False
+    v = judge(claim_transformer.CLAIM, _transformer(0.61, 0.61))  # the head alone is as good
+    assert v.holds is None and "the precondition" in v.text
+    assert judge(claim_transformer.CLAIM, {}).holds is None
 
 
 # ---- claim 6: Accumulator vs layer-wise linear heads at every exit -------------------------
@@ -201,12 +219,12 @@ def test_anytime_every_exit():
             )
         }
 
-    assert claim_anytime.judge(r([0.41, 0.45, 0.60])).holds is True
-    assert claim_anytime.judge(r([0.398, 0.45, 0.50])).holds is True  # within half a point
-    v = claim_anytime.judge(r([0.30, 0.50, 0.60]))
-    assert v.holds is False and "2 of 3 exits" in v.text
-    assert claim_anytime.judge(r([])).holds is None
-    assert claim_anytime.judge({}).holds is None
+    assert judge(claim_anytime.CLAIM, r([0.41, 0.45, 0.60])).holds is True
+    assert judge(claim_anytime.CLAIM, r([0.398, 0.45, 0.50])).holds is True  # within half a point
+    v = judge(claim_anytime.CLAIM, r([0.30, 0.50, 0.60]))
+    assert v.holds is False and "'exit 1: Accumulator - linear (points)'" in v.text
+    assert judge(claim_anytime.CLAIM, r([])).holds is None
+    assert judge(claim_anytime.CLAIM, {}).holds is None
 
 
 def test_anytime_cannot_say_when_no_exit_beats_the_class_prior():
@@ -217,11 +235,12 @@ def test_anytime_cannot_say_when_no_exit_beats_the_class_prior():
         cells = {"fedavg-lw_linear": cell(exits=lw), "fedavg-accumulator": cell(exits=acc)}
         return {"anytime-exits": exp(cells, majority=majority)}
 
-    v = claim_anytime.judge(r([0.424, 0.426], [0.424, 0.424], 0.4347))
-    assert v.holds is None and "Cannot say" in v.text and "43.47%" in v.text
+    v = judge(claim_anytime.CLAIM, r([0.424, 0.426], [0.424, 0.424], 0.4347))
+    assert v.holds is None and "Cannot say: the precondition" in v.text
+    assert "| best exit above the class prior (points) (guard) | >= 2 | -0.87 |" in v.table
     assert "| 2 |" in v.table  # the numbers are still shown
-    assert claim_anytime.judge(r([0.424, 0.46], [0.424, 0.424], 0.4347)).holds is False
-    assert claim_anytime.judge(r([0.424, 0.46], [0.43, 0.47], 0.4347)).holds is True
+    assert judge(claim_anytime.CLAIM, r([0.424, 0.46], [0.424, 0.424], 0.4347)).holds is False
+    assert judge(claim_anytime.CLAIM, r([0.424, 0.46], [0.43, 0.47], 0.4347)).holds is True
 
 
 def test_anytime_pa_judges_its_own_cells():
@@ -235,14 +254,16 @@ def test_anytime_pa_judges_its_own_cells():
             )
         }
 
-    judge = registry.ANYTIME_PA.judge
-    assert judge(r([0.41, 0.45, 0.60])).holds is True
-    v = judge(r([0.30, 0.50, 0.60]))
-    assert v.holds is False and "2 of 3 exits" in v.text
-    assert judge({}).holds is None
+    def pa(results):
+        return judge(registry.ANYTIME_PA, results)
+
+    assert pa(r([0.41, 0.45, 0.60])).holds is True
+    v = pa(r([0.30, 0.50, 0.60]))
+    assert v.holds is False and "'exit 1: Accumulator - linear (points)'" in v.text
+    assert pa({}).holds is None
     # the plain claim's cells do not count for "+ PA"
     plain = {"anytime-exits-pa": exp({"fedavg-lw_linear": cell(exits=[0.4])})}
-    assert judge(plain).holds is None
+    assert pa(plain).holds is None
 
 
 # ---- claim 7: local training time ------------------------------------------------------------
@@ -258,7 +279,55 @@ def test_train_time_ratios():
         t["transformer-full"].cells["fedavg-full"].record["local_train_seconds_mean"] = 10.0
         return {**t, "transformer-adapters": exp(cells)}
 
-    v = claim_train_time.judge(r(7.0))
+    v = judge(claim_train_time.CLAIM, r(7.0))
     assert v.holds is True and "0.70" in v.table
-    assert claim_train_time.judge(r(12.0)).holds is False
-    assert claim_train_time.judge({}).holds is None
+    assert judge(claim_train_time.CLAIM, r(12.0)).holds is False
+    assert judge(claim_train_time.CLAIM, {}).holds is None
+
+
+# ---- over seeds: every seed on the holding side, none, or straddling -------------------------
+
+
+def _seeds(values, guard=None):
+    """Readings of one check "gap" (holds if <= 1.5) per seed, and a guard when given."""
+    from tasks.reproduce.spec import Check, Reading
+
+    out = []
+    for s, v in enumerate(values):
+        checks = [Check("gap", v, v <= 1.5, "<= 1.5")]
+        if guard is not None:
+            checks.append(Check("learned", guard[s], guard[s] >= 2, ">= 2", guard=True))
+        out.append((s, Reading(tuple(checks))))
+    return out
+
+
+def test_seeds_hold_fail_or_straddle():
+    claim = claim_adapters.CLAIM
+    v = combine(claim, _seeds([1.0, 1.2, 0.8]))
+    assert v.holds is True and "Over 3 seeds (0, 1, 2)" in v.text
+    assert "| gap | <= 1.5 | 1.00 ± 0.20 | 1.00, 1.20, 0.80 | 3 of 3 |" in v.table
+    v = combine(claim, _seeds([2.0, 2.5, 3.0]))
+    assert v.holds is False and "fails on every seed" in v.text
+    v = combine(claim, _seeds([1.0, 2.0, 1.2]))  # one seed across the threshold
+    assert v.holds is None and "the seeds straddle the threshold of 'gap'" in v.text
+    v = combine(claim, _seeds([1.0, 1.0, 1.0], guard=[5, 1, 5]))
+    assert v.holds is None and "the precondition 'learned'" in v.text
+    v = combine(claim, _seeds([1.0, 1.0]))  # two of the three seeds a verdict needs
+    assert v.holds is None and "Cannot say yet (2 of 3 seeds)" in v.text
+
+
+def test_decide_reads_the_seeds_every_experiment_finished():
+    from tasks.reproduce.spec import ExperimentResult
+    from tasks.reproduce.verdict import decide
+
+    def dir05(seeds, gap):
+        residual = cell(0.90 - gap / 100, per_round=MB // 9)
+        cells = {"fedavg-full": cell(0.90), "fedavg-residual": residual}
+        return ExperimentResult({}, {s: cells for s in seeds}, 1.0, {})
+
+    claim = claim_adapters.CLAIM
+    v = decide(claim, {"adapters-dir05": dir05([0, 1, 2], 1.0)}, ["adapters-dir05"], 3)
+    assert v.holds is True and "Over 3 seeds" in v.text
+    v = decide(claim, {"adapters-dir05": dir05([0, 1, 2], 3.0)}, ["adapters-dir05"], 3)
+    assert v.holds is False
+    assert decide(claim, {}, ["adapters-dir05"], 3).holds is None

@@ -1,5 +1,5 @@
 """``fedapt reproduce``: the seeds' claims, one experiment set per profile, and the
-reproduction report (``reports/reproduce/<profile>/reproduction.md``)."""
+reproduction report (``reproduce/<profile>/reproduction.md``, from the committed records)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @app.command()
-def reproduce(
+def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     profile: Annotated[
         str, typer.Option(help="ci (smoke test, minutes) | cpu (2 cores, ~2 h) | gpu (seeds)")
     ] = "cpu",
@@ -39,21 +39,40 @@ def reproduce(
     plan_only: Annotated[
         bool, typer.Option("--plan", help="list the experiments and their status; run nothing")
     ] = False,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="report, verdicts, figures and records (default: reproduce/<profile>)",
+        ),
+    ] = None,
+    rerun_stale: Annotated[
+        bool,
+        typer.Option(
+            "--rerun-stale",
+            help="rerun experiments whose records another code version or numerics computed",
+        ),
+    ] = False,
 ) -> None:
     """Run the experiments behind the seeds' claims and write the reproduction report.
     Rerun the same command to skip what finished and resume what did not."""
 
     def body() -> None:
+        from fedcore.errors import ConfigError
         from tasks.reproduce import registry, runs
 
         registry.check_profile(profile)  # a bad profile: one line, nothing loaded
         claims = registry.select(claim)
         params_file = str(params) if params is not None else None
         overrides = list(set_ or [])
-        items = runs.plan(claims, profile, params_file, overrides)
+        where = str(out_dir) if out_dir is not None else None
+        items = runs.plan(claims, profile, params_file, overrides, where)
         if plan_only:
             out.print(_plan_table(items))
             return
+        stale = [it for it in items if runs.status(it) == "stale"]
+        if stale and not rerun_stale:  # numbers of two code versions never mix in a report
+            raise ConfigError(runs.stale_text(stale[0]))
         if items:  # before anything computes (preflight builds models)
             from fedcore import numerics
 
@@ -63,7 +82,11 @@ def reproduce(
         words += [f"--claim {c}" for c in claim or []]
         words += [f"--params {params}"] if params is not None else []
         words += [f"--set {s}" for s in overrides]
-        report = _run(profile, claims, items, params_file, overrides, " ".join(words))
+        words += [f"--out {out_dir}"] if out_dir is not None else []
+        words += ["--rerun-stale"] if rerun_stale else []
+        report = _run(
+            profile, claims, items, params_file, overrides, " ".join(words), where, rerun_stale
+        )
         smoke = " (smoke test)" if profile == "ci" else ""
         decided = _verdicts(Path(report).parent)
         for c in claims:
@@ -80,6 +103,8 @@ def _run(
     params_file: str | None,
     overrides: list[str],
     command: str,
+    where: str | None,
+    rerun_stale: bool,
 ) -> str:
     """The run itself, under `fedapt run`'s guards: inputs of every experiment still to run
     checked before anything starts, the reproduce folder locked, temporary servers tied to
@@ -97,10 +122,11 @@ def _run(
         from tasks.reproduce import runs
 
         root = runs.reproduce_root(params_file, overrides, profile)
-        todo = [it for it in items if runs.status(it) != "done"]
+        todo = [it for it in items if runs.status(it) not in ("done", "finished")]
         for it in todo:
             check_names(it.params)
         check_writable("experiment.reports_dir", root)
+        check_writable("--out", runs.out_root(profile, where))
         base = items[0].params if items else None
         need_s3 = any(bool(it.params.storage.bucket) for it in todo)
         with (
@@ -122,6 +148,8 @@ def _run(
                     overrides=overrides,
                     claims=[c.id for c in claims],
                     command=command,
+                    out=where,
+                    rerun_stale=rerun_stale,
                 )
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from tasks.reproduce import plots
 from tasks.reproduce.measures import final_accuracy, mib_per_round, num, pct, table
-from tasks.reproduce.spec import Claim, Experiment, Results, Verdict, missing
+from tasks.reproduce.spec import Check, Claim, Experiment, Reading, Results, missing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -86,15 +86,17 @@ DIR05 = Experiment(
     },
 )
 
-GAP_POINTS = 1.5  # "within about 1 point": Table I's FashionMNIST Dir(0.5) gaps are 1.07-1.17
+# "within about 1 point": Table I's FashionMNIST Dir(0.5) gaps are 1.07-1.17 with per-method
+# stds of 0.53-0.64 over 5 seeds, so a gap of one std above the seed's, 1.7, still agrees.
+GAP = 1.7
 RATIO = (7.0, 11.0)  # "about 1/9": 22.2 MB vs 2.58 MB = 8.6 (seed 000 §IV-A4)
 
 
-def judge(results: Results) -> Verdict:
-    if (v := missing(results, [DIR05.name])) is not None:
-        return v
+def measure(results: Results) -> Reading:
+    if (r := missing(results, [DIR05.name])) is not None:
+        return r
     cells = results[DIR05.name].cells
-    rows, gaps, ratios = [], [], []
+    rows, checks = [], []
     for alg in sorted({name.split("-", 1)[0] for name in cells}):
         full, res = cells.get(f"{alg}-full"), cells.get(f"{alg}-residual")
         if full is None or res is None:
@@ -102,8 +104,10 @@ def judge(results: Results) -> Verdict:
         a_full, a_res = final_accuracy(full), final_accuracy(res)
         gap = None if a_full is None or a_res is None else 100 * (a_full - a_res)
         ratio = mib_per_round(full) / mib_per_round(res)
-        gaps.append(gap)
-        ratios.append(ratio)
+        checks.append(
+            Check(f"{alg}: full - residual (points)", gap, None if gap is None else gap <= GAP,
+                  f"<= {GAP:g}")
+        )  # fmt: skip
         rows.append(
             [
                 alg,
@@ -116,7 +120,16 @@ def judge(results: Results) -> Verdict:
             ]
         )
     if not rows:
-        return Verdict(None, "no algorithm ran both full and residual")
+        return Reading(note="no algorithm ran both full and residual")
+    width = float(results[DIR05.name].params.get("model.options.width", 1.0))
+    if width != 1.0:  # the seed's ratio is about the full-width model: count it there
+        ratio, where = full_width_ratio(), "full width, counted as `fedapt models` counts it"
+    else:
+        ratio, where = mib_per_round(full) / mib_per_round(res), "measured"
+    ok = RATIO[0] <= ratio <= RATIO[1]
+    checks.append(
+        Check(f"full / residual bytes ({where})", ratio, ok, f"{RATIO[0]:g} to {RATIO[1]:g}")
+    )
     tab = table(
         [
             "algorithm",
@@ -129,17 +142,24 @@ def judge(results: Results) -> Verdict:
         ],
         rows,
     )
-    if any(g is None for g in gaps):
-        return Verdict(None, "a cell has no evaluated accuracy", tab)
-    close = all(g <= GAP_POINTS for g in gaps)
-    cheap = all(RATIO[0] <= r <= RATIO[1] for r in ratios)
-    text = (
-        f"Residual adapters end {min(gaps):.2f} to {max(gaps):.2f} points below full "
-        f"fine-tuning (holds if at most {GAP_POINTS}) and send 1/{min(ratios):.2f} to "
-        f"1/{max(ratios):.2f} of its bytes per round (holds if between 1/{RATIO[0]:g} and "
-        f"1/{RATIO[1]:g}). A negative gap means the adapters were ahead."
-    )
-    return Verdict(close and cheap, text, tab)
+    return Reading(tuple(checks), tab)
+
+
+def full_width_ratio() -> float:
+    """Full fine-tuning's payload over residual adapters' for the seed's ResNet26 (width 1,
+    72x72, one channel, 10 classes), from the parameters each method sends (what
+    ``fedapt models -m resnet26 --input-shape 1,72,72`` prints), without training."""
+    import copy
+
+    from models import get_model
+    from models.adapters import adapt, get_adapter
+
+    plain = get_model("resnet26", num_classes=10, in_channels=1, input_size=72)
+    sent = {
+        name: get_adapter(name).counts(adapt(copy.deepcopy(plain), name)).payload_bytes
+        for name in ("full", "residual")
+    }
+    return sent["full"] / sent["residual"]
 
 
 def plot(results: Results) -> Figure | None:
@@ -165,7 +185,13 @@ CLAIM = Claim(
         'payload is 22.2 MB, the adapters\' 2.58 MB, "almost a ninth".'
     ),
     experiments=(DIR05,),
-    judge=judge,
+    measure=measure,
+    rule="Holds if, for every algorithm, residual adapters end at most 1.7 points below full "
+    "fine-tuning and send 1/7 to 1/11 of its bytes per round. A negative gap means the "
+    "adapters were ahead.",
+    tolerance="The 1.7-point tolerance is the seed's own gap (1.07-1.17 points) plus one of "
+    "its per-method standard deviations over 5 seeds (0.53-0.64); the byte ratio is "
+    "deterministic.",
     plot=plot,
     scaled={
         "gpu": "The seed's protocol on all of FashionMNIST except 10,000 rows that pretrain "

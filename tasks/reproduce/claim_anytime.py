@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from tasks.reproduce import plots
 from tasks.reproduce.measures import num, pct, table
-from tasks.reproduce.spec import Claim, Experiment, Results, Verdict, missing
+from tasks.reproduce.spec import Check, Claim, Experiment, Reading, Results, missing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -69,25 +69,35 @@ EXITS = Experiment(
 )
 TOLERANCE = 0.5  # points: "at least as accurate", up to half a point of test noise
 LEARNED = 2.0  # points above the majority-class share at some exit: the exits learned at all
+RULE = (
+    "Holds if at the last evaluation the Accumulator is at least as accurate as the "
+    "layer-wise linear heads, within half a point, at every exit. The guard: some exit of "
+    "either method is at least 2 points above always predicting the most frequent training "
+    "class (else nothing was learned to compare)."
+)
+TOLERANCE_TEXT = (
+    "Seed 001's Table 2 stds are 1.3-1.8 points against gaps of 23-40 points, so the claim "
+    "is about the direction; half a point absorbs test-set noise when the two are level."
+)
 
 
-def judge(
+def measure(
     results: Results,
     experiment: str = EXITS.name,
     linear: str = "fedavg-lw_linear",
     accumulator: str = "fedavg-accumulator",
-) -> Verdict:
+) -> Reading:
     """The comparison at every exit, for ``experiment``'s cells ``linear`` and ``accumulator``
     (the "+ PA" claim passes its own)."""
-    if (v := missing(results, [experiment])) is not None:
-        return v
+    if (r := missing(results, [experiment])) is not None:
+        return r
     cells = results[experiment].cells
     if linear not in cells or accumulator not in cells:
-        return Verdict(None, f"{experiment} has no cells {linear} and {accumulator}")
+        return Reading(note=f"{experiment} has no cells {linear} and {accumulator}")
     lw = list(cells[linear].record.get("final_accuracy_exits") or [])
     acc = list(cells[accumulator].record.get("final_accuracy_exits") or [])
     if not lw or len(lw) != len(acc):
-        return Verdict(None, "the cells have no per-exit accuracies to compare")
+        return Reading(note="the cells have no per-exit accuracies to compare")
     diffs = [100 * (a - b) for a, b in zip(acc, lw, strict=True)]
     rows = [
         [str(k + 1), pct(b), pct(a), num(d)]
@@ -97,22 +107,20 @@ def judge(
         ["mean", pct(sum(lw) / len(lw)), pct(sum(acc) / len(acc)), num(sum(diffs) / len(diffs))]
     )
     tab = table(["exit (block)", "L.W. linear %", "Accumulator %", "difference (points)"], rows)
+    checks = []
     prior = results[experiment].majority
-    if prior is not None and 100 * (max(lw + acc) - prior) < LEARNED:
-        return Verdict(
-            None,
-            f"Cannot say: no exit of either method is {LEARNED:g} points above always "
-            f"predicting the most frequent training class ({pct(prior)}%), so at this scale "
-            "the exits learned nothing to compare (both sit at the class prior).",
-            tab,
-        )
-    ok = [d >= -TOLERANCE for d in diffs]
-    text = (
-        f"At the last evaluation the Accumulator is at least as accurate as the layer-wise "
-        f"linear heads (within {TOLERANCE:g} point) at {sum(ok)} of {len(ok)} exits; holds if "
-        "at every exit."
-    )
-    return Verdict(all(ok), text, tab)
+    if prior is not None:
+        above = 100 * (max(lw + acc) - prior)
+        checks.append(
+            Check("best exit above the class prior (points)", above, above >= LEARNED,
+                  f">= {LEARNED:g}", guard=True)
+        )  # fmt: skip
+    checks += [
+        Check(f"exit {k + 1}: Accumulator - linear (points)", d, d >= -TOLERANCE,
+              f">= -{TOLERANCE:g}")
+        for k, d in enumerate(diffs)
+    ]  # fmt: skip
+    return Reading(tuple(checks), tab)
 
 
 def plot(
@@ -157,7 +165,9 @@ CLAIM = Claim(
         "Accumulator above the linear heads at every exit."
     ),
     experiments=(EXITS,),
-    judge=judge,
+    measure=measure,
+    rule=RULE,
+    tolerance=TOLERANCE_TEXT,
     plot=plot,
     scaled={
         "gpu": "The seed's protocol (1,500 rounds, 100 Dir(1.0) clients, 10% per round, SGD "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from tasks.reproduce import plots
 from tasks.reproduce.claim_adapters import CI_RESNET, CPU_RESNET, SEED000
 from tasks.reproduce.measures import final_accuracy, num, pct, table
-from tasks.reproduce.spec import Claim, Experiment, Results, Verdict, missing
+from tasks.reproduce.spec import Check, Claim, Experiment, Reading, Results, missing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -44,28 +44,25 @@ COLLAPSED = 0.30  # M = 1 "collapses": at most 30% (Table I: 16.47-20.82%; chanc
 LEARNS = 20.0  # M = 3 "learns": at least 20 points above the same cell at M = 1 (Table I: +47-56)
 
 
-def judge(results: Results) -> Verdict:
-    if (v := missing(results, [M1.name, M3.name])) is not None:
-        return v
+def measure(results: Results) -> Reading:
+    if (r := missing(results, [M1.name, M3.name])) is not None:
+        return r
     one, three = results[M1.name].cells, results[M3.name].cells
-    rows, ok_collapse, ok_learn = [], [], []
+    rows, checks = [], []
     for cell in sorted(set(one) & set(three)):
         a1, a3 = final_accuracy(one[cell]), final_accuracy(three[cell])
-        if a1 is None or a3 is None:
-            return Verdict(None, f"{cell} has no evaluated accuracy")
-        gain = 100 * (a3 - a1)
-        ok_collapse.append(a1 <= COLLAPSED)
-        ok_learn.append(gain >= LEARNS)
+        gain = None if a1 is None or a3 is None else 100 * (a3 - a1)
+        checks += [
+            Check(f"{cell}: #M=1 acc %", None if a1 is None else 100 * a1,
+                  None if a1 is None else a1 <= COLLAPSED, f"<= {100 * COLLAPSED:.0f}"),
+            Check(f"{cell}: #M=3 - #M=1 (points)", gain,
+                  None if gain is None else gain >= LEARNS, f">= {LEARNS:.0f}"),
+        ]  # fmt: skip
         rows.append([cell, pct(a1), pct(a3), num(gain)])
     if not rows:
-        return Verdict(None, "no cell ran under both #M = 1 and #M = 3")
+        return Reading(note="no cell ran under both #M = 1 and #M = 3")
     tab = table(["cell", "#M=1 acc %", "#M=3 acc %", "#M=3 - #M=1 (points)"], rows)
-    text = (
-        f"{sum(ok_collapse)} of {len(rows)} cells collapse at #M = 1 (final accuracy at most "
-        f"{100 * COLLAPSED:.0f}%), and {sum(ok_learn)} of {len(rows)} gain at least "
-        f"{LEARNS:.0f} points at #M = 3."
-    )
-    return Verdict(all(ok_collapse) and all(ok_learn), text, tab)
+    return Reading(tuple(checks), tab)
 
 
 def plot(results: Results) -> Figure | None:
@@ -91,7 +88,12 @@ CLAIM = Claim(
         "the dataset labels by one row; these are the rows under the third dataset block.)"
     ),
     experiments=(M1, M3),
-    judge=judge,
+    measure=measure,
+    rule="Holds if every cell ends at 30% or below with one label per client (#M = 1) and "
+    "at least 20 points higher with three (#M = 3).",
+    tolerance="Table I's #M = 1 cells end at 16.5-20.8% with standard deviations of 1-4 "
+    "points over 5 seeds, so 30% leaves about 10 points (2-3 stds) of room above the seed's "
+    "highest cell; its #M = 3 cells are 47-56 points above #M = 1, so 20 is a loose floor.",
     plot=plot,
     scaled={
         "gpu": "The seed's protocol (lr 0.01 -> 0.001 at round 30), base pretrained on 10,000 "

@@ -11,7 +11,7 @@ from tasks.reproduce import plots
 from tasks.reproduce.claim_adapters import DIR05
 from tasks.reproduce.claim_transformer import ADAPTERS, FULL, METHODS
 from tasks.reproduce.measures import num, table
-from tasks.reproduce.spec import Cell, Claim, Results, Verdict, missing
+from tasks.reproduce.spec import Cell, Check, Claim, Reading, Results, missing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -46,27 +46,21 @@ def pairs(results: Results) -> list[tuple[str, float | None, float | None]]:
     return out
 
 
-def judge(results: Results) -> Verdict:
-    if (v := missing(results, [FULL.name, ADAPTERS.name])) is not None:
-        return v
-    rows, faster = [], []
+def measure(results: Results) -> Reading:
+    if (r := missing(results, [FULL.name, ADAPTERS.name])) is not None:
+        return r
+    rows, checks = [], []
     for label, ad, full in pairs(results):
         ratio = None if ad is None or not full else ad / full
-        if ratio is not None:
-            faster.append(ratio < 1.0)
+        checks.append(
+            Check(f"{label} / full local time", ratio, None if ratio is None else ratio < 1.0,
+                  "< 1")
+        )  # fmt: skip
         rows.append([label, num(ad, ".3f"), num(full, ".3f"), num(ratio)])
     tab = table(
         ["adapter cell", "local s per client job", "full s per client job", "adapter / full"], rows
     )
-    if not faster:
-        return Verdict(None, "no cell recorded its local training time", tab)
-    text = (
-        f"{sum(faster)} of {len(faster)} adapter cells train faster locally than full "
-        "fine-tuning of the same backbone (holds if all do; the seed's ratios are 0.58-0.80). "
-        "The cells of one backbone ran one after another on a shared machine, so the ratios "
-        "carry its load noise."
-    )
-    return Verdict(all(faster), text, tab)
+    return Reading(tuple(checks), tab)
 
 
 def plot(results: Results) -> Figure | None:
@@ -98,7 +92,12 @@ CLAIM = Claim(
         'Houlsby 0.65. §4.4.1: "approximately 20% reduction", "up to 40%".'
     ),
     experiments=(),
-    judge=judge,
+    measure=measure,
+    rule="Holds if every adapter cell's local training time per client job is below full "
+    "fine-tuning's on the same backbone (the cells of one backbone ran one after another on a "
+    "shared machine, so the ratios carry its load noise).",
+    tolerance="Seed 003 reports one run per cell, with ratios of 0.58-0.80; the rule asks "
+    "only for the direction (< 1), on every seed.",
     plot=plot,
     reads=(FULL.name, ADAPTERS.name, DIR05.name),
     scaled={

@@ -45,12 +45,16 @@ ANYTIME_PA = Claim(
             scale=claim_anytime.EXITS.scale,
         ),
     ),
-    judge=partial(
-        claim_anytime.judge,
+    measure=partial(
+        claim_anytime.measure,
         experiment="anytime-exits-pa",
         linear="fedavg-lw_linear_pa",
         accumulator="fedavg-accumulator_pa",
     ),
+    rule=claim_anytime.RULE.replace("Accumulator", "Accumulator + PA").replace(
+        "linear heads", "linear heads + PA"
+    ),
+    tolerance=claim_anytime.TOLERANCE_TEXT,
     plot=partial(
         claim_anytime.plot,
         experiment="anytime-exits-pa",

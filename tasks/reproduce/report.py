@@ -15,10 +15,13 @@ from typing import Any
 from fedcore import numerics
 from tasks.figures import save_png
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tasks.reproduce import records
 from tasks.reproduce.registry import unmet
-from tasks.reproduce.runs import FIGURES, REPORT, Planned, read_stamp, status
+from tasks.reproduce.runs import FIGURES, REPORT, Planned, status
 from tasks.reproduce.spec import Claim, Results, Verdict
+from tasks.reproduce.verdict import decide
 
+RECORDS_HINT = "records/<experiment>.json"
 SMOKE = (
     "> **Smoke test, not a reproduction.** The `ci` profile runs every claim's pipeline end "
     "to end on tiny subsets for one to three rounds so that it cannot rot. Its numbers and "
@@ -32,8 +35,11 @@ def label(v: Verdict, profile: str) -> str:
     return f"{word} (smoke test)" if profile == "ci" else word
 
 
-def verdicts(claims: Sequence[Claim], results: Results) -> dict[str, Verdict]:
-    """Each claim's verdict from the finished results it reads (pure)."""
+def verdicts(
+    claims: Sequence[Claim], items: Sequence[Planned], results: Results, profile: str
+) -> dict[str, Verdict]:
+    """Each claim's verdict from the finished results of the experiments it has under the
+    profile (``items``), over their seeds (pure)."""
     out = {}
     for claim in claims:
         if missing := unmet(claim):
@@ -41,8 +47,8 @@ def verdicts(claims: Sequence[Claim], results: Results) -> dict[str, Verdict]:
                 None, "not available in this build: needs " + ", ".join(missing)
             )
             continue
-        names = set(claim.needs_all())
-        out[claim.id] = claim.judge({k: v for k, v in results.items() if k in names})
+        needs = [it.experiment.name for it in items if it.experiment.name in claim.needs_all()]
+        out[claim.id] = decide(claim, results, needs, claim.seeds_needed(profile))
     return out
 
 
@@ -66,18 +72,19 @@ def _minutes(seconds: Any) -> str:
 
 def _experiments_table(items: Sequence[Planned]) -> tuple[str, float]:
     rows = [
-        "| experiment | claim | cells | status | minutes | resumed |",
-        "|---|---|---|---|--:|---|",
+        "| experiment | claim | cells | seeds | status | minutes | resumed |",
+        "|---|---|---|---|---|--:|---|",
     ]
     total = 0.0
     for item in items:
-        stamp = read_stamp(item.dir)
+        stamp = records.read_record(item.record) or {}
         seconds = stamp.get("seconds") if (st := status(item)) == "done" else None
         total += float(seconds or 0)
         g = item.params.grid
         cells = ", ".join(f"{a}-{d}" for a in g.algorithms for d in g.adapters)
+        seeds = ", ".join(map(str, item.params.experiment.seeds or [item.params.experiment.seed]))
         rows.append(
-            f"| `{item.params.experiment.name}` | {item.claim.id} | {cells} | {st} | "
+            f"| `{item.params.experiment.name}` | {item.claim.id} | {cells} | {seeds} | {st} | "
             f"{_minutes(seconds)} | {'yes' if stamp.get('resumed') else ''} |"
         )
     return "\n".join(rows), total
@@ -106,9 +113,13 @@ def markdown(
     if profile == "ci":
         lines += [SMOKE, ""]
     lines += [
-        f"Written {now} by `{command}` on {machine}. Each claim's experiments are ordinary "
-        "`fedapt run`s (folders below); a claim's verdict is computed from their finished "
-        "records by a fixed rule stated with it, decided before any run. Times are the "
+        f"Written {now} by `{command}` on {machine}, code version "
+        f"{records.code_version()}. Each claim's experiments are ordinary `fedapt run` seed "
+        "sweeps (commands below); a claim's verdict is computed from their committed records "
+        f"(`{RECORDS_HINT}`) by a fixed rule stated with it, decided before any run, on every "
+        "seed: it holds when every check holds on every seed, does not hold when a check "
+        "fails on every seed, and cannot be said when the seeds straddle a threshold. Times "
+        "are the "
         "wall-clock minutes of the run that finished each experiment; on a machine shared "
         "with other jobs they are pessimistic.",
         "",
@@ -160,9 +171,9 @@ def markdown(
         f"Finished experiments took {total / 60:.1f} minutes in all (sessions that were "
         "interrupted and resumed count only their last session).",
         "",
-        "Rerun the same command to finish what is missing: finished experiments (a "
-        "`summary.json` for the same configuration) are skipped, unfinished ones resume from "
-        "their round checkpoints, and this report is rewritten from everything finished.",
+        "Rerun the same command to finish what is missing: experiments with a record for the "
+        "same configuration, code version and numerics are skipped, unfinished ones resume "
+        "from their round checkpoints, and this report is rewritten from every record.",
         "",
     ]
     return "\n".join(lines)
@@ -177,7 +188,7 @@ def write_report(
     command: str,
 ) -> Path:
     """figures/*.png, verdicts.json and reproduction.md under ``root``; returns the report."""
-    decided = verdicts(claims, results)
+    decided = verdicts(claims, items, results, profile)
     figs = write_figures(claims, results, root)
     atomic_write_json(
         root / "verdicts.json",

@@ -18,11 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fedcore.errors import ConfigError
 from tasks.checkpoint import significant
 from tasks.config import Params, experiment_dir, load_params, resolved
 from tasks.io import atomic_write_bytes, atomic_write_json
+from tasks.reproduce import records
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
-from tasks.reproduce.spec import Cell, Claim, Experiment, ExperimentResult, dedupe
+from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, dedupe
 
 STAMP = "reproduce.json"
 REPORT = "reproduction.md"
@@ -37,10 +39,15 @@ class Planned:
     experiment: Experiment
     params: Params
     overrides: tuple[str, ...]
+    records: Path  # the profile's committed records folder
 
     @property
     def dir(self) -> Path:
         return experiment_dir(self.params)
+
+    @property
+    def record(self) -> Path:
+        return records.record_path(self.records, self.params.experiment.name)
 
 
 def base_params(params_file: str | Path | None, overrides: Sequence[str]) -> Params:
@@ -57,19 +64,28 @@ def reproduce_root(params_file: str | Path | None, overrides: Sequence[str], pro
     return Path(base.experiment.reports_dir) / "reproduce" / check_profile(profile)
 
 
+def out_root(profile: str, out: str | Path | None = None) -> Path:
+    """Where the report, verdicts.json, figures/ and the records go: ``--out``, by default
+    ``reproduce/<profile>`` (committed: the evidence a fresh clone starts from)."""
+    return Path(out) if out is not None else Path("reproduce") / check_profile(profile)
+
+
 def plan(
     claims: Sequence[Claim],
     profile: str,
     params_file: str | Path | None = None,
     overrides: Sequence[str] = (),
+    out: str | Path | None = None,
 ) -> list[Planned]:
     """Every experiment the claims run or read under ``profile`` (claims whose
     requirements this build lacks run none), each typed once: a bad override stops here in
     one line. The user's ``overrides`` apply after the claim's, so ``--set
     runtime.device=cuda`` wins."""
     root = reproduce_root(params_file, overrides, profile)
+    kept = out_root(profile, out) / records.RECORDS
     owner = {e.name: (c, e) for c in CLAIMS for e in c.experiments}
-    out, seen = [], set()
+    planned: list[Planned] = []
+    seen = set()
     for claim in claims:
         if unmet(claim):
             continue
@@ -86,8 +102,20 @@ def plan(
             )
             # auto numerics: portable, the promise of a reproduction (its checks compare it)
             params = resolved(load_params(params_file, list(sets)), "portable")
-            out.append(Planned(owning, exp, params, sets))
-    return out
+            check_seeds(claim, profile, params)
+            planned.append(Planned(owning, exp, params, sets, kept))
+    return planned
+
+
+def check_seeds(claim: Claim, profile: str, params: Params) -> None:
+    """A verdict stands on ``claim.seeds_needed(profile)`` seeds: fewer stop in one line."""
+    seeds = params.experiment.seeds or (params.experiment.seed,)
+    need = claim.seeds_needed(profile)
+    if len(seeds) < need:
+        raise ConfigError(
+            f"experiment.seeds: claim {claim.id!r} needs at least {need} seeds under profile "
+            f"{profile!r} (got {list(seeds)}); e.g. --set experiment.seeds=[0,1,2]"
+        )
 
 
 def config_key(flat: dict[str, Any]) -> dict[str, Any]:
@@ -106,15 +134,37 @@ def _summary(directory: Path) -> dict[str, Any] | None:
 
 
 def status(item: Planned) -> str:
-    """``done`` (summary for this configuration), ``resume`` (round checkpoints of an
-    unfinished run), ``rerun`` (a summary of another configuration) or ``pending``."""
+    """``done`` (a record for this configuration, code version and numerics), ``stale`` (a
+    record for this configuration by another code version or numerics), ``finished`` (its
+    folder holds a summary for this configuration written by this code version, no record
+    yet), ``resume`` (round checkpoints of an unfinished run), ``rerun`` (a summary of
+    another configuration) or ``pending``."""
+    key = config_key(item.params.flat())
+    rec = records.read_record(item.record)
+    if rec is not None and rec.get("config") == key:
+        same = (rec.get("code"), rec.get("numerics")) == (
+            records.code_version(),
+            item.params.runtime.numerics,
+        )
+        return "done" if same else "stale"
     summary = _summary(item.dir)
-    if summary is not None and config_key(summary["params"]) == config_key(item.params.flat()):
-        return "done"
+    if summary is not None and config_key(summary["params"]) == key:
+        if read_stamp(item.dir).get("code") == records.code_version():
+            return "finished"
     checkpoints = item.dir / "checkpoints"
-    if checkpoints.is_dir() and any(checkpoints.glob("*.pt")):
+    if checkpoints.is_dir() and any(checkpoints.rglob("*.pt")):
         return "resume"
     return "rerun" if summary is not None else "pending"
+
+
+def stale_text(item: Planned) -> str:
+    """One line on a stale record: whose code and numerics, and how to go on."""
+    rec = records.read_record(item.record) or {}
+    return (
+        f"{item.record}: computed by code {rec.get('code')} in {rec.get('numerics')} numerics; "
+        f"this checkout is code {records.code_version()} in {item.params.runtime.numerics}: "
+        "rerun it with --rerun-stale (its numbers would not be this code's)"
+    )
 
 
 def work(item: Planned) -> int:
@@ -157,8 +207,9 @@ def share_base(item: Planned, root: Path) -> Path | None:
 
 
 def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:
-    """reproduce.json: how long the run that finished the experiment took (this session's
-    seconds; a resumed run's earlier sessions are not counted) and its overrides."""
+    """reproduce.json in the experiment's folder: how long the run that finished it took (this
+    session's seconds; a resumed run's earlier sessions are not counted), its overrides and
+    the code version that computed it."""
     return atomic_write_json(
         item.dir / STAMP,
         {
@@ -167,8 +218,29 @@ def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:
             "overrides": list(item.overrides),
             "seconds": round(seconds, 1),
             "resumed": resumed,
+            "code": records.code_version(),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
+    )
+
+
+def write_record(item: Planned) -> Path:
+    """The experiment's committed record, from its finished folder and stamp."""
+    summary = _summary(item.dir)
+    if summary is None:
+        raise FileNotFoundError(f"{item.dir / 'summary.json'}: the experiment has not finished")
+    stamp = read_stamp(item.dir)
+    return records.write_record(
+        item.record,
+        experiment=item.params.experiment.name,
+        claim=item.claim.id,
+        config=config_key(item.params.flat()),
+        params=json.loads(json.dumps(summary["params"], default=str)),
+        numerics=item.params.runtime.numerics,
+        overrides=list(item.overrides),
+        seconds=float(stamp.get("seconds") or 0.0),
+        resumed=bool(stamp.get("resumed")),
+        seeds=records.collect(item.dir, summary),
     )
 
 
@@ -180,35 +252,10 @@ def read_stamp(directory: Path) -> dict[str, Any]:
         return {}
 
 
-def load_result(directory: Path) -> ExperimentResult | None:
-    """A finished experiment's records: summary.json's runs with each cell's round records."""
-    summary = _summary(directory)
-    if summary is None:
-        return None
-    cells = {}
-    for record in summary["runs"]:
-        name = f"{record['algorithm']}-{record['adapter']}"
-        metrics = directory / "runs" / name / "metrics.json"
-        rounds = json.loads(metrics.read_text())["rounds"] if metrics.is_file() else []
-        cells[name] = Cell(record=record, rounds=rounds)
-    return ExperimentResult(
-        summary["params"], cells, read_stamp(directory).get("seconds"), _majority(directory)
-    )
-
-
-def _majority(directory: Path) -> float | None:
-    """The most frequent class's share of the partitioned training rows."""
-    try:
-        totals = json.loads((directory / "partition" / "stats.json").read_text())["label_totals"]
-        return max(totals) / sum(totals)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
-
-
 def results(items: Sequence[Planned]) -> dict[str, ExperimentResult]:
-    """The finished experiments (for this configuration) by experiment name."""
+    """The experiments with a current record, by experiment name: what the verdicts read."""
     out = {}
     for item in items:
-        if status(item) == "done" and (r := load_result(item.dir)) is not None:
-            out[item.experiment.name] = r
+        if status(item) == "done" and (rec := records.read_record(item.record)) is not None:
+            out[item.experiment.name] = records.result(rec)
     return out

@@ -17,7 +17,15 @@ PROFILES = ("ci", "cpu", "gpu")  # the allowed values of `fedapt reproduce --pro
 # Settings every experiment of a profile gets (after the claim's, before the user's): the ci
 # profile trains its clients in-process, since spawning worker processes costs more than its
 # few steps (runtime.workers cannot change a result).
-PROFILE_SETTINGS: dict[str, tuple[str, ...]] = {"ci": ("runtime.workers=0",)}
+# Every claim's experiments run as a seed sweep (``experiment.seeds``): three seeds behind a
+# verdict (seed 000 reports five; three is the least that shows a spread), two in the smoke
+# test, which only exercises the pipeline.
+SEEDS: dict[str, tuple[int, ...]] = {"ci": (0, 1), "cpu": (0, 1, 2), "gpu": (0, 1, 2)}
+PROFILE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "ci": ("runtime.workers=0", "experiment.seeds=[0,1]"),
+    "cpu": ("experiment.seeds=[0,1,2]",),
+    "gpu": ("experiment.seeds=[0,1,2]",),
+}
 
 
 @dataclass(frozen=True)
@@ -38,8 +46,8 @@ class Experiment:
 
 @dataclass(frozen=True)
 class Cell:
-    """A finished grid cell: its summary record (accuracy, bytes, local training time) and
-    its per-round records (metrics.json ``rounds``)."""
+    """A finished grid cell of one seed: its summary record (accuracy, bytes, local training
+    time) and its per-round records (metrics.json ``rounds``)."""
 
     record: Mapping[str, Any]
     rounds: Sequence[Mapping[str, Any]] = ()
@@ -47,24 +55,79 @@ class Cell:
 
 @dataclass(frozen=True)
 class ExperimentResult:
-    """A finished experiment: its flat params (summary.json), its cells by name
-    (``fedavg-full``), the seconds the run took (None when unknown) and the share of the
-    most frequent class among its training rows (partition/stats.json; None when unknown):
-    the accuracy of a model that learned nothing but the prior."""
+    """A finished experiment: its flat params, its cells per seed (``runs[seed]["fedavg-full"]``),
+    the seconds the run took (None when unknown) and, per seed, the share of the most frequent
+    class among its training rows (None when unknown): the accuracy of a model that learned
+    nothing but the prior."""
 
     params: Mapping[str, Any]
-    cells: Mapping[str, Cell]
+    runs: Mapping[int, Mapping[str, Cell]]
     seconds: float | None = None
-    majority: float | None = None
+    majorities: Mapping[int, float | None] = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(sorted(self.runs))
+
+    @property
+    def cells(self) -> Mapping[str, Cell]:
+        """The cells of the first seed (a single-seed view has only that one)."""
+        return self.runs[self.seeds[0]] if self.runs else {}
+
+    @property
+    def majority(self) -> float | None:
+        return self.majorities.get(self.seeds[0]) if self.runs else None
+
+    def seed(self, seed: int) -> ExperimentResult:
+        """The single-seed view of ``seed``."""
+        return ExperimentResult(
+            self.params, {seed: self.runs[seed]}, self.seconds, {seed: self.majorities.get(seed)}
+        )
 
 
 Results = Mapping[str, ExperimentResult]  # experiment name -> result (finished ones only)
 
 
+def common_seeds(results: Results) -> tuple[int, ...]:
+    """The seeds every experiment in ``results`` has finished."""
+    sets = [set(r.seeds) for r in results.values()]
+    return tuple(sorted(set.intersection(*sets))) if sets else ()
+
+
+def one_seed(results: Results, seed: int) -> dict[str, ExperimentResult]:
+    """Every experiment's single-seed view of ``seed`` (experiments without it left out)."""
+    return {k: r.seed(seed) for k, r in results.items() if seed in r.runs}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison a claim's rule makes on one seed's results: the measured ``value``,
+    whether it is on the side where the claim holds (None: not measurable), and the rule in
+    words (``"<= 1.5"``). A ``guard`` is a precondition of the comparison (e.g. the exits
+    learned anything at all): when it fails the claim cannot be decided, rather than failing."""
+
+    name: str
+    value: float | None
+    ok: bool | None
+    rule: str
+    guard: bool = False
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A claim's rule read on one seed: its checks, a Markdown table of that seed's numbers,
+    and a note (why nothing could be measured, or what the numbers say about the cause)."""
+
+    checks: tuple[Check, ...] = ()
+    table: str = ""
+    note: str = ""
+
+
 @dataclass(frozen=True)
 class Verdict:
     """fedapt's numbers for a claim (a Markdown table), whether the claim's direction holds
-    (None: cannot say, e.g. an experiment is missing) and one paragraph saying why."""
+    (None: cannot say, e.g. an experiment is missing or the seeds straddle a threshold) and one
+    paragraph saying why."""
 
     holds: bool | None
     text: str
@@ -75,8 +138,11 @@ class Verdict:
 class Claim:
     """A paper's claim, the experiments that test it and how to read them.
 
-    ``judge`` and ``plot`` are pure: they read ``Results`` (only the experiments the claim
-    names in ``experiments`` and ``reads``) and never touch files. ``requires`` names registry
+    ``measure`` and ``plot`` are pure: they read ``Results`` (only the experiments the claim
+    names in ``experiments`` and ``reads``) and never touch files; ``measure`` gets one seed's
+    view and says which checks hold on it, and ``tasks.reproduce.verdict`` decides over the
+    seeds (holds only when every check holds on every seed; "cannot say" when the seeds
+    straddle a threshold). ``requires`` names registry
     entries (``adapter:<name>``, ``algorithm:<name>``, ``dataset:<name>``, ``model:<name>``)
     that must exist for the claim to run; a claim whose requirements are missing is listed in
     the report as not available in this build (the hook for methods added later)."""
@@ -86,11 +152,17 @@ class Claim:
     source: str  # where the paper says it, e.g. "seed 000 Table I"
     paper: str  # the paper's numbers, quoted (Markdown)
     experiments: tuple[Experiment, ...]
-    judge: Callable[[Results], Verdict]
+    measure: Callable[[Results], Reading]  # one seed's results -> that seed's reading
+    rule: str  # the decision rule in words, fixed before any run
+    tolerance: str  # the rule's tolerance against the paper's own seed-to-seed spread
     plot: Callable[[Results], Any] | None = None  # a matplotlib Figure, or None
     reads: tuple[str, ...] = ()  # other claims' experiments it reads (by name)
     scaled: Mapping[str, str] = field(default_factory=dict)  # profile -> what was scaled, why
     requires: tuple[str, ...] = ()
+    min_seeds: int = 3  # seeds behind a verdict (the ci smoke test needs only its own two)
+
+    def seeds_needed(self, profile: str) -> int:
+        return len(SEEDS[profile]) if profile == "ci" else self.min_seeds
 
     def runs(self, profile: str) -> tuple[Experiment, ...]:
         return tuple(e for e in self.experiments if profile in e.profiles)
@@ -107,9 +179,9 @@ def dedupe(overrides: Sequence[str]) -> list[str]:
     return [s for i, s in enumerate(overrides) if keys[i] not in keys[i + 1 :]]
 
 
-def missing(results: Results, names: Sequence[str]) -> Verdict | None:
-    """The verdict for a claim whose experiments have not all finished, else None."""
+def missing(results: Results, names: Sequence[str]) -> Reading | None:
+    """The reading of a claim whose experiments have not all finished, else None."""
     absent = [n for n in names if n not in results]
     if not absent:
         return None
-    return Verdict(None, f"not run yet: {', '.join(absent)} (rerun `fedapt reproduce` to finish)")
+    return Reading(note=f"not run yet: {', '.join(absent)} (rerun `fedapt reproduce` to finish)")

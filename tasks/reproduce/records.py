@@ -1,0 +1,148 @@
+"""The committed records of a reproduction: one small JSON file per finished experiment under
+``reproduce/<profile>/records/`` (its configuration, the code and numerics that computed it,
+and per seed every cell's summary record and round records: what the verdicts read, never a
+model file). The report is assembled from these files alone, so a fresh clone holds the
+profile's evidence, skips what they cover, and rebuilds the same report.
+
+A record counts for an experiment when it was written for the same configuration (the flat
+params that determine its numbers, ``runs.config_key``) by the same code version (a hash of
+the source that computes numbers, ``code_version``) in the same numerics. A record of another
+code version or numerics is *stale*: ``fedapt reproduce`` stops on it in one line unless told
+``--rerun-stale``, since mixing numbers of two code versions in one report would be silent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tasks.io import atomic_write_json
+from tasks.reproduce.spec import Cell, ExperimentResult
+
+RECORDS = "records"
+ROOT = Path(__file__).resolve().parents[2]
+# The source whose changes can change a number: the core, the models and the tasks that
+# load data, partition, pretrain and train; not what only writes, tracks or reports.
+CODE = ("fedcore", "models", "tasks")
+NOT_NUMBERS = (
+    "tasks/reproduce/",
+    "tasks/report.py",
+    "tasks/figures.py",
+    "tasks/progress.py",
+    "tasks/tracking.py",
+    "tasks/tracking_store.py",
+    "tasks/storage.py",
+    "tasks/origin.py",
+    "tasks/artifacts.py",
+    "tasks/modelfile.py",
+    "tasks/yamlfile.py",
+    "tasks/validate.py",
+)
+PINS = ("numpy==", "peft==", "timm==", "torch==", "torchvision==", "transformers==")
+
+
+def code_version(root: Path = ROOT) -> str:
+    """12 hex digits of a hash over the number-computing source files (path and bytes) and
+    the pins of the numeric libraries in constraints.txt."""
+    h = hashlib.sha256()
+    files = sorted(
+        p
+        for top in CODE
+        for p in (root / top).rglob("*.py")
+        if not p.relative_to(root).as_posix().startswith(NOT_NUMBERS)
+    )
+    for p in files:
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    pins = root / "constraints.txt"
+    if pins.is_file():
+        lines = [x for x in pins.read_text().splitlines() if x.startswith(PINS)]
+        h.update("\n".join(lines).encode())
+    return h.hexdigest()[:12]
+
+
+def record_path(records_dir: Path, name: str) -> Path:
+    return records_dir / f"{name}.json"
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None  # a record that does not parse is rewritten by the rerun
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _majority(directory: Path) -> float | None:
+    """The most frequent class's share of the partitioned training rows."""
+    try:
+        totals = _json(directory / "partition" / "stats.json")["label_totals"]
+        return max(totals) / sum(totals)
+    except (TypeError, KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def collect(directory: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Per seed, each cell's summary record and round records, and the class prior, from a
+    finished experiment folder (a seed sweep's ``seed-<s>/`` or a single seed's own)."""
+    seeds: dict[str, Any] = {}
+    for record in summary["runs"]:
+        seed = int(record.get("seed", summary["params"].get("experiment.seed", 0)))
+        where = directory / f"seed-{seed}" if "seeds" in summary else directory
+        cell = f"{record['algorithm']}-{record['adapter']}"
+        metrics = _json(where / "runs" / cell / "metrics.json") or {}
+        entry = seeds.setdefault(str(seed), {"majority": _majority(where), "cells": {}})
+        entry["cells"][cell] = {"record": record, "rounds": metrics.get("rounds", [])}
+    return seeds
+
+
+def write_record(
+    path: Path,
+    *,
+    experiment: str,
+    claim: str,
+    config: Mapping[str, Any],
+    params: Mapping[str, Any],
+    numerics: str,
+    overrides: list[str],
+    seconds: float,
+    resumed: bool,
+    seeds: Mapping[str, Any],
+) -> Path:
+    return atomic_write_json(
+        path,
+        {
+            "experiment": experiment,
+            "claim": claim,
+            "code": code_version(),
+            "numerics": numerics,
+            "seconds": round(seconds, 1),
+            "resumed": resumed,
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "overrides": overrides,
+            "config": dict(config),
+            "params": dict(params),
+            "seeds": dict(seeds),
+        },
+    )
+
+
+def result(record: Mapping[str, Any]) -> ExperimentResult:
+    """The verdicts' view of a record."""
+    runs, majorities = {}, {}
+    for seed, entry in record["seeds"].items():
+        runs[int(seed)] = {
+            name: Cell(record=c["record"], rounds=c.get("rounds", []))
+            for name, c in entry["cells"].items()
+        }
+        majorities[int(seed)] = entry.get("majority")
+    return ExperimentResult(record["params"], runs, record.get("seconds"), majorities)
