@@ -104,6 +104,10 @@ def reproduce_flow(
         done, spent = 0, 0.0  # this session's cell-rounds and seconds: the ETA's pace
         for k, (item, state) in enumerate(zip(items, states, strict=True), 1):
             name = f"experiment {k} of {len(items)}: {item.params.experiment.name}"
+            if state == "tuning":  # its tuning runs came before it: their lrs, now
+                item = runs.replan(item, chosen, profile, params_file, sets, out)
+                state = runs.status(item)
+                log.info("%s: client lr per cell from its tuning runs: %s", name, item.lrs)
             if state == "done":
                 log.info("%s: recorded for this configuration and code, skipped", name)
                 continue
@@ -111,6 +115,8 @@ def reproduce_flow(
                 runs.write_record(item)
                 log.info("%s: finished earlier, recorded in %s", name, item.record)
                 continue
+            if state == "tuning":  # cannot be: its tuning runs ran above, or stopped the flow
+                raise RuntimeError(f"{name}: its tuning runs have no records")
             if state == "stale":
                 if not rerun_stale:
                     raise ValueError(runs.stale_text(item))

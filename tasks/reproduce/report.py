@@ -66,6 +66,40 @@ def write_figures(claims: Sequence[Claim], results: Results, root: Path) -> dict
     return out
 
 
+def tuning_table(items: Sequence[Planned], experiment: str) -> str:
+    """What was tuned for ``experiment`` and how: per cell, each lr's mean validation accuracy
+    over the last L rounds, the chosen one in bold; empty when it was not tuned."""
+    from tasks.reproduce.runs import chosen_lrs, tuning_scores
+
+    probes = [it for it in items if it.tunes == experiment]
+    if not probes:
+        return ""
+    p = probes[0].params
+    head = (
+        f"**Tuning of `{experiment}`.** The client lr of each cell is the best of "
+        f"{', '.join(f'{it.params.client.lr:g}' for it in probes)} by the mean validation "
+        f"accuracy over the last {p.federation.last_rounds} rounds of a seed-0 run on the "
+        f"training rows less a held-out {100 * p.data.validation:g}% (never the test set); "
+        "the experiment then trains on the same rows."
+    )
+    scores = tuning_scores(probes)
+    if scores is None:
+        return head + " Not finished yet."
+    cells = sorted({c for per in scores.values() for c in per})
+    lrs = sorted(scores)
+    best = chosen_lrs(probes) or {}
+    rows = ["| cell | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |"]
+    rows.append("|---|" + "--:|" * len(lrs))
+    for c in cells:
+        vals = []
+        for lr in lrs:
+            acc = scores[lr].get(c)
+            text = "-" if acc is None else f"{100 * acc:.2f}"
+            vals.append(f"**{text}**" if lr == best.get(c) else text)
+        rows.append(f"| {c} | " + " | ".join(vals) + " |")
+    return head + "\n\n" + "\n".join(rows)
+
+
 def _minutes(seconds: Any) -> str:
     return "-" if seconds is None else f"{float(seconds) / 60:.1f}"
 
@@ -155,6 +189,9 @@ def markdown(
                 f"- `{it.params.experiment.name}` ({status(it)}, {took} min): <details>"
                 f"<summary>the same run alone</summary>\n\n```bash\n{command}\n```\n</details>"
             ]
+        for exp_name in claim.needs_all():
+            if tuned := tuning_table(items, exp_name):
+                lines += ["", tuned]
         lines += ["", f"**fedapt's result.** {v.text}", ""]
         if v.table:
             lines += [v.table, ""]

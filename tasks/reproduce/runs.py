@@ -24,7 +24,7 @@ from tasks.config import Params, experiment_dir, load_params, resolved
 from tasks.io import atomic_write_bytes, atomic_write_json
 from tasks.reproduce import records
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
-from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, dedupe
+from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, Tune, dedupe
 
 STAMP = "reproduce.json"
 REPORT = "reproduction.md"
@@ -40,6 +40,13 @@ class Planned:
     params: Params
     overrides: tuple[str, ...]
     records: Path  # the profile's committed records folder
+    tunes: str | None = None  # a tuning run: the name of the experiment whose lr it tunes
+    waiting: bool = False  # an experiment whose lr waits for its tuning runs' records
+
+    @property
+    def lrs(self) -> dict[str, float]:
+        """The client lr per grid cell (``grid.client_lr``; empty: ``client.lr`` for all)."""
+        return dict(self.params.grid.client_lr)
 
     @property
     def dir(self) -> Path:
@@ -95,16 +102,91 @@ def plan(
             if exp.name in seen:
                 continue
             seen.add(exp.name)
-            sets = (
-                *dedupe([*exp.overrides(profile), *overrides]),
-                f"experiment.reports_dir={root}",
-                f"experiment.name={profile}-{exp.name}",
-            )
-            # auto numerics: portable, the promise of a reproduction (its checks compare it)
-            params = resolved(load_params(params_file, list(sets)), "portable")
+            sets = (*exp.overrides(profile), *overrides)
+
+            def typed(name: str, more: Sequence[str]) -> tuple[Params, tuple[str, ...]]:
+                return _typed(params_file, [*sets, *more], root, f"{profile}-{name}")  # noqa: B023
+
+            waiting, more = False, []
+            if (tune := exp.tune.get(profile)) is not None:
+                probes = []
+                for lr in tune.lrs:
+                    name = f"{exp.name}-lr{lr:g}"
+                    params, full = typed(name, tuning_sets(tune, lr))
+                    probe = Experiment(name, protocol=(), profiles=(profile,))
+                    probes.append(Planned(owning, probe, params, full, kept, tunes=exp.name))
+                planned += probes
+                lrs = chosen_lrs(probes)
+                waiting = lrs is None
+                more = [f"data.validation={tune.validation}"]
+                more += [f"grid.client_lr={json.dumps(lrs)}"] if lrs else []
+            params, full = typed(exp.name, more)
             check_seeds(claim, profile, params)
-            planned.append(Planned(owning, exp, params, sets, kept))
+            planned.append(Planned(owning, exp, params, full, kept, waiting=waiting))
     return planned
+
+
+def _typed(
+    params_file: str | Path | None, sets: Sequence[str], root: Path, name: str
+) -> tuple[Params, tuple[str, ...]]:
+    """The experiment ``name``'s params and overrides (each key once, its last value)."""
+    full = (*dedupe(sets), f"experiment.reports_dir={root}", f"experiment.name={name}")
+    # auto numerics: portable, the promise of a reproduction (its checks compare it)
+    return resolved(load_params(params_file, list(full)), "portable"), full
+
+
+def replan(
+    item: Planned,
+    claims: Sequence[Claim],
+    profile: str,
+    params_file: str | Path | None,
+    overrides: Sequence[str],
+    out: str | Path | None,
+) -> Planned:
+    """``item`` planned again, now that its tuning runs may have their records."""
+    again = plan(claims, profile, params_file, overrides, out)
+    return next(it for it in again if it.experiment.name == item.experiment.name)
+
+
+def tuning_sets(tune: Tune, lr: float) -> list[str]:
+    """A tuning run's overrides: seed 0 alone, the validation share held out and evaluated,
+    every cell at ``lr``."""
+    return [
+        "experiment.seeds=null",
+        "experiment.seed=0",
+        f"data.validation={tune.validation}",
+        "data.evaluate=validation",
+        f"client.lr={lr}",
+        "grid.client_lr={}",
+    ]
+
+
+def chosen_lrs(probes: Sequence[Planned]) -> dict[str, float] | None:
+    """Per grid cell, the tuning lr with the best mean validation accuracy over the last L
+    rounds (the first of the grid on a tie); None until every tuning run is recorded."""
+    scores = tuning_scores(probes)
+    if scores is None:
+        return None
+    best: dict[str, tuple[float, float]] = {}
+    for lr, cells in scores.items():
+        for cell, acc in cells.items():
+            if acc is not None and (cell not in best or acc > best[cell][1]):
+                best[cell] = (lr, acc)
+    return {cell: lr for cell, (lr, _) in sorted(best.items())}
+
+
+def tuning_scores(probes: Sequence[Planned]) -> dict[float, dict[str, float | None]] | None:
+    """lr -> cell -> mean validation accuracy over the last L rounds, from the tuning runs'
+    records; None until every one is recorded."""
+    out: dict[float, dict[str, float | None]] = {}
+    for probe in probes:
+        if status(probe) != "done" or (rec := records.read_record(probe.record)) is None:
+            return None
+        result = records.result(rec)
+        out[probe.params.client.lr] = {
+            name: cell.record.get("mean_accuracy_last_L") for name, cell in result.cells.items()
+        }
+    return out
 
 
 def check_seeds(claim: Claim, profile: str, params: Params) -> None:
@@ -134,11 +216,14 @@ def _summary(directory: Path) -> dict[str, Any] | None:
 
 
 def status(item: Planned) -> str:
-    """``done`` (a record for this configuration, code version and numerics), ``stale`` (a
+    """``tuning`` (its lr waits for its tuning runs), ``done`` (a record for this
+    configuration, code version and numerics), ``stale`` (a
     record for this configuration by another code version or numerics), ``finished`` (its
     folder holds a summary for this configuration written by this code version, no record
     yet), ``resume`` (round checkpoints of an unfinished run), ``rerun`` (a summary of
     another configuration) or ``pending``."""
+    if item.waiting:
+        return "tuning"
     key = config_key(item.params.flat())
     rec = records.read_record(item.record)
     if rec is not None and rec.get("config") == key:

@@ -29,14 +29,30 @@ PROFILE_SETTINGS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True)
+class Tune:
+    """How an experiment's client learning rate is chosen, the same way for every method (as
+    the seeds pick theirs: the best of a small grid per method): one run per ``lrs`` value
+    with seed 0 on the training rows less a held-out ``validation`` share, evaluated on that
+    share (never on the test set), for ``rounds`` of the experiment's rounds (a fraction);
+    each grid cell then gets the lr with the best mean validation accuracy over the last L
+    rounds (``grid.client_lr``), and the experiment trains on the same rows as the tuning."""
+
+    lrs: tuple[float, ...]
+    validation: float = 0.1
+    rounds: float = 1.0
+
+
+@dataclass(frozen=True)
 class Experiment:
     """One `fedapt run` of a claim: the seed's protocol as overrides (the ``gpu`` profile),
-    and per profile the overrides that scale it (applied after the protocol)."""
+    and per profile the overrides that scale it (applied after the protocol) and how its lr
+    is tuned (``tune``; none: the protocol's lr, as the seed gives it)."""
 
     name: str  # unique over all claims: reports/reproduce/<profile>/<profile>-<name>/
     protocol: tuple[str, ...]
     scale: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     profiles: tuple[str, ...] = PROFILES  # the profiles that run it
+    tune: Mapping[str, Tune] = field(default_factory=dict)
 
     def overrides(self, profile: str) -> tuple[str, ...]:
         """The protocol, then the profile's scale and settings (a key set twice: its last)."""
