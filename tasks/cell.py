@@ -109,7 +109,8 @@ def build_simulation(
     callbacks: Sequence[Callback] = (),
 ) -> Cell:
     """The Simulation of one (algorithm, adapter) cell on ``part``, configured from ``params``
-    (client optimiser, LR schedule, federation, device, workers, engine, cohort size)."""
+    (client optimiser, LR schedule, federation, device, workers, engine, cohort size); it is
+    evaluated on data.evaluate's split."""
     method = params.grid.adapter(adapter)
     base = require_base(params, base_path)
     algo = params.grid.algorithm(algorithm)
@@ -139,7 +140,7 @@ def build_simulation(
         model_fn=model_fn,
         algorithm=algo,
         train=data.image_data("train", inp),
-        test=data.image_data("test", inp),
+        test=data.image_data(params.data.evaluate, inp),
         shards=shards_of(part),
         noise_var=part.noise_var,
         local=local_config(params),

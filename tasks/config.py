@@ -130,6 +130,28 @@ class DataSection(_Section):
     train_subset: int | None = Field(None, ge=1)  # a seeded random subset of the train split
     test_subset: int | None = Field(None, ge=1)
     download: bool = True
+    # Fair tuning (tasks/data.py, validation_split): a seeded fraction of the train_subset
+    # rows held out of every client shard; evaluate: which split the run is evaluated on.
+    validation: float = Field(0.0, ge=0.0, lt=0.5)
+    evaluate: Literal["test", "validation"] = "test"
+
+    @field_validator("evaluate")
+    @classmethod
+    def _split_exists(cls, v: str, info: ValidationInfo) -> str:
+        if v == "validation" and info.data.get("validation") == 0.0:
+            raise ValueError(
+                "validation needs a validation split, but data.validation is 0 (no rows held "
+                "out): set data.validation to a fraction in (0, 0.5), e.g. 0.1, or "
+                "data.evaluate: test"
+            )
+        return v
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """validation and evaluate are dumped only when set: the params, fingerprints and
+        reports of runs without a validation split stay as they were."""
+        defaults = {"validation": 0.0, "evaluate": "test"}
+        return {k: v for k, v in handler(self).items() if k not in defaults or v != defaults[k]}
 
 
 class _ByName(_Section):
