@@ -27,7 +27,14 @@ from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, su
 from models.serving import ImageServing
 from tasks import artifacts, checkpoint, figures, modelfile, tracking
 from tasks.backbone import model_input
-from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, require_base
+from tasks.cell import (
+    Cell,
+    build_simulation,
+    cell_lr,
+    cell_name,
+    clients_per_round,
+    require_base,
+)
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -338,6 +345,8 @@ def summary_record(
         "provenance": numerics.provenance(),
     }
     # Keys only when their params are set: records of runs without them stay as they were.
+    if params.grid.client_lr:  # every cell's own lr, named in grid.client_lr or client.lr
+        record["client_lr"] = cell_lr(params, algorithm, adapter)
     if params.data.evaluate != "test":  # accuracies and losses are of this split
         record["evaluated_on"] = params.data.evaluate
         if data is not None:
@@ -381,6 +390,8 @@ def run_cell(
     run_id = None
     if params.runtime.tracking:
         flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
+        if params.grid.client_lr:  # the cell's own lr beside the grid's mapping
+            flat["client_lr"] = cell_lr(params, algorithm, adapter)
         tags = {
             "partition_hash": part.content_hash(),
             "algorithm": algorithm,

@@ -80,9 +80,15 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
         (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
         (["--set", "runtime.workers=100000"], "runtime.workers: workers is auto or a number of"),
         (["--set", "runtime.dask_workers=100000"], "runtime.dask_workers: must be less than or"),
-        # tuning (issue 29): a validation split to evaluate on
+        # tuning (issue 29): a validation split to evaluate on, cells of the grid
         (["--set", "data.evaluate=validation"], "data.evaluate: validation needs a validation "),
         (["--set", "data.validation=0.5"], "data.validation: must be less than 0.5 (got 0.5)"),
+        (
+            ["--set", "grid.client_lr={fedavg-lora: 0.01}"],
+            "grid.client_lr: 'fedavg-lora' is not a cell of the grid (<algorithm>-<adapter>); "
+            "cells: fedavg-full",
+        ),
+        (["--set", "grid.client_lr={fedavg-full: -1}"], "grid.client_lr.fedavg-full: must be"),
     ],
 )
 def test_bad_params_values(tmp_path, args, needle):

@@ -1,6 +1,6 @@
 """Fair hyperparameter tuning (issue 29): data.validation holds a seeded fraction of the
-training rows out of every client shard, and data.evaluate measures the run on it. Defaults
-change nothing."""
+training rows out of every client shard, data.evaluate measures the run on it, and
+grid.client_lr gives a grid cell a client lr of its own. Defaults change nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fedcore.errors import ConfigError
-from tasks.cell import build_simulation
+from tasks import checkpoint
+from tasks.cell import build_simulation, cell_lr
 from tasks.config import load_params
 from tasks.data import (
     build_partition,
@@ -112,6 +113,7 @@ def test_defaults_add_nothing():
     p = params()
     flat = p.flat()
     assert not any(k in flat for k in ("data.validation", "data.evaluate"))
+    assert not any(k.startswith("grid.client_lr") for k in flat)
     data = load_experiment_data(p)
     assert "validation" not in data_selection(p, data)
     assert "validation" not in dataset_card(p, data)
@@ -175,9 +177,67 @@ def test_shakespeare_windows_carve_unless_they_overlap():
         load_experiment_data(load_params(None, [*SETS, f"model.options={overlap}", *VAL]))
 
 
+# ---- grid.client_lr ---------------------------------------------------------------------------
+
+GRID = ["grid.algorithms=[fedavg,fedprox]", "grid.adapters=[full]"]
+
+
+def test_client_lr_reaches_the_cell_and_only_it():
+    p = params(*GRID, "grid.client_lr={fedprox-full: 0.01}")
+    data = load_experiment_data(p)
+    part = build_partition(p, data)
+    assert build_simulation(p, data, part, "fedprox").sim.schedule.lr == 0.01
+    assert build_simulation(p, data, part, "fedavg").sim.schedule.lr == 0.05  # client.lr
+    assert cell_lr(p, "fedprox", "full") == 0.01 and cell_lr(p, "fedavg", "full") == 0.05
+    # the schedule applies to it as to client.lr
+    step = params(*GRID, "grid.client_lr={fedprox-full: 0.01}", "lr_schedule.kind=step")
+    sim = build_simulation(step, data, part, "fedprox").sim
+    assert sim.schedule.kind == "step" and sim.schedule.lr == 0.01
+
+
+def test_client_lr_trains_as_client_lr_would(tmp_path):
+    """A cell given lr x by grid.client_lr ends with the bytes of the cell run at client.lr x,
+    and differs from the one at client.lr: the lr reaches the optimizer."""
+    from tasks.train import train_cell
+
+    def run(name: str, *extra: str) -> tuple[dict, bytes]:
+        p = params(*GRID, *extra)
+        data = load_experiment_data(p)
+        record = train_cell(p, data, build_partition(p, data), "fedprox", "full", tmp_path / name)
+        return record, (tmp_path / name / "model.pt").read_bytes()
+
+    named, named_model = run("named", "grid.client_lr={fedprox-full: 0.001}")
+    direct, direct_model = run("direct", "client.lr=0.001")
+    default, default_model = run("default")
+    assert named_model == direct_model and named_model != default_model
+    assert named["client_lr"] == 0.001  # the cell's record carries the lr it used
+    assert "client_lr" not in direct and "client_lr" not in default  # {}: records as before
+    saved = json.loads((tmp_path / "named" / "metrics.json").read_text())
+    assert saved["client_lr"] == 0.001
+
+
+def test_client_lr_in_the_checkpoint_fingerprint():
+    base = params(*GRID)
+    tuned = params(*GRID, "grid.client_lr={fedprox-full: 0.01}")
+    fp = checkpoint.fingerprint(base, "fedprox", "full", "h")
+    assert fp["client.lr"] == 0.05
+    assert checkpoint.fingerprint(tuned, "fedprox", "full", "h")["client.lr"] == 0.01
+    # a cell not named keeps its fingerprint (and so its checkpoint)
+    assert checkpoint.fingerprint(tuned, "fedavg", "full", "h") == checkpoint.fingerprint(
+        base, "fedavg", "full", "h"
+    )
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
+        (
+            "grid.client_lr={fedavg-lora: 0.01}",
+            "grid.client_lr: 'fedavg-lora' is not a cell of the grid (<algorithm>-<adapter>); "
+            "cells: fedavg-full, fedprox-full",
+        ),
+        ("grid.client_lr={fedprox-full: 0}", "grid.client_lr.fedprox-full: must be greater than 0"),
+        ("grid.client_lr=0.1", "grid.client_lr: "),
         ("data.validation=0.5", "data.validation: must be less than 0.5"),
         ("data.validation=-0.1", "data.validation: must be greater than or equal to 0"),
         ("data.evaluate=val", "data.evaluate: must be 'test' or 'validation'"),
@@ -189,6 +249,6 @@ def test_shakespeare_windows_carve_unless_they_overlap():
 )
 def test_bad_tuning_params_are_one_line(override, needle):
     with pytest.raises(ConfigError) as err:
-        params(override)
+        params(*GRID, override)
     text = str(err.value)
     assert needle in text and "\n" not in text, text
