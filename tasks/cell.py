@@ -76,6 +76,11 @@ def cell_name(algorithm: str, adapter: str) -> str:
     return f"{algorithm}-{adapter}"
 
 
+def cell_lr(params: Params, algorithm: str, adapter: str) -> float:
+    """The client lr the cell trains at: its grid.client_lr entry, else client.lr."""
+    return params.grid.lr(algorithm, adapter, params.client.lr)
+
+
 @dataclass
 class Cell:
     """A cell ready to run: ``sim.run()`` trains it."""
@@ -109,13 +114,14 @@ def build_simulation(
     callbacks: Sequence[Callback] = (),
 ) -> Cell:
     """The Simulation of one (algorithm, adapter) cell on ``part``, configured from ``params``
-    (client optimiser, LR schedule, federation, device, workers, engine, cohort size)."""
+    (client optimiser, LR schedule at the cell's lr, federation, device, workers, engine,
+    cohort size); it is evaluated on data.evaluate's split."""
     method = params.grid.adapter(adapter)
     base = require_base(params, base_path)
     algo = params.grid.algorithm(algorithm)
     device = resolve_device(params.runtime.device)
     m = clients_per_round(params)
-    c, s = params.client, params.lr_schedule
+    s = params.lr_schedule
     model_fn = model_factory(params, data, adapter, base)
     inp = model_input(params, data.train.info)
     federation = FederationConfig(
@@ -139,12 +145,16 @@ def build_simulation(
         model_fn=model_fn,
         algorithm=algo,
         train=data.image_data("train", inp),
-        test=data.image_data("test", inp),
+        test=data.image_data(params.data.evaluate, inp),
         shards=shards_of(part),
         noise_var=part.noise_var,
         local=local_config(params),
         lr_schedule=LRSchedule(
-            kind=s.kind, lr=c.lr, gamma=s.gamma, milestones=s.milestones, decay=s.decay
+            kind=s.kind,
+            lr=cell_lr(params, algorithm, adapter),
+            gamma=s.gamma,
+            milestones=s.milestones,
+            decay=s.decay,
         ),
         federation=federation,
         model=adapted,

@@ -78,6 +78,8 @@ def fingerprint(
     for prefix in (f"grid.algorithm_options.{algorithm}", f"grid.adapter_options.{adapter}"):
         fp.update({k: v for k, v in flat.items() if k == prefix or k.startswith(prefix + ".")})
     fp["cell.algorithm"], fp["cell.adapter"] = algorithm, adapter
+    # the lr the cell trains at: grid.client_lr's entry for it, else client.lr (the same key)
+    fp["client.lr"] = params.grid.lr(algorithm, adapter, params.client.lr)
     fp["partition.hash"] = partition_hash
     if base_path is not None:
         fp["pretrain.base_sha256"] = hashlib.sha256(Path(base_path).read_bytes()).hexdigest()

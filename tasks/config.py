@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -130,6 +130,28 @@ class DataSection(_Section):
     train_subset: int | None = Field(None, ge=1)  # a seeded random subset of the train split
     test_subset: int | None = Field(None, ge=1)
     download: bool = True
+    # Fair tuning (tasks/data.py, validation_split): a seeded fraction of the train_subset
+    # rows held out of every client shard; evaluate: which split the run is evaluated on.
+    validation: float = Field(0.0, ge=0.0, lt=0.5)
+    evaluate: Literal["test", "validation"] = "test"
+
+    @field_validator("evaluate")
+    @classmethod
+    def _split_exists(cls, v: str, info: ValidationInfo) -> str:
+        if v == "validation" and info.data.get("validation") == 0.0:
+            raise ValueError(
+                "validation needs a validation split, but data.validation is 0 (no rows held "
+                "out): set data.validation to a fraction in (0, 0.5), e.g. 0.1, or "
+                "data.evaluate: test"
+            )
+        return v
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """validation and evaluate are dumped only when set: the params, fingerprints and
+        reports of runs without a validation split stay as they were."""
+        defaults = {"validation": 0.0, "evaluate": "test"}
+        return {k: v for k, v in handler(self).items() if k not in defaults or v != defaults[k]}
 
 
 class _ByName(_Section):
@@ -292,6 +314,14 @@ class ScheduleSection(_Section):
         return tuple(sorted(v))
 
 
+class _Cells(dict[str, float]):
+    """grid.client_lr as validated: a dict that hashes, so Params stays hashable (never
+    changed after validation)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
 class GridSection(_Section):
     algorithms: tuple[str, ...] = ("fedavg",)
     adapters: tuple[str, ...] = ("full",)
@@ -299,6 +329,9 @@ class GridSection(_Section):
     algorithm_options: AlgorithmOptions = AlgorithmOptions()  # type: ignore[valid-type]
     # per adapter method, e.g. {lora: {r: 8, alpha: 16}}: typed by the method's Options
     adapter_options: AdapterOptions = AdapterOptions()  # type: ignore[valid-type]
+    # per grid cell <algorithm>-<adapter>, e.g. {fedavg-lora: 0.01}: the client lr that cell
+    # trains at instead of client.lr (lr_schedule applies to it); a cell not named: client.lr
+    client_lr: dict[str, Annotated[float, Field(gt=0.0)]] = Field(default_factory=_Cells)
 
     @field_validator("algorithms", "adapters")
     @classmethod
@@ -315,6 +348,32 @@ class GridSection(_Section):
         if twice:  # each cell would train twice into one folder
             raise ValueError(f"names {', '.join(twice)} more than once; list each {kind} once")
         return v
+
+    @field_validator("client_lr")
+    @classmethod
+    def _cells(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        algorithms, adapters = info.data.get("algorithms"), info.data.get("adapters")
+        if algorithms is None or adapters is None:  # refused already: that is the error
+            return v
+        cells = [f"{a}-{d}" for a in algorithms for d in adapters]
+        for key in v:
+            if key not in cells:
+                raise ValueError(
+                    f"{key!r} is not a cell of the grid (<algorithm>-<adapter>); "
+                    f"cells: {', '.join(cells)}"
+                )
+        return _Cells(sorted(v.items()))
+
+    @model_serializer(mode="wrap")
+    def _lr_set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """client_lr is dumped only when it names a cell: params and reports without it
+        stay as they were."""
+        return {k: v for k, v in handler(self).items() if k != "client_lr" or v}
+
+    def lr(self, algorithm: str, adapter: str, default: float) -> float:
+        """The client lr of cell ``algorithm``-``adapter``: its client_lr, else ``default``
+        (client.lr)."""
+        return self.client_lr.get(f"{algorithm}-{adapter}", default)
 
     def algorithm(self, name: str) -> FederatedAlgorithm:
         """A fresh algorithm ``name`` with its typed options (server state of its own)."""

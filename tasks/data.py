@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,33 +45,82 @@ def subset_indices(n: int, size: int | None, seed: int, key: str) -> np.ndarray:
     return np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
 
 
+_VALIDATION_STREAM = 3  # beside subset_indices' train (1) and test (2) streams
+
+
+def validation_split(rows: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(client rows, validation rows) of the selected train rows ``rows`` (sorted, unique):
+    round(fraction x len(rows)) of them, at least 1, drawn from ``seed`` alone, are held out
+    of every client shard (data.validation). Both sorted and disjoint; fraction 0 returns
+    ``rows`` and no validation rows without drawing anything."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if fraction <= 0.0:
+        return rows, np.empty(0, dtype=np.int64)
+    n = len(rows)
+    k = max(1, round(fraction * n))
+    if k >= n:
+        raise ConfigError(
+            f"data.validation: {fraction} of {n} training rows leaves no rows for the clients; "
+            f"select more rows (data.train_subset) or set data.validation: 0"
+        )
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _SUBSET_STREAM, _VALIDATION_STREAM]))
+    held = np.zeros(n, dtype=bool)
+    held[rng.choice(n, size=k, replace=False)] = True
+    return rows[~held], rows[held]
+
+
 @dataclass
 class ExperimentData:
     train: ArrayDataset
     test: ArrayDataset
-    train_idx: np.ndarray  # rows of the train split used by the experiment
+    train_idx: np.ndarray  # rows of the train split the clients hold (data.validation's left out)
     test_idx: np.ndarray
     tokenizer: Any = None  # text datasets: the model's tokenizer (models.text.TextTokenizer)
+    # rows of the train split held out as the validation split (data.validation; none at 0)
+    val_idx: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    @property
+    def selected_idx(self) -> np.ndarray:
+        """Every row of the train split the experiment uses (data.train_subset): the clients'
+        and the validation rows, sorted."""
+        if not len(self.val_idx):
+            return self.train_idx
+        return np.union1d(self.train_idx, self.val_idx)
+
+    def eval_rows(self, evaluate: str) -> tuple[Any, np.ndarray]:
+        """(split, rows of it) that data.evaluate ``evaluate`` measures: the test split's
+        test_idx, or (validation) the train split's val_idx."""
+        if evaluate == "validation":
+            return self.train, self.val_idx
+        return self.test, self.test_idx
 
     def image_data(self, split: str, model_input: ModelInput | None = None) -> ImageData:
-        """The split as the engine reads it; ``model_input`` (``tasks.backbone.model_input``)
-        resizes batches, repeats gray to RGB and sets the normalisation the backbone needs."""
-        ds, idx = (self.train, self.train_idx) if split == "train" else (self.test, self.test_idx)
-        if split == "test" and len(idx) < len(ds):
-            ds = ds.subset(idx)
+        """The split (train | test | validation) as the engine reads it; ``model_input``
+        (``tasks.backbone.model_input``) resizes batches, repeats gray to RGB and sets the
+        normalisation the backbone needs. train: the whole split (clients index their rows);
+        test and validation: their rows only."""
+        if split == "train":
+            ds, idx = self.train, self.train_idx
+        elif split == "validation":
+            ds, idx = self.train.subset(self.val_idx), self.val_idx
+        else:
+            ds, idx = self.test, self.test_idx
+            if len(idx) < len(ds):
+                ds = ds.subset(idx)
         if isinstance(ds, WindowDataset):  # next-token windows: never padded (fedcore.lm)
             return TextData(ds.tokens, ds.labels, pad_id=-1)  # type: ignore[return-value]
         if isinstance(ds, TextDataset):  # token ids for a text model (fedcore.text)
-            return self.text_data(ds, idx if split == "train" else None)  # type: ignore[return-value]
+            rows = idx if split == "train" else None
+            return self.text_data(ds, rows, split)  # type: ignore[return-value]
         if model_input is None:
             return ImageData(ds.images, ds.labels, ds.info.mean, ds.info.std)
         m = model_input
         return ImageData(ds.images, ds.labels, m.mean, m.std, size=m.size, channels=m.channels)
 
-    def text_data(self, ds: TextDataset, rows: np.ndarray | None) -> TextData:
+    def text_data(self, ds: TextDataset, rows: np.ndarray | None, split: str = "") -> TextData:
         """Token ids of ``ds`` (only ``rows`` tokenized when given), padded to max_length."""
         tok = self.tokenizer
-        name = f"{ds.info.name} {'train' if rows is not None else 'test'}"
+        name = f"{ds.info.name} {split or ('train' if rows is not None else 'test')}"
         return TextData.from_texts(ds.texts, ds.labels, tok, tok.max_length, rows=rows, name=name)
 
     def text_example(self) -> torch.Tensor:
@@ -90,7 +139,8 @@ _LABEL_SKEW = ("dirichlet_classwise", "dirichlet_clientwise", "labels_per_client
 
 def lm_tokenizer_for(params: Params) -> Any:
     """The decoder's tokenizer for a next-token dataset (``kind="lm"``), None for the others;
-    a model or partition scheme that does not fit -> one line, before anything is loaded."""
+    a model, partition scheme or (overlapping windows) data.validation that does not fit ->
+    one line, before anything is loaded."""
     from models.text import is_next_token_model, next_token_models, text_tokenizer
 
     name, dataset = params.model.name, params.data.dataset
@@ -118,7 +168,15 @@ def lm_tokenizer_for(params: Params) -> Any:
             f"partition.scheme: {scheme} {why}; on {dataset} use natural (one client per "
             f"speaking role), iid, quantity_normal or quantity_dirichlet"
         )
-    return text_tokenizer(name, params.model.options)
+    tokenizer = text_tokenizer(name, params.model.options)
+    n, s = int(tokenizer.max_length), int(tokenizer.stride)
+    if params.data.validation > 0.0 and s < n:  # held-out windows would share their tokens
+        raise ConfigError(
+            f"data.validation: {dataset}'s windows overlap (stride {s} < context {n}), so a "
+            f"held-out window's tokens are in the windows the clients train on; set the "
+            f"model's stride to at least {n} or data.validation: 0"
+        )
+    return tokenizer
 
 
 def text_tokenizer_for(params: Params, dataset: Any) -> Any:
@@ -197,12 +255,16 @@ def load_experiment_data(params: Params) -> ExperimentData:
                 f"{len(ds)}; use at most {len(ds)}, or null for the whole split"
             )
     seed = params.experiment.seed
+    clients, validation = validation_split(
+        subset_indices(len(train), d.train_subset, seed, "train"), d.validation, seed
+    )
     return ExperimentData(
         train=train,
         test=test,
-        train_idx=subset_indices(len(train), d.train_subset, seed, "train"),
+        train_idx=clients,
         test_idx=subset_indices(len(test), d.test_subset, seed, "test"),
         tokenizer=lm_tokenizer or text_tokenizer_for(params, train),
+        val_idx=validation,
     )
 
 
@@ -218,15 +280,23 @@ def dataset_num_classes(params: Params) -> int:
 def data_selection(params: Params, data: ExperimentData) -> dict[str, Any]:
     """What a partition was drawn from: the dataset and a sha256 of the selected train rows
     (data.train_subset and experiment.seed decide them). Written to stats.json and checked by
-    preflight against the current params, so a partition of other rows is refused."""
+    preflight against the current params, so a partition of other rows is refused. With
+    data.validation, train_rows are the clients' rows and the validation rows are recorded
+    too."""
     rows = np.ascontiguousarray(np.asarray(data.train_idx, dtype=np.int64))
-    return {
+    out: dict[str, Any] = {
         "dataset": params.data.dataset,
         "train_subset": params.data.train_subset,
         "seed": params.experiment.seed,
         "train_rows": int(len(rows)),
         "train_rows_sha256": hashlib.sha256(rows.tobytes()).hexdigest(),
     }
+    if params.data.validation > 0.0:  # recorded only when set: stats.json stays as it was
+        held = np.ascontiguousarray(np.asarray(data.val_idx, dtype=np.int64))
+        out["validation"] = params.data.validation
+        out["validation_rows"] = int(len(held))
+        out["validation_rows_sha256"] = hashlib.sha256(held.tobytes()).hexdigest()
+    return out
 
 
 def check_partition_data(
@@ -240,12 +310,13 @@ def check_partition_data(
     recorded = stats.get("data_selection")
     if isinstance(recorded, dict):
         current = data_selection(params, data)
-        keys = ("dataset", "train_subset", "seed", "train_rows", "train_rows_sha256")
-        diff = [k for k in keys if recorded.get(k) != current[k]]
+        keys = ("dataset", "train_subset", "seed", "validation", "train_rows", "train_rows_sha256")
+        unset = {"validation": 0.0}  # what a selection without the key had
+        diff = [k for k in keys if recorded.get(k, unset.get(k)) != current.get(k, unset.get(k))]
         if diff:
             shown = (
                 ", ".join(
-                    f"{k} {recorded.get(k)!r} (now {current[k]!r})"
+                    f"{k} {recorded.get(k, unset.get(k))!r} (now {current.get(k, unset.get(k))!r})"
                     for k in diff
                     if k != "train_rows_sha256"
                 )
@@ -255,6 +326,7 @@ def check_partition_data(
                 f"--partition {partition_dir}: built for another data selection: {shown}; "
                 f"re-run: fedapt partition --out {partition_dir} (with these params)"
             )
+        _no_validation_rows(params, data, partition_dir, part)
         return
     if stats.get("dataset", params.data.dataset) != params.data.dataset:
         raise ConfigError(
@@ -267,6 +339,22 @@ def check_partition_data(
             f"--partition {partition_dir}: holds rows outside the current data selection "
             f"(data.train_subset {params.data.train_subset}, experiment.seed "
             f"{params.experiment.seed}); re-run: fedapt partition --out {partition_dir}"
+        )
+
+
+def _no_validation_rows(
+    params: Params, data: ExperimentData, partition_dir: str | Path, part: Partition
+) -> None:
+    """No client shard may hold a validation row (data.validation): one line if one does."""
+    if not len(data.val_idx):
+        return
+    held = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in part.client_indices])
+    leaked = np.intersect1d(held, data.val_idx)
+    if len(leaked):
+        raise ConfigError(
+            f"--partition {partition_dir}: client shards hold {len(leaked)} rows of the "
+            f"validation split (data.validation {params.data.validation}), e.g. row "
+            f"{int(leaked[0])}; re-run: fedapt partition --out {partition_dir}"
         )
 
 
@@ -398,7 +486,8 @@ def partition_task(params: Params, out_dir: str) -> str:
 
 def dataset_card(params: Params, data: ExperimentData) -> dict:
     """What the experiment trains and tests on: sizes, label histograms and sha256 of the exact
-    rows used. DVC hashes this file, so new raw data or another subset reruns what follows."""
+    rows used (train: the clients' rows; with data.validation also the validation rows). DVC
+    hashes this file, so new raw data or another subset reruns what follows."""
     import hashlib
 
     card: dict = {
@@ -406,10 +495,10 @@ def dataset_card(params: Params, data: ExperimentData) -> dict:
         "num_classes": data.train.info.num_classes,
         "input_shape": list(data.train.info.input_shape),
     }
-    for split, ds, idx in (
-        ("train", data.train, data.train_idx),
-        ("test", data.test, data.test_idx),
-    ):
+    splits = [("train", data.train, data.train_idx), ("test", data.test, data.test_idx)]
+    if len(data.val_idx):  # data.validation: rows of the train split no client holds
+        splits.append(("validation", data.train, data.val_idx))
+    for split, ds, idx in splits:
         rows = torch.as_tensor(idx)
         labels = ds.labels.index_select(0, rows).numpy()
         if isinstance(ds, WindowDataset):  # tokens, labels and groups of the rows

@@ -88,7 +88,8 @@ def source_split(params: Params) -> tuple[ArrayDataset, np.ndarray, ArrayDataset
     name = p.dataset or d.dataset
     if name == d.dataset:
         train, test = fl.train, fl.test
-        rows = np.setdiff1d(np.arange(len(train), dtype=np.int64), fl.train_idx)  # sorted
+        # sorted; the FL rows include data.validation's (never pretrained on either)
+        rows = np.setdiff1d(np.arange(len(train), dtype=np.int64), fl.selected_idx)
         if len(rows) == 0:
             raise ConfigError(
                 f"pretrain: data.train_subset uses every training row of {name}; set "

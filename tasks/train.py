@@ -27,7 +27,14 @@ from fedcore.personalize import ClientResult, PersonalizeConfig, personalize, su
 from models.serving import ImageServing
 from tasks import artifacts, checkpoint, figures, modelfile, tracking
 from tasks.backbone import model_input
-from tasks.cell import Cell, build_simulation, cell_name, clients_per_round, require_base
+from tasks.cell import (
+    Cell,
+    build_simulation,
+    cell_lr,
+    cell_name,
+    clients_per_round,
+    require_base,
+)
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data, load_partition
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -86,7 +93,7 @@ def train_cell_model(
     sizes = method.counts(adapted)
     saver = _checkpoints(params, cell, algorithm, adapter, part, base_path, checkpoint_file)
     history = sim.run()
-    record = summary_record(params, algorithm, adapter, part, history, device)
+    record = summary_record(params, algorithm, adapter, part, history, device, data)
     if params.personalize.enabled:
         record["personalization"] = personalize_cell(
             params, sim, model_fn(), method.trainable_keys(adapted), f"{algorithm}/{adapter}"
@@ -296,9 +303,17 @@ def exit_accuracies(h: History) -> list[float]:
 
 
 def summary_record(
-    params: Params, algorithm: str, adapter: str, part: Partition, h: History, device: str
+    params: Params,
+    algorithm: str,
+    adapter: str,
+    part: Partition,
+    h: History,
+    device: str,
+    data: ExperimentData | None = None,
 ) -> dict[str, Any]:
-    return {
+    """The cell's record (metrics.json, summary.json); ``data``: the evaluated rows' count
+    under data.evaluate: validation."""
+    record = {
         "algorithm": algorithm,
         "adapter": adapter,
         "partition": part.scheme,
@@ -329,6 +344,14 @@ def summary_record(
         # The CPU, its ISA and what computed on it: not hashed (timing.json, summary.json).
         "provenance": numerics.provenance(),
     }
+    # Keys only when their params are set: records of runs without them stay as they were.
+    if params.grid.client_lr:  # every cell's own lr, named in grid.client_lr or client.lr
+        record["client_lr"] = cell_lr(params, algorithm, adapter)
+    if params.data.evaluate != "test":  # accuracies and losses are of this split
+        record["evaluated_on"] = params.data.evaluate
+        if data is not None:
+            record["evaluated_rows"] = int(len(data.eval_rows(params.data.evaluate)[1]))
+    return record
 
 
 def run_cell(
@@ -367,6 +390,8 @@ def run_cell(
     run_id = None
     if params.runtime.tracking:
         flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
+        if params.grid.client_lr:  # the cell's own lr beside the grid's mapping
+            flat["client_lr"] = cell_lr(params, algorithm, adapter)
         tags = {
             "partition_hash": part.content_hash(),
             "algorithm": algorithm,
@@ -399,11 +424,15 @@ def run_cell(
 
 
 def eval_set_sha256(params: Params, data: ExperimentData) -> str:
-    """Which test rows the final accuracy was measured on: the dataset, the split's size, the
-    selected row indices and their labels (equal hashes: comparable accuracies)."""
-    idx = np.ascontiguousarray(data.test_idx, dtype=np.int64)
-    labels = np.asarray(data.test.labels)[idx].astype(np.int64)
-    h = hashlib.sha256(f"{params.data.dataset}:{len(data.test)}:".encode())
+    """Which rows the final accuracy was measured on: the dataset, the split's size, the
+    selected row indices and their labels (equal hashes: comparable accuracies). Test rows,
+    or (data.evaluate: validation) the validation rows of the train split."""
+    evaluate = params.data.evaluate
+    split, rows = (data.test, data.test_idx) if evaluate == "test" else data.eval_rows(evaluate)
+    idx = np.ascontiguousarray(rows, dtype=np.int64)
+    labels = np.asarray(split.labels)[idx].astype(np.int64)
+    tag = "" if evaluate == "test" else f"{evaluate}:"
+    h = hashlib.sha256(f"{params.data.dataset}:{tag}{len(split)}:".encode())
     h.update(idx.tobytes())
     h.update(labels.tobytes())
     return h.hexdigest()
@@ -420,14 +449,15 @@ def registers(
     """``tracking.register``: auto registers (and so may move ``challenger`` and ``champion``)
     a model evaluated on the whole test split that did not diverge and is not a smoke run
     (fewer rounds or training rows than its params file, or inside ``dvc exp run``:
-    ``tasks.origin``); a run on data.test_subset is tracked, not registered. ``label``: a
+    ``tasks.origin``); a run on data.test_subset or evaluated on the validation split
+    (data.evaluate) is tracked, not registered. ``label``: a
     smoke run that would otherwise register says why it did not, in one line."""
     rule = params.tracking.register
     if rule == "never" or record.get("final_accuracy") is None:
         return False
     if rule == "always":
         return True
-    whole = len(data.test_idx) == len(data.test)
+    whole = params.data.evaluate == "test" and len(data.test_idx) == len(data.test)
     if not (whole and record.get("diverged_at_round") is None):
         return False
     smoke = run_origin.smoke if run_origin is not None else ()
@@ -462,7 +492,7 @@ def register_model(
         example = torch.zeros(2, *data.train.info.input_shape)
     tags = {
         tracking.EVAL_SET_TAG: eval_set_sha256(params, data),
-        "eval_set_rows": str(len(data.test_idx)),
+        "eval_set_rows": str(len(data.eval_rows(params.data.evaluate)[1])),
         "experiment": params.experiment.name,
         "cell": f"{record['algorithm']}-{adapter}",
         "partition": record["partition"],

@@ -80,6 +80,15 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
         (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
         (["--set", "runtime.workers=100000"], "runtime.workers: workers is auto or a number of"),
         (["--set", "runtime.dask_workers=100000"], "runtime.dask_workers: must be less than or"),
+        # tuning (issue 29): a validation split to evaluate on, cells of the grid
+        (["--set", "data.evaluate=validation"], "data.evaluate: validation needs a validation "),
+        (["--set", "data.validation=0.5"], "data.validation: must be less than 0.5 (got 0.5)"),
+        (
+            ["--set", "grid.client_lr={fedavg-lora: 0.01}"],
+            "grid.client_lr: 'fedavg-lora' is not a cell of the grid (<algorithm>-<adapter>); "
+            "cells: fedavg-full",
+        ),
+        (["--set", "grid.client_lr={fedavg-full: -1}"], "grid.client_lr.fedavg-full: must be"),
     ],
 )
 def test_bad_params_values(tmp_path, args, needle):
@@ -153,6 +162,8 @@ def _file_case(name: str, tmp_path: Path, part: Path) -> tuple[list[str], Path |
         return [*args, "--set", "data.train_subset=1000"], None, "train_subset 1200 (now 1000)"
     if name == "partition-other-seed":
         return [*args, "--set", "experiment.seed=1"], None, "seed 0 (now 1)"
+    if name == "partition-other-validation":  # its shards hold the validation rows now asked for
+        return [*args, "--set", "data.validation=0.1"], None, "validation 0.0 (now 0.1)"
     if name == "partition-legacy-other-rows":  # written before stats.json kept the selection
         stats = json.loads((d / "stats.json").read_text())
         del stats["data_selection"]
@@ -193,6 +204,7 @@ def _file_case(name: str, tmp_path: Path, part: Path) -> tuple[list[str], Path |
         "partition-out-is-file",
         "partition-other-subset",
         "partition-other-seed",
+        "partition-other-validation",
         "partition-legacy-other-rows",
         "manifest-index-out-of-range",
         "manifest-index-past-int64",
