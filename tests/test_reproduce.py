@@ -312,3 +312,64 @@ def test_gpu_profile_passes_preflight(tmp_path):
         check_names(it.params)
         preflight(it.params)
     assert not any(tmp_path.iterdir())  # checks only: nothing written
+
+
+def test_tuning_runs_come_first_and_choose_each_cells_lr(tmp_path):
+    """An experiment with `tune`: one seed-0 run per lr on the training rows less a held-out
+    validation share, evaluated there; the experiment waits for their records, then each cell
+    trains at the lr with its best mean validation accuracy over the last L rounds."""
+    from tasks.reproduce.spec import Tune
+
+    exp_ = dataclasses.replace(
+        claim_adapters.DIR05,
+        scale={"ci": (*claim_adapters.DIR05.scale["ci"], "grid.adapters=[full,residual]")},
+        tune={"ci": Tune(lrs=(0.1, 0.01), validation=0.2)},
+    )
+    claim = dataclasses.replace(claim_adapters.CLAIM, experiments=(exp_,))
+    sets = [f"experiment.reports_dir={tmp_path / 'reports'}"]
+    items = runs.plan([claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
+    probes, main = items[:2], items[2]
+    assert [p.params.experiment.name for p in probes] == [
+        "ci-adapters-dir05-lr0.1", "ci-adapters-dir05-lr0.01"
+    ]  # fmt: skip
+    for p, lr in zip(probes, (0.1, 0.01), strict=True):
+        assert p.tunes == "adapters-dir05" and p.params.client.lr == lr
+        assert p.params.experiment.seeds is None and p.params.experiment.seed == 0
+        assert (p.params.data.validation, p.params.data.evaluate) == (0.2, "validation")
+    assert main.waiting and runs.status(main) == "tuning"
+    assert main.params.data.validation == 0.2 and main.params.data.evaluate == "test"
+    assert main.params.experiment.seeds == (0, 1)
+    # the tuning runs finish: full is best at 0.1, residual at 0.01
+    scores = {0.1: {"fedavg-full": 0.8, "fedavg-residual": 0.6},
+              0.01: {"fedavg-full": 0.7, "fedavg-residual": 0.6}}  # fmt: skip
+    scores[0.01]["fedavg-residual"] = 0.65
+    for p in probes:
+        _record(p, scores[p.params.client.lr])
+    main = runs.replan(main, [claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
+    assert not main.waiting and runs.status(main) == "pending"
+    assert main.lrs == {"fedavg-full": 0.1, "fedavg-residual": 0.01}
+    table = report.tuning_table(runs.plan([claim], "ci", REPO / "params.yaml", sets,
+                                          tmp_path / "out"), "adapters-dir05")  # fmt: skip
+    assert "| cell | lr 0.01 | lr 0.1 |" in table
+    assert "| fedavg-full | 70.00 | **80.00** |" in table
+    assert "| fedavg-residual | **65.00** | 60.00 |" in table
+    assert "held-out 20%" in table and "never the test set" in table
+
+
+def _record(item, accs):
+    """A record for ``item`` as if its run had finished with these cells' last-L accuracies."""
+    cells = {
+        name: {"record": {"mean_accuracy_last_L": acc}, "rounds": []} for name, acc in accs.items()
+    }
+    records.write_record(
+        item.record,
+        experiment=item.params.experiment.name,
+        claim=item.claim.id,
+        config=runs.config_key(item.params.flat()),
+        params=item.params.flat(),
+        numerics=item.params.runtime.numerics,
+        overrides=list(item.overrides),
+        seconds=1.0,
+        resumed=False,
+        seeds={"0": {"majority": None, "cells": cells}},
+    )
