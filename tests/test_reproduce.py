@@ -373,3 +373,26 @@ def _record(item, accs):
         resumed=False,
         seeds={"0": {"majority": None, "cells": cells}},
     )
+
+
+def test_server_lr_tuning_sets_each_server_optimisers_lr(tmp_path):
+    from tasks.reproduce import claim_server_opt
+    from tasks.reproduce.spec import Tune
+
+    exp_ = dataclasses.replace(
+        claim_server_opt.LENET5, tune={"ci": Tune(lrs=(0.01, 0.001), key="server_lr")}
+    )
+    claim = dataclasses.replace(claim_server_opt.CLAIM, experiments=(exp_,))
+    sets = [f"experiment.reports_dir={tmp_path / 'reports'}"]
+    items = runs.plan([claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
+    probe, main = items[0], items[-1]
+    assert probe.params.grid.algorithms == ("fedadam", "fedadagrad")  # FedAvg has none
+    assert probe.params.grid.algorithm_options.fedadam.server_lr == 0.01
+    assert probe.params.grid.algorithm_options.fedadagrad.server_lr == 0.01
+    assert probe.params.client.lr == main.params.client.lr  # the clients' lr untouched
+    _record(items[0], {"fedadam-full": 0.5, "fedadagrad-full": 0.7})
+    _record(items[1], {"fedadam-full": 0.6, "fedadagrad-full": 0.6})
+    main = runs.replan(main, [claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
+    opts = main.params.grid.algorithm_options
+    assert (opts.fedadam.server_lr, opts.fedadagrad.server_lr) == (0.001, 0.01)
+    assert main.params.grid.algorithms == ("fedavg", "fedadam", "fedadagrad")

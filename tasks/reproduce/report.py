@@ -75,9 +75,14 @@ def tuning_table(items: Sequence[Planned], experiment: str) -> str:
     if not probes:
         return ""
     p = probes[0].params
+    which = (
+        "server lr of each server optimiser"
+        if probes[0].tried != p.client.lr
+        else ("client lr of each cell")
+    )
     head = (
-        f"**Tuning of `{experiment}`.** The client lr of each cell is the best of "
-        f"{', '.join(f'{it.params.client.lr:g}' for it in probes)} by the mean validation "
+        f"**Tuning of `{experiment}`.** The {which} is the best of "
+        f"{', '.join(f'{it.tried:g}' for it in probes)} by the mean validation "
         f"accuracy over the last {p.federation.last_rounds} rounds of a seed-0 run on the "
         f"training rows less a held-out {100 * p.data.validation:g}% (never the test set); "
         "the experiment then trains on the same rows."

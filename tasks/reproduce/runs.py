@@ -41,6 +41,8 @@ class Planned:
     overrides: tuple[str, ...]
     records: Path  # the profile's committed records folder
     tunes: str | None = None  # a tuning run: the name of the experiment whose lr it tunes
+    tried: float | None = None  # ... and the lr it tries
+    tune_key: str = "client.lr"  # ... of the clients, or "server_lr" (Tune.key)
     waiting: bool = False  # an experiment whose lr waits for its tuning runs' records
 
     @property
@@ -110,16 +112,18 @@ def plan(
             waiting, more = False, []
             if (tune := exp.tune.get(profile)) is not None:
                 probes = []
+                algorithms = typed(exp.name, [])[0].grid.algorithms
                 for lr in tune.lrs:
                     name = f"{exp.name}-lr{lr:g}"
-                    params, full = typed(name, tuning_sets(tune, lr))
+                    params, full = typed(name, tuning_sets(tune, lr, algorithms))
                     probe = Experiment(name, protocol=(), profiles=(profile,))
-                    probes.append(Planned(owning, probe, params, full, kept, tunes=exp.name))
+                    probes.append(
+                        Planned(owning, probe, params, full, kept, exp.name, lr, tune.key)
+                    )
                 planned += probes
                 lrs = chosen_lrs(probes)
                 waiting = lrs is None
-                more = [f"data.validation={tune.validation}"]
-                more += [f"grid.client_lr={json.dumps(lrs)}"] if lrs else []
+                more = [f"data.validation={tune.validation}", *chosen_sets(tune, lrs or {})]
             params, full = typed(exp.name, more)
             check_seeds(claim, profile, params)
             planned.append(Planned(owning, exp, params, full, kept, waiting=waiting))
@@ -148,17 +152,40 @@ def replan(
     return next(it for it in again if it.experiment.name == item.experiment.name)
 
 
-def tuning_sets(tune: Tune, lr: float) -> list[str]:
+def server_optimisers(algorithms: Sequence[str]) -> list[str]:
+    """The algorithms of ``algorithms`` with a server lr (FedOpt's)."""
+    from fedcore.algorithms import ALGORITHMS
+
+    return [a for a in algorithms if hasattr(ALGORITHMS[a], "server_lr")]
+
+
+def tuning_sets(tune: Tune, lr: float, algorithms: Sequence[str]) -> list[str]:
     """A tuning run's overrides: seed 0 alone, the validation share held out and evaluated,
-    every cell at ``lr``."""
-    return [
+    every cell at ``lr`` (the client lr, or the server lr of the grid's server optimisers,
+    which then make the tuning run's grid)."""
+    sets = [
         "experiment.seeds=null",
         "experiment.seed=0",
         f"data.validation={tune.validation}",
         "data.evaluate=validation",
-        f"client.lr={lr}",
-        "grid.client_lr={}",
     ]
+    if tune.key == "server_lr":
+        algs = server_optimisers(algorithms)
+        sets.append(f"grid.algorithms=[{','.join(algs)}]")
+        return sets + [f"grid.algorithm_options.{a}.server_lr={lr}" for a in algs]
+    return [*sets, f"client.lr={lr}", "grid.client_lr={}"]
+
+
+def chosen_sets(tune: Tune, lrs: dict[str, float]) -> list[str]:
+    """The experiment's overrides for the chosen lr of each cell (``lrs``)."""
+    if not lrs:
+        return []
+    if tune.key == "server_lr":
+        return [
+            f"grid.algorithm_options.{cell.split('-', 1)[0]}.server_lr={lr}"
+            for cell, lr in lrs.items()
+        ]
+    return [f"grid.client_lr={json.dumps(lrs)}"]
 
 
 def chosen_lrs(probes: Sequence[Planned]) -> dict[str, float] | None:
@@ -183,7 +210,7 @@ def tuning_scores(probes: Sequence[Planned]) -> dict[float, dict[str, float | No
         if status(probe) != "done" or (rec := records.read_record(probe.record)) is None:
             return None
         result = records.result(rec)
-        out[probe.params.client.lr] = {
+        out[float(probe.tried or 0.0)] = {
             name: cell.record.get("mean_accuracy_last_L") for name, cell in result.cells.items()
         }
     return out

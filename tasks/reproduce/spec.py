@@ -35,11 +35,13 @@ class Tune:
     with seed 0 on the training rows less a held-out ``validation`` share, evaluated on that
     share (never on the test set), for ``rounds`` of the experiment's rounds (a fraction);
     each grid cell then gets the lr with the best mean validation accuracy over the last L
-    rounds (``grid.client_lr``), and the experiment trains on the same rows as the tuning."""
+    rounds (``grid.client_lr``), and the experiment trains on the same rows as the tuning.
+    ``key="server_lr"`` tunes the server optimisers' lr instead (each algorithm of the grid
+    that has one, ``grid.algorithm_options.<algorithm>.server_lr``; the others sit out)."""
 
     lrs: tuple[float, ...]
     validation: float = 0.1
-    rounds: float = 1.0
+    key: str = "client.lr"  # or "server_lr"
 
 
 @dataclass(frozen=True)
