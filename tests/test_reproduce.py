@@ -222,6 +222,8 @@ def test_report_from_hand_made_results(tmp_path):
     root = tmp_path / "reproduce" / "ci"
     path = report.write_report("ci", registry.CLAIMS, items, results, root, "fedapt reproduce")
     assert "Over 2 seeds (0, 1)" in path.read_text()
+    # each cell's accuracy and traffic as mean ± std over the seeds
+    assert "| fedavg-residual | 93.00 ± 0.00 | 2.000 ± 0.000 | 2 |" in path.read_text()
     text = path.read_text()
     assert "Smoke test, not a reproduction" in text
     for i, claim in enumerate(registry.CLAIMS, 1):

@@ -18,7 +18,7 @@ from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.reproduce import records
 from tasks.reproduce.registry import unmet
 from tasks.reproduce.runs import FIGURES, REPORT, Planned, status
-from tasks.reproduce.spec import Claim, Results, Verdict
+from tasks.reproduce.spec import Claim, ExperimentResult, Results, Verdict
 from tasks.reproduce.verdict import decide
 
 RECORDS_HINT = "records/<experiment>.json"
@@ -64,6 +64,27 @@ def write_figures(claims: Sequence[Claim], results: Results, root: Path) -> dict
             fig.suptitle(f"{claim.id}: {claim.source.split(' (')[0]}", fontsize=9)
             out[claim.id] = atomic_write_bytes(root / FIGURES / f"{claim.id}.png", save_png(fig))
     return out
+
+
+def cells_table(name: str, result: ExperimentResult) -> str:
+    """One experiment's cells: final accuracy (%) and MiB per round, mean ± std over seeds."""
+    from tasks.reproduce.measures import final_accuracy, mib_per_round
+    from tasks.reproduce.verdict import mean_std
+
+    rows = [
+        f"| `{name}` cell | final acc % | MiB/round | seeds |",
+        "|---|--:|--:|--:|",
+    ]
+    cells = sorted({c for per in result.runs.values() for c in per})
+    for c in cells:
+        got = [result.runs[s][c] for s in result.seeds if c in result.runs[s]]
+        accs = [final_accuracy(x) for x in got]
+        mib = [mib_per_round(x) if "upload_bytes_per_round" in x.record else None for x in got]
+        rows.append(
+            f"| {c} | {mean_std([None if a is None else 100 * a for a in accs])} "
+            f"| {mean_std(mib, '.3f')} | {len(got)} |"
+        )
+    return "\n".join(rows)
 
 
 def tuning_table(items: Sequence[Planned], experiment: str) -> str:
@@ -198,6 +219,14 @@ def markdown(
             if tuned := tuning_table(items, exp_name):
                 lines += ["", tuned]
         lines += ["", f"**fedapt's result.** {v.text}", ""]
+        per_cell = [cells_table(n, results[n]) for n in claim.needs_all() if n in results]
+        if per_cell:
+            lines += [
+                "Each cell's final test accuracy and traffic, mean ± sample std (ddof=1) over "
+                "the seeds:",
+                "",
+                *(t + "\n" for t in per_cell),
+            ]
         if v.table:
             lines += [v.table, ""]
         lines += [f"**Direction:** {label(v, profile)}."]
