@@ -354,7 +354,7 @@ def run_sweep(
     results, comm_cost) under seed-<s>/, and the sweep's summary and results (mean ± std)
     in the experiment directory. Returns the records, seed by seed, in grid order."""
     seeds = list(p.experiment.seeds or ())
-    num_classes = get_dataset_info(p.data.dataset).num_classes
+    num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
     part_dirs: list[str] = []
     bases: list[str | None] = []
     for seed in seeds:

@@ -36,7 +36,7 @@ def test_every_profile_types_every_experiment():
         names = [it.params.experiment.name for it in items]
         assert len(names) == len(set(names)) and all(n.startswith(f"{profile}-") for n in names)
         assert {it.claim.id for it in items} == {
-            c.id for c in registry.CLAIMS if c.experiments and not registry.unmet(c)
+            c.id for c in registry.CLAIMS if c.runs(profile) and not registry.unmet(c)
         }
     ci = {
         it.experiment.name: it.params
@@ -112,6 +112,10 @@ def _finish(it, seeds=(0, 1), **changed):
         (d / "runs" / "fedavg-full").mkdir(parents=True, exist_ok=True)
         (d / "partition").mkdir(exist_ok=True)
         (d / "partition" / "stats.json").write_text(json.dumps({"label_totals": [13, 4, 3]}))
+        if s == 0:  # seed 0 fine-tuned a pretrained base (its card); seed 1 started from none
+            (d / "pretrain").mkdir(exist_ok=True)
+            card = {"used": True, "final_test_accuracy": 0.42}
+            (d / "pretrain" / "base.json").write_text(json.dumps(card))
         rounds = [{"round": 1, "accuracy": 0.5 + s / 10}]
         (d / "runs" / "fedavg-full" / "metrics.json").write_text(json.dumps({"rounds": rounds}))
         sweep["runs"].append({"algorithm": "fedavg", "adapter": "full", "seed": s})
@@ -136,6 +140,7 @@ def test_status_from_records_and_the_experiment_folder(tmp_path):
     assert rec["seconds"] == 12.5 and sorted(rec["seeds"]) == ["0", "1"]
     result = runs.results([it])[it.experiment.name]
     assert result.seeds == (0, 1) and result.majorities == {0: 0.65, 1: 0.65}
+    assert result.bases == {0: 0.42, 1: None} and result.seed(0).base_accuracy == 0.42
     assert result.runs[1]["fedavg-full"].rounds == [{"round": 1, "accuracy": 0.6}]
     # the record alone is the evidence: the experiment's folder may be gone (a fresh clone)
     shutil.rmtree(it.dir)
@@ -177,9 +182,12 @@ def test_too_few_seeds_for_a_claim_is_one_line(tmp_path):
 
 
 def test_experiments_with_the_same_base_share_it(tmp_path):
+    """Each seed of a sweep shares its own base (seed-<s>/pretrain: the seed's subset and
+    init) with the same seed of another experiment of the same data, model and pretrain."""
     import hashlib
 
     from tasks.pretrain import fingerprint
+    from tasks.sweep import seed_params
 
     m1, m3 = runs.plan(
         registry.select(["label-skew"]),
@@ -187,15 +195,22 @@ def test_experiments_with_the_same_base_share_it(tmp_path):
         REPO / "params.yaml",
         [f"experiment.reports_dir={tmp_path}"],
     )
+    assert tuple(m1.params.experiment.seeds) == (0, 1)
     root = m1.dir.parent
     assert runs.share_base(m3, root) is None  # nothing trained yet
-    blob = b"the frozen base"
-    card = {"fingerprint": fingerprint(m1.params), "base_sha256": hashlib.sha256(blob).hexdigest()}
-    (m1.dir / "pretrain").mkdir(parents=True)
-    (m1.dir / "pretrain" / "base.pt").write_bytes(blob)
-    (m1.dir / "pretrain" / "base.json").write_text(json.dumps(card))
-    assert runs.share_base(m3, root) == m1.dir / "pretrain"
-    assert (m3.dir / "pretrain" / "base.pt").read_bytes() == blob
+    for s in (0, 1):
+        blob = f"the frozen base of seed {s}".encode()
+        card = {
+            "fingerprint": fingerprint(seed_params(m1.params, s)),
+            "base_sha256": hashlib.sha256(blob).hexdigest(),
+        }
+        (m1.dir / f"seed-{s}" / "pretrain").mkdir(parents=True)
+        (m1.dir / f"seed-{s}" / "pretrain" / "base.pt").write_bytes(blob)
+        (m1.dir / f"seed-{s}" / "pretrain" / "base.json").write_text(json.dumps(card))
+    assert runs.share_base(m3, root) == m1.dir / "seed-0" / "pretrain"
+    for s in (0, 1):
+        got = (m3.dir / f"seed-{s}" / "pretrain" / "base.pt").read_bytes()
+        assert got == f"the frozen base of seed {s}".encode()
     assert runs.share_base(m3, root) is None  # it has its own now
     (dir05,) = runs.plan(
         registry.select(["adapters"]),
@@ -309,7 +324,7 @@ def test_gpu_profile_passes_preflight(tmp_path):
     sets = ["storage.bucket=null", "runtime.tracking=false", f"experiment.reports_dir={tmp_path}"]
     sets.append(f"data.root={REPO / 'data/raw'}")
     items = runs.plan(registry.CLAIMS, "gpu", REPO / "params.yaml", sets)
-    assert len(items) == 17  # the anytime-pa experiment runs now that its methods exist
+    assert len(items) == 21  # anytime-pa runs now that its methods exist; shakespeare: 4
     for it in items:
         check_names(it.params)
         preflight(it.params)

@@ -91,16 +91,27 @@ def _majority(directory: Path) -> float | None:
         return None
 
 
+def _base_accuracy(directory: Path) -> float | None:
+    """The pretrained base's test accuracy before any round (its card), None without one."""
+    card = _json(directory / "pretrain" / "base.json")
+    value = card.get("final_test_accuracy") if isinstance(card, dict) and card.get("used") else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def collect(directory: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Per seed, each cell's summary record and round records, and the class prior, from a
-    finished experiment folder (a seed sweep's ``seed-<s>/`` or a single seed's own)."""
+    """Per seed, each cell's summary record and round records, the class prior and the
+    pretrained base's test accuracy, from a finished experiment folder (a seed sweep's
+    ``seed-<s>/`` or a single seed's own)."""
     seeds: dict[str, Any] = {}
     for record in summary["runs"]:
         seed = int(record.get("seed", summary["params"].get("experiment.seed", 0)))
         where = directory / f"seed-{seed}" if "seeds" in summary else directory
         cell = f"{record['algorithm']}-{record['adapter']}"
         metrics = _json(where / "runs" / cell / "metrics.json") or {}
-        entry = seeds.setdefault(str(seed), {"majority": _majority(where), "cells": {}})
+        entry = seeds.setdefault(
+            str(seed),
+            {"majority": _majority(where), "base_accuracy": _base_accuracy(where), "cells": {}},
+        )
         entry["cells"][cell] = {"record": record, "rounds": metrics.get("rounds", [])}
     return seeds
 
@@ -138,11 +149,12 @@ def write_record(
 
 def result(record: Mapping[str, Any]) -> ExperimentResult:
     """The verdicts' view of a record."""
-    runs, majorities = {}, {}
+    runs, majorities, bases = {}, {}, {}
     for seed, entry in record["seeds"].items():
         runs[int(seed)] = {
             name: Cell(record=c["record"], rounds=c.get("rounds", []))
             for name, c in entry["cells"].items()
         }
         majorities[int(seed)] = entry.get("majority")
-    return ExperimentResult(record["params"], runs, record.get("seconds"), majorities)
+        bases[int(seed)] = entry.get("base_accuracy")
+    return ExperimentResult(record["params"], runs, record.get("seconds"), majorities, bases)

@@ -4,8 +4,8 @@ To add a claim: a module beside these with its experiments (the seed's protocol 
 overrides, plus the ``cpu`` and ``ci`` scale), a pure ``judge`` and a ``plot``, then its
 ``CLAIM`` in ``CLAIMS`` below. A claim that needs something this build may lack names it in
 ``requires`` and is reported as not available until it exists (``ANYTIME_PA`` below names
-the parallel-adapter exit methods of seed 001 Table 2's "+ PA" rows); a Shakespeare
-next-word claim (seed 003 Tables 4 and 11) would require ``dataset:shakespeare``.
+the parallel-adapter exit methods of seed 001 Table 2's "+ PA" rows; the Shakespeare
+next-word claim names ``dataset:shakespeare`` and ``model:gpt2_small``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tasks.reproduce import (
     claim_fednilo,
     claim_label_skew,
     claim_server_opt,
+    claim_shakespeare,
     claim_train_time,
     claim_transformer,
 )
@@ -74,6 +75,7 @@ CLAIMS: tuple[Claim, ...] = (
     claim_anytime.CLAIM,
     claim_train_time.CLAIM,
     ANYTIME_PA,
+    claim_shakespeare.CLAIM,
 )
 
 

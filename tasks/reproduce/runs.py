@@ -303,19 +303,33 @@ def share_base(item: Planned, root: Path) -> Path | None:
     """Give ``item`` the frozen base another experiment under ``root`` trained for the same
     data, model and pretrain params (the pretrain stage's own cache check: same fingerprint,
     same bytes), so experiments that differ only after the base (the two #M partitions)
-    train it once. Returns the folder copied from, or None."""
+    train it once; in a seed sweep each seed's base (``seed-<s>/pretrain``, the seed's own
+    subset and init) from the same seed's folder of another experiment. Returns the first
+    folder copied from, or None."""
     from tasks.backbone import BASE_FILE
     from tasks.pretrain import CARD_FILE, cached_card
+    from tasks.sweep import seed_params
 
-    target = item.dir / "pretrain"
-    if item.params.model.base != "pretrain" or cached_card(item.params, target) is not None:
+    if item.params.model.base != "pretrain":
         return None
-    for other in sorted(root.glob("*/pretrain")):
-        if other != target and cached_card(item.params, other) is not None:
-            for name in (BASE_FILE, CARD_FILE):
-                atomic_write_bytes(target / name, (other / name).read_bytes())
-            return other
-    return None
+    seeds = item.params.experiment.seeds
+    wanted = (
+        [(seed_params(item.params, s), f"seed-{s}/pretrain") for s in seeds]
+        if seeds
+        else [(item.params, "pretrain")]
+    )
+    source = None
+    for params, rel in wanted:
+        target = item.dir / rel
+        if cached_card(params, target) is not None:
+            continue
+        for other in sorted(root.glob(f"*/{rel}")):
+            if other != target and cached_card(params, other) is not None:
+                for name in (BASE_FILE, CARD_FILE):
+                    atomic_write_bytes(target / name, (other / name).read_bytes())
+                source = source or other
+                break
+    return source
 
 
 def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:

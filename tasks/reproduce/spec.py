@@ -74,14 +74,17 @@ class Cell:
 @dataclass(frozen=True)
 class ExperimentResult:
     """A finished experiment: its flat params, its cells per seed (``runs[seed]["fedavg-full"]``),
-    the seconds the run took (None when unknown) and, per seed, the share of the most frequent
+    the seconds the run took (None when unknown), per seed the share of the most frequent
     class among its training rows (None when unknown): the accuracy of a model that learned
-    nothing but the prior."""
+    nothing but the prior, and per seed the test accuracy of the pretrained base before any
+    federated round (``pretrain/base.json``; None without a pretrain base): what fine-tuning
+    starts from."""
 
     params: Mapping[str, Any]
     runs: Mapping[int, Mapping[str, Cell]]
     seconds: float | None = None
     majorities: Mapping[int, float | None] = field(default_factory=dict)
+    bases: Mapping[int, float | None] = field(default_factory=dict)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -96,10 +99,19 @@ class ExperimentResult:
     def majority(self) -> float | None:
         return self.majorities.get(self.seeds[0]) if self.runs else None
 
+    @property
+    def base_accuracy(self) -> float | None:
+        """The first seed's pretrained base's test accuracy (None when unknown)."""
+        return self.bases.get(self.seeds[0]) if self.runs else None
+
     def seed(self, seed: int) -> ExperimentResult:
         """The single-seed view of ``seed``."""
         return ExperimentResult(
-            self.params, {seed: self.runs[seed]}, self.seconds, {seed: self.majorities.get(seed)}
+            self.params,
+            {seed: self.runs[seed]},
+            self.seconds,
+            {seed: self.majorities.get(seed)},
+            {seed: self.bases.get(seed)},
         )
 
 

@@ -37,6 +37,8 @@ def decide(claim: Claim, results: Results, needs: Sequence[str], min_seeds: int)
     """The verdict of ``claim`` from the finished ``results`` of the experiments it ``needs``
     (those of the profile that ran), over the seeds all of them finished; fewer than
     ``min_seeds`` seeds give "cannot say yet"."""
+    if not needs:
+        return Verdict(None, "not run under this profile (what ran, above, says why)")
     absent = [n for n in needs if n not in results]
     if absent:
         return Verdict(
