@@ -45,16 +45,21 @@ SEED000 = (
     "grid.algorithm_options.fedprox.mu=0.01",
     "grid.adapters=[full,residual]",
 )
-# cpu: a narrower ResNet26 at 32x32 (the full one at 72x72 takes about 18 h per Table I cell on
-# 2 cores); 3,000 images, 20 rounds with the lr step at round 12 (= 30/50 of the run). Width
-# 0.5 (32/64/128 channels) keeps the adapters' share of the payload near the seed's: 1/8.09
-# (1/8.65 at width 1; at 0.25 BatchNorm and the head weigh more and it is 1/6.70).
+# cpu: a quarter-width ResNet26 at 32x32 (the full one at 72x72 takes about 18 h per Table I
+# cell on 2 cores). What sets the adapters' gap is the frozen base (the 2026-11-25 run: residual
+# plateaued at its base's quality from round 7 while full kept rising; a base of classes 5-9
+# alone left residual 8.7 points behind, measured 2026-11-26): so a longer-trained base on all
+# classes, 20,000 held-out rows x 3 epochs, and ~16 local steps per round (1,000 images per
+# client, E = 1 at batch 64: the seed's clients take ~78), 20 rounds, lr step at round 12. The
+# byte ratio is the seed's claim about the full-width model: it is counted there (at width 0.25
+# each message's fixed framing makes the measured ratio 1/6.7).
 CPU_RESNET = (
-    "model.options.width=0.5",
+    "model.options.width=0.25",
     "model.input_size=32",
-    "data.train_subset=3000",
+    "data.train_subset=10000",
     "data.test_subset=1000",
-    "pretrain.max_samples=6000",
+    "pretrain.max_samples=20000",
+    "pretrain.epochs=3",
     "federation.rounds=20",
     "lr_schedule.milestones=[12]",
 )
@@ -81,7 +86,7 @@ DIR05 = Experiment(
         "grid.algorithms=[fedavg,fedprox,fednova]",
     ),
     scale={
-        "cpu": (*CPU_RESNET, "grid.algorithms=[fedavg,fedprox]"),
+        "cpu": (*CPU_RESNET, "grid.algorithms=[fedavg]"),
         "ci": (*CI_RESNET, "grid.algorithms=[fedavg]"),
     },
 )
@@ -196,12 +201,14 @@ CLAIM = Claim(
     scaled={
         "gpu": "The seed's protocol on all of FashionMNIST except 10,000 rows that pretrain "
         "the frozen base (ResNet26 ImageNet weights are not available offline).",
-        "cpu": "ResNet26 at width 0.5 and 32x32 (the full one at 72x72 takes about 18 h per "
-        "cell on 2 cores; width 0.5 keeps the payload ratio near the seed's, 1/8.09, where "
-        "width 0.25 would give 1/6.70 because BatchNorm and the head weigh more), 3,000 "
-        "training and 1,000 test images, 20 rounds with the lr step at round 12, FedAvg and "
-        "FedProx (FedNova dropped for time); base pretrained on 6,000 held-out rows for 2 "
-        "epochs.",
+        "cpu": "ResNet26 at width 0.25 and 32x32 (the full one at 72x72 takes about 18 h per "
+        "cell on 2 cores), 10,000 training images (1,000 per client: ~16 local steps per "
+        "round) and 1,000 test images, 20 rounds with the lr step at round 12, FedAvg only "
+        "(FedProx and FedNova are gpu only, for time). The gap is set by the frozen base, so it "
+        "is trained longer than in the first cpu run: 20,000 held-out rows of all classes for 3 "
+        "epochs (a base of classes 5-9 alone left residual 8.7 points behind, measured). The "
+        "byte ratio is checked on the full-width model, counted as `fedapt models` counts it "
+        "(at width 0.25 each message's fixed framing makes the measured ratio 1/6.7).",
         "ci": "Smoke test: width 0.125, 200 images over 4 clients, 2 rounds of 2 steps.",
     },
 )
