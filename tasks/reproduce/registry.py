@@ -16,8 +16,11 @@ from fedcore.errors import UnknownNameError
 from tasks.reproduce import (
     claim_adapters,
     claim_anytime,
+    claim_cross_device,
     claim_fednilo,
+    claim_gaussian_noise,
     claim_label_skew,
+    claim_label_skew_m2,
     claim_server_opt,
     claim_shakespeare,
     claim_train_time,
@@ -75,6 +78,9 @@ CLAIMS: tuple[Claim, ...] = (
     claim_anytime.CLAIM,
     claim_train_time.CLAIM,
     ANYTIME_PA,
+    claim_cross_device.CLAIM,
+    claim_label_skew_m2.CLAIM,
+    claim_gaussian_noise.CLAIM,
     claim_shakespeare.CLAIM,
 )
 

@@ -1,0 +1,104 @@
+"""Claim: under noise-based feature skew, Gau(0.1), residual adapters end within about 1.4
+points of full fine-tuning (seed 000 Table I, FashionMNIST Gau(0.1) rows; §V "Adapters perform
+on par or close for both quantity-based label imbalance and noise-based feature distribution
+skew")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tasks.reproduce import plots
+from tasks.reproduce.claim_adapters import CI_RESNET, SEED000
+from tasks.reproduce.claim_cross_device import CPU_SEED000, LEARNED, adapter_gaps
+from tasks.reproduce.spec import Claim, Experiment, Reading, Results, missing
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# Seed 000 §IV: the IID split, then client C_i gets x^ = x + e, e ~ Gau(sigma * i / N) (mean
+# 0, variance sigma * i / N), sigma = 0.1; lr 0.1 -> 0.01 at round 30 as for Dir(0.5); the
+# cross-silo protocol (10 clients, all per round, E = 1).
+# cpu: the cross-device claim's ResNet26 (width 0.25, 32x32, base pretrained on classes 5-9
+# only, 30 rounds, lr step at 18) on 2,400 training images, 240 per client: batch 12 makes
+# E = 1 20 local steps per round (the seed's clients: 5,000 images, 79 steps); the same lr
+# as the cross-device claim, 0.025 (0.1 x 12/64 would be 0.019). The same data and base as
+# the cross-device claim (`fedapt reproduce` trains it once).
+_CPU = (
+    *CPU_SEED000,
+    "data.train_subset=2400",
+    "client.batch_size=12",
+    "client.lr=0.025",
+    "grid.algorithms=[fedavg]",
+)
+GAU = Experiment(
+    "gaussian-noise",
+    protocol=(
+        *SEED000,
+        "partition.scheme=gaussian_noise",
+        "partition.gaussian_noise.sigma=0.1",
+        "client.lr=0.1",
+        "grid.algorithms=[fedavg,fedprox,fednova]",
+    ),
+    scale={"cpu": _CPU, "ci": (*CI_RESNET, "grid.algorithms=[fedavg]")},
+)
+
+# Table I, FashionMNIST Gau(0.1): full - adapters = 1.38 (FedAvg), 1.34 (FedProx), 1.30
+# (FedNova), per-cell stds 0.06-0.28 over 5 seeds: the largest gap plus the largest std.
+GAP = 1.7
+
+
+def measure(results: Results) -> Reading:
+    if (r := missing(results, [GAU.name])) is not None:
+        return r
+    return adapter_gaps(results[GAU.name], GAP, LEARNED)
+
+
+def plot(results: Results) -> Figure | None:
+    if GAU.name not in results:
+        return None
+    cells = sorted(results[GAU.name].cells)
+    fig, (a, b) = plots.panels(2)
+    lines = [(GAU.name, c, c) for c in cells]
+    plots.accuracy_curves(results, lines, "Gau(0.1): accuracy per round", ax=a)
+    plots.accuracy_vs_mib(results, lines, "Gau(0.1): accuracy vs MiB", ax=b)
+    return fig
+
+
+CLAIM = Claim(
+    id="gaussian-noise",
+    title="Under noise-based feature skew, Gau(0.1), residual adapters end within about 1.4 "
+    "points of full fine-tuning.",
+    source="seed 000 (000_951abe0eee0db477.txt) Table I, FashionMNIST Gau(0.1), §IV and §V",
+    paper=(
+        "Table I (cross-silo, 10 clients, ResNet26, mean ± std of 5 seeds), FashionMNIST "
+        "Gau(0.1): FedAvg 94.90 ± 0.12 without vs 93.52 ± 0.27 with adapters; FedProx 94.90 ± "
+        "0.13 vs 93.56 ± 0.28; FedNova 94.82 ± 0.07 vs 93.52 ± 0.06 (average difference 1.34). "
+        '§V: "Adapters perform on par or close for both quantity-based label imbalance and '
+        "noise-based feature distribution skew.\" §IV: client C_i's images get noise "
+        "Gau(sigma * i / N), variance sigma * i / N, sigma = 0.1. (The extracted table text "
+        "misplaces the dataset labels by one row; these are the last row of the third dataset "
+        "block, FashionMNIST.)"
+    ),
+    experiments=(GAU,),
+    measure=measure,
+    rule="Holds if, for every algorithm, residual adapters end at most 1.7 points below full "
+    "fine-tuning under Gau(0.1) (a negative gap: the adapters ahead), provided full "
+    "fine-tuning learned (at least 30 points above always predicting the most frequent "
+    "class; otherwise cannot say).",
+    tolerance="Table I's FashionMNIST Gau(0.1) gaps are 1.30-1.38 points with per-cell "
+    "standard deviations of 0.06-0.28 over 5 seeds: 1.7 is the largest gap plus the largest "
+    "std (the adapters claim's tolerance under Dir(0.5) is the same 1.7).",
+    plot=plot,
+    scaled={
+        "gpu": "The seed's cross-silo protocol under Gau(0.1) (10 clients, all per round, E = "
+        "1, batch 64, lr 0.1 -> 0.01 at round 30, 50 rounds, FedAvg, FedProx mu 0.01, "
+        "FedNova) on all of FashionMNIST except 10,000 rows that pretrain the frozen base.",
+        "cpu": "ResNet26 at width 0.25 and 32x32, the base of the cross-device claim "
+        "(pretrained on 6,000 held-out rows of classes 5-9 only, so classes 0-4 are learned "
+        "in the federation), 2,400 training images (240 per client), batch 12 so that E = 1 "
+        "is 20 local steps per round (the seed's: 79), lr 0.025 (batch 12) -> 0.0025 at "
+        "round 18 of 30, 1,000 test images; FedAvg only, for time. Kept: the per-client noise "
+        "variance sigma * i / N on the training images, the IID split, full participation.",
+        "ci": "Smoke test: width 0.125, 200 images over 4 clients, 2 rounds of 2 steps, FedAvg.",
+    },
+)
