@@ -16,8 +16,12 @@ from fedcore.errors import UnknownNameError
 from tasks.reproduce import (
     claim_adapters,
     claim_anytime,
+    claim_dirichlet_alpha,
+    claim_fedir,
     claim_fednilo,
+    claim_fedvc,
     claim_label_skew,
+    claim_local_epochs,
     claim_server_opt,
     claim_train_time,
     claim_transformer,
@@ -74,6 +78,10 @@ CLAIMS: tuple[Claim, ...] = (
     claim_anytime.CLAIM,
     claim_train_time.CLAIM,
     ANYTIME_PA,
+    claim_local_epochs.CLAIM,
+    claim_dirichlet_alpha.CLAIM,
+    claim_fedir.CLAIM,
+    claim_fedvc.CLAIM,
 )
 
 
