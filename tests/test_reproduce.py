@@ -324,7 +324,9 @@ def test_gpu_profile_passes_preflight(tmp_path):
     sets = ["storage.bucket=null", "runtime.tracking=false", f"experiment.reports_dir={tmp_path}"]
     sets.append(f"data.root={REPO / 'data/raw'}")
     items = runs.plan(registry.CLAIMS, "gpu", REPO / "params.yaml", sets)
-    assert len(items) == 21  # anytime-pa runs now that its methods exist; shakespeare: 4
+    assert (
+        len(items) == 35
+    )  # anytime-pa runs now that its methods exist; shakespeare: 4; seed 000 Table II, #M = 2, Gau: 3; seed 002 §4.1: 11
     for it in items:
         check_names(it.params)
         preflight(it.params)

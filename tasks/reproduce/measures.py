@@ -37,6 +37,41 @@ def step_variance(cell: Cell, tail: float = 0.5) -> float | None:
     return statistics.pvariance(steps)
 
 
+def last_mean(cell: Cell, last: int = 5) -> float | None:
+    """Mean test accuracy (fraction) of the last ``last`` evaluated rounds: a curve's end
+    level, read as one reads a noisy curve's end off a figure; None without evaluations."""
+    accs = evaluated(cell)[-last:]
+    return statistics.fmean(accs) if accs else None
+
+
+def trailing(cell: Cell, window: int = 3) -> list[tuple[int, float]]:
+    """(round, mean accuracy of the ``window`` evaluated rounds ending there), from the
+    ``window``-th evaluated round on: the curve with its round-to-round jumps smoothed."""
+    ev = [
+        (int(r["round"]), float(r["accuracy"]))
+        for r in cell.rounds
+        if r.get("accuracy") is not None
+    ]
+    return [
+        (ev[i][0], statistics.fmean(a for _, a in ev[i + 1 - window : i + 1]))
+        for i in range(window - 1, len(ev))
+    ]
+
+
+def convergence_round(
+    cell: Cell, share: float = 0.95, last: int = 5, window: int = 3
+) -> int | None:
+    """Seed 002's "convergence time" (§4.1, Figs. 2-5), read off a curve: the first round at
+    which its ``window``-round trailing mean reaches ``share`` of its own end level
+    (:func:`last_mean` over ``last`` rounds), i.e. when the curve has flattened near where it
+    ends. None without evaluated rounds."""
+    end = last_mean(cell, last)
+    if end is None:
+        return None
+    hit = [r for r, a in trailing(cell, window) if a >= share * end]
+    return hit[0] if hit else None
+
+
 def mib_per_round(cell: Cell) -> float:
     """Upload + download MiB of the cell's last round (the payload, all clients, each way)."""
     r = cell.record

@@ -17,10 +17,14 @@ from tasks.reproduce import (
     claim_adapters,
     claim_anytime,
     claim_cross_device,
+    claim_dirichlet_alpha,
+    claim_fedir,
     claim_fednilo,
+    claim_fedvc,
     claim_gaussian_noise,
     claim_label_skew,
     claim_label_skew_m2,
+    claim_local_epochs,
     claim_server_opt,
     claim_shakespeare,
     claim_train_time,
@@ -82,6 +86,10 @@ CLAIMS: tuple[Claim, ...] = (
     claim_label_skew_m2.CLAIM,
     claim_gaussian_noise.CLAIM,
     claim_shakespeare.CLAIM,
+    claim_local_epochs.CLAIM,
+    claim_dirichlet_alpha.CLAIM,
+    claim_fedir.CLAIM,
+    claim_fedvc.CLAIM,
 )
 
 
