@@ -20,7 +20,9 @@ the final (normed) class token.
 Input (``input_spec``): 224x224 by default (``model.input_size`` overrides it: any multiple of
 the patch, 16 pixels, or ``model.options.patch_size`` for a ViT trained from scratch on small
 images; the position embeddings are built, or resampled from the weights, for the size;
-``model.options.depth`` builds fewer blocks, at random init: the tests' small configs);
+``model.options.depth`` builds fewer blocks and ``model.options.embed_dim`` a narrower one,
+a multiple of 64 with one head per 64 channels (192: ViT-Ti's width), at random init: the
+tests' small configs and the cpu stand-ins for the seeds' DeiT-S);
 with the weights, three channels and the weights' own normalisation (0.5 / 0.5 for ViT's augreg,
 ImageNet mean/std for DeiT; read from timm's config, no download).
 """
@@ -40,6 +42,7 @@ from fedcore.options import Int
 from models.registry import Builder, register_model
 from models.vit_arch import ViTConfig
 
+HEAD_DIM = 64  # channels per attention head in every ViT here (ViT-Ti/S/B: 192/3, 384/6, 768/12)
 ARCHS = {
     "vit_small": ViTConfig("vit_small_patch16_224", 384, 12, 6),
     "deit_small": ViTConfig("deit_small_patch16_224", 384, 12, 6),
@@ -72,11 +75,22 @@ def _builder(name: str) -> Builder:
         pretrained: Annotated[bool, Strict()] = False,
         patch_size: Annotated[Int, Ge(1)] = 16,
         depth: Annotated[Int, Ge(1)] | None = None,
+        embed_dim: Annotated[Int, Ge(HEAD_DIM)] | None = None,
     ) -> nn.Module:
         # The options' own values are checked against the annotations (models.registry);
         # what they say about each other and the input size, here.
         if pretrained and depth not in (None, config.depth):
             raise ConfigError(f"model {name!r}: the ImageNet weights have {config.depth} blocks")
+        if pretrained and embed_dim not in (None, config.embed_dim):
+            raise ConfigError(
+                f"model {name!r}: the ImageNet weights are {config.embed_dim} wide "
+                f"(got embed_dim {embed_dim})"
+            )
+        if embed_dim is not None and embed_dim % HEAD_DIM:
+            raise ConfigError(
+                f"model {name!r}: embed_dim must be a multiple of {HEAD_DIM} (one attention "
+                f"head per {HEAD_DIM} channels, as in ViT-Ti/S/B; got {embed_dim})"
+            )
         if pretrained and patch_size != config.patch_size:
             raise ConfigError(
                 f"model {name!r}: the ImageNet weights have {config.patch_size}-pixel patches "
@@ -93,7 +107,13 @@ def _builder(name: str) -> Builder:
         from models.timm_vit import ViTClassifier  # timm imports torchvision: 3.5 s, lazily
 
         return ViTClassifier(
-            replace(config, patch_size=patch_size, depth=depth or config.depth),
+            replace(
+                config,
+                patch_size=patch_size,
+                depth=depth or config.depth,
+                embed_dim=embed_dim or config.embed_dim,
+                num_heads=(embed_dim or config.embed_dim) // HEAD_DIM,
+            ),
             num_classes=num_classes,
             in_channels=in_channels,
             input_size=input_size,

@@ -197,7 +197,7 @@ INF = float("inf")
     [
         ("cifar_cnn", {"depth": 3}, "unknown key 'model.options.depth'; allowed: init"),
         ("lenet5", {"width": 2}, "unknown key 'model.options.width'; allowed: norm"),
-        ("vit_small", {"foo": 1}, "unknown key 'model.options.foo'; allowed: pretrained, patch_size, depth"),
+        ("vit_small", {"foo": 1}, "unknown key 'model.options.foo'; allowed: pretrained, patch_size, depth, embed_dim"),
         ("tv_resnet18", {"depth": 2}, "unknown key 'model.options.depth'; allowed: pretrained"),
         ("lenet5", {"norm": "layer"}, "model.options.norm: must be 'none', 'batch' or 'group' (got 'layer')"),
         ("cifar_cnn", {"init": "xavier"}, "model.options.init: must be 'pytorch' or 'seed004' (got 'xavier')"),
@@ -240,8 +240,9 @@ def test_vit_rules_between_options_and_input_stay_in_the_builder():
 
 def test_typed_options_are_accepted():
     kind = model_registry.model_options_type("vit_small")
-    assert model_options("vit_small") == ["pretrained", "patch_size", "depth"]
+    assert model_options("vit_small") == ["pretrained", "patch_size", "depth", "embed_dim"]
     assert (kind().pretrained, kind().patch_size, kind().depth) == (False, 16, None)
+    assert kind().embed_dim is None
 
     def vit(**kw):
         torch.manual_seed(0)
@@ -264,6 +265,22 @@ def test_typed_options_are_accepted():
     assert input_spec("efficientnet_lite0", options=lite(pretrained=False)).size is None
     assert input_spec("efficientnet_lite0", options=lite()).size == 224  # the builder's default
     assert get_model("resnet26", num_classes=10, width=1).fc.in_features == 256  # int is a float
+
+
+def test_vit_embed_dim_builds_a_narrower_vit_with_64_channels_per_head():
+    """The cpu stand-ins for DeiT-S (seed 001): ViT-Ti's 192 and narrower, one head per 64."""
+    vit = get_model("vit_small", num_classes=10, in_channels=1, input_size=28, patch_size=14,
+                    depth=2, embed_dim=128)  # fmt: skip
+    assert vit.hidden_size == 128 and vit.blocks[0].attn.num_heads == 2
+    assert vit(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+    with pytest.raises(ConfigError, match="^model 'vit_small': embed_dim must be a multiple of 64"):
+        get_model("vit_small", num_classes=10, input_size=16, patch_size=4, embed_dim=100)
+    with pytest.raises(ConfigError, match="^model 'deit_small': the ImageNet weights are 384 wide"):
+        get_model("deit_small", num_classes=10, pretrained=True, embed_dim=192)
+    with pytest.raises(
+        ConfigError, match="^model.options.embed_dim: must be greater than or equal"
+    ):
+        get_model("vit_small", num_classes=10, input_size=16, options={"embed_dim": 32})
 
 
 @pytest.mark.parametrize("name", list_models())
