@@ -51,6 +51,7 @@ ANYTIME_PA = Claim(
                 "grid.adapter_options.accumulator_pa.exits=anytime",
             ),
             scale=claim_anytime.EXITS.scale,
+            tune=claim_anytime.EXITS.tune,
         ),
     ),
     measure=partial(
