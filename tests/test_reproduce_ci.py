@@ -63,11 +63,19 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
             if claim.plot is not None and not registry.unmet(claim):
                 assert (root / "figures" / f"{claim.id}.png").read_bytes()[:4] == b"\x89PNG"
         # every experiment finished for this configuration, its record written with its time
-        # and both seeds
+        # and both seeds (a tuning run: seed 0); the tuned experiments now have their lrs
+        assert [it.tunes for it in items if it.waiting] == [None, None]
+        items = runs.plan(registry.CLAIMS, "ci", REPO / "params.yaml", sets, root)
         assert {runs.status(it) for it in items} == {"done"}
         for it in items:
             rec = json.loads(it.record.read_text())
-            assert rec["seconds"] > 0 and sorted(rec["seeds"]) == ["0", "1"]
+            assert rec["seconds"] > 0
+            assert sorted(rec["seeds"]) == (["0"] if it.tunes else ["0", "1"])
+        tuned = {it.experiment.name: it.params for it in items if it.experiment.tune}
+        assert set(tuned["adapters-dir05"].grid.client_lr) == {"fedavg-full", "fedavg-residual"}
+        opts = tuned["server-opt-lenet5"].grid.algorithm_options
+        assert opts.fedadam.server_lr in (0.001, 0.01)
+        assert "**Tuning of `adapters-dir05`.**" in (root / "reproduction.md").read_text()
         results = runs.results(items)
         assert sorted(results["transformer-adapters"].cells) == [
             "fedavg-head", "fedavg-houlsby", "fedavg-lora", "fedavg-pfeiffer"

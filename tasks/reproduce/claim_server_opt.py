@@ -76,7 +76,7 @@ LENET5 = Experiment(
         "grid.algorithm_options.fedadagrad.server_lr=0.001",
     ),
     scale={"cpu": _CPU, "ci": _CI},
-    tune={"cpu": Tune(lrs=(0.001, 0.01), key="server_lr")},
+    tune={p: Tune(lrs=(0.001, 0.01), key="server_lr") for p in ("ci", "cpu")},
 )
 LENET5_BN = Experiment(  # Fig. 9: LeNet5 + BatchNorm, Adagrad lr 0.01 with decay 0.01
     "server-opt-lenet5bn",
