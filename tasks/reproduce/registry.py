@@ -17,7 +17,10 @@ from tasks.reproduce import (
     claim_adapters,
     claim_anytime,
     claim_fednilo,
+    claim_fednilo_iid,
     claim_label_skew,
+    claim_multitier,
+    claim_personalize,
     claim_server_opt,
     claim_train_time,
     claim_transformer,
@@ -74,6 +77,9 @@ CLAIMS: tuple[Claim, ...] = (
     claim_anytime.CLAIM,
     claim_train_time.CLAIM,
     ANYTIME_PA,
+    claim_fednilo_iid.CLAIM,
+    claim_multitier.CLAIM,
+    claim_personalize.CLAIM,
 )
 
 
