@@ -133,12 +133,20 @@ def levels(best_acc: float) -> list[float]:
     return [round(top - s / 100, 4) for s in STEPS if top - s / 100 > 0]
 
 
-def measure(results: Results) -> Reading:
-    ran = [e.name for e in CONFIGS if e.name in results]
-    if (r := missing(results, [FEDAVG.name])) is not None or not ran:
+def measure(
+    results: Results,
+    fedavg: str = FEDAVG.name,
+    configs: Sequence[str] = tuple(e.name for e in CONFIGS),
+    least: float = SAVING,
+) -> Reading:
+    """The savings of the best of the FedNILO experiments ``configs`` over ``fedavg``'s at
+    its ACC levels, ``least`` the least mean saving that holds (the IID claim passes its
+    own)."""
+    ran = [n for n in configs if n in results]
+    if (r := missing(results, [fedavg])) is not None or not ran:
         return r or Reading(note="no FedNILO configuration has finished yet")
-    window = int(param(results[FEDAVG.name].params, "report.window", 30))
-    base = windowed(results[FEDAVG.name].cells["fedavg-full"].rounds, window)
+    window = int(param(results[fedavg].params, "report.window", 30))
+    base = windowed(results[fedavg].cells["fedavg-full"].rounds, window)
     nilo = {n: windowed(results[n].cells["fednilo-full"].rounds, window) for n in ran}
     best = max((p.accuracy for p in base if p.accuracy is not None), default=None)
     if best is None:
@@ -178,16 +186,20 @@ def measure(results: Results) -> Reading:
             f"{window} evaluated rounds) is {pct(top)}%, below the lowest level."
         )
         return Reading(
-            (plateau, Check("mean saving (%)", None, False, f">= {100 * SAVING:.0f}")), tab, note
+            (plateau, Check("mean saving (%)", None, False, f">= {100 * least:.0f}")), tab, note
         )
     mean = sum(savings) / len(savings)
-    saving = Check("mean saving (%)", 100 * mean, mean >= SAVING, f">= {100 * SAVING:.0f}")
-    return Reading((plateau, saving), tab)
+    check = Check("mean saving (%)", 100 * mean, mean >= least, f">= {100 * least:.0f}")
+    return Reading((plateau, check), tab)
 
 
-def plot(results: Results) -> Figure | None:
-    lines = [(FEDAVG.name, "fedavg-full", "FedAvg")]
-    lines += [(e.name, "fednilo-full", e.name.removeprefix("fednilo-")) for e in CONFIGS]
+def plot(
+    results: Results,
+    fedavg: str = FEDAVG.name,
+    configs: Sequence[str] = tuple(e.name for e in CONFIGS),
+) -> Figure | None:
+    lines = [(fedavg, "fedavg-full", "FedAvg")]
+    lines += [(n, "fednilo-full", n.removeprefix("fednilo-")) for n in configs]
     if not any(name in results for name, _, _ in lines):
         return None
     fig, (a, b) = plots.panels(2)

@@ -20,11 +20,14 @@ from tasks.reproduce import (
     claim_dirichlet_alpha,
     claim_fedir,
     claim_fednilo,
+    claim_fednilo_iid,
     claim_fedvc,
     claim_gaussian_noise,
     claim_label_skew,
     claim_label_skew_m2,
     claim_local_epochs,
+    claim_multitier,
+    claim_personalize,
     claim_server_opt,
     claim_shakespeare,
     claim_train_time,
@@ -91,6 +94,9 @@ CLAIMS: tuple[Claim, ...] = (
     claim_dirichlet_alpha.CLAIM,
     claim_fedir.CLAIM,
     claim_fedvc.CLAIM,
+    claim_fednilo_iid.CLAIM,
+    claim_multitier.CLAIM,
+    claim_personalize.CLAIM,
 )
 
 
