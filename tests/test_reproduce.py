@@ -92,9 +92,15 @@ def test_dedupe_keeps_the_last_value():
     assert dedupe(["a.b=1", "a={}", "a.b=2", "c=1"]) == ["a={}", "a.b=2", "c=1"]
 
 
+# the adapters claim without the ci profile's lr tuning: one experiment
+UNTUNED = dataclasses.replace(
+    claim_adapters.CLAIM, experiments=(dataclasses.replace(claim_adapters.DIR05, tune={}),)
+)
+
+
 def _plan_adapters(tmp_path):
     (it,) = runs.plan(
-        registry.select(["adapters"]),
+        [UNTUNED],
         "ci",
         REPO / "params.yaml",
         [f"experiment.reports_dir={tmp_path / 'reports'}"],
@@ -213,7 +219,7 @@ def test_experiments_with_the_same_base_share_it(tmp_path):
         assert got == f"the frozen base of seed {s}".encode()
     assert runs.share_base(m3, root) is None  # it has its own now
     (dir05,) = runs.plan(
-        registry.select(["adapters"]),
+        [UNTUNED],
         "ci",
         REPO / "params.yaml",
         [f"experiment.reports_dir={tmp_path}"],
@@ -324,9 +330,9 @@ def test_gpu_profile_passes_preflight(tmp_path):
     sets = ["storage.bucket=null", "runtime.tracking=false", f"experiment.reports_dir={tmp_path}"]
     sets.append(f"data.root={REPO / 'data/raw'}")
     items = runs.plan(registry.CLAIMS, "gpu", REPO / "params.yaml", sets)
-    assert (
-        len(items) == 35
-    )  # anytime-pa runs now that its methods exist; shakespeare: 4; seed 000 Table II, #M = 2, Gau: 3; seed 002 §4.1: 11
+    # anytime-pa; shakespeare 4; seed 000 Table II, #M = 2, Gau: 3; seed 002 §4.1: 11; seed 001
+    # multi-tier and personalization, seed 004 IID: 9
+    assert len(items) == 44
     for it in items:
         check_names(it.params)
         preflight(it.params)
