@@ -46,7 +46,7 @@ _SEED001 = (
 # cpu (provisional: speeds measured on 2026-11-26 under load, not yet run): MiniLM is a
 # mean-pooling model whose CLS token was never trained as a summary, and seed 001's ablation
 # says the link to a well-trained CLS drives most of the Accumulator's gain; so the cpu
-# profile uses a small ViT (timm's, 128 wide, 6 blocks, 7-pixel patches on 28x28
+# profile uses a small ViT (timm's, 128 wide, 6 blocks, 14-pixel patches on 28x28
 # FashionMNIST) whose CLS token is trained in the pretrain stage on 10,000 held-out rows, then
 # the seed's anytime protocol: 100 Dir(1.0) clients, 10 a round, batch 10, one local epoch
 # (3,000 images: 3 steps), 60 rounds; each method's lr tuned on a validation split (the
@@ -56,13 +56,13 @@ VIT = (
     "model.name=vit_small",
     "model.options.embed_dim=128",
     "model.options.depth=6",
-    "model.options.patch_size=7",
+    "model.options.patch_size=14",
     "model.input_size=28",
     "model.base=pretrain",
     "pretrain.dataset=null",
     "pretrain.classes=null",
     "pretrain.max_samples=10000",
-    "pretrain.epochs=3",
+    "pretrain.epochs=4",
 )
 EXITS = Experiment(
     "anytime-exits",
@@ -192,8 +192,8 @@ CLAIM = Claim(
         "gpu": "The seed's protocol (1,500 rounds, 100 Dir(1.0) clients, 10% per round, SGD "
         "5e-3, batch 10) on MiniLM (6 exits) and all training tweets: DeiT-small and CIFAR-100 "
         "are not available offline; a constant lr instead of the cosine schedule.",
-        "cpu": "A small ViT (128 wide, 6 blocks, 7-pixel patches, 28x28 FashionMNIST) whose "
-        "CLS token is trained in the pretrain stage on 10,000 held-out rows (3 epochs), "
+        "cpu": "A small ViT (128 wide, 6 blocks, 14-pixel patches, 28x28 FashionMNIST) whose "
+        "CLS token is trained in the pretrain stage on 10,000 held-out rows (4 epochs), "
         "instead of MiniLM, a mean-pooling model whose CLS was never trained as a summary "
         "(seed 001's ablation: the link to a well-trained CLS drives most of the gain; the "
         "first cpu run on MiniLM left the Accumulator at the class prior). Then the seed's "
