@@ -85,21 +85,35 @@ _KF = {
 }
 
 
-def _fednilo(k: int, f: int) -> Experiment:
+def configs(
+    prefix: str,
+    protocol: tuple[str, ...],
+    pairs: dict[tuple[int, int], dict[str, tuple[int, int, int]]],
+    cpu: tuple[str, ...],
+    ci: tuple[str, ...],
+) -> tuple[Experiment, ...]:
+    """One FedNILO experiment ``<prefix>-k<K>f<F>`` per (K, F) pair of the seed's tables, with
+    the (K, F, comm budget in CR) each scaled profile runs it at (``pairs``; gpu: all, the
+    seed's own K and F, budget 1000 CR)."""
+
     def opts(K: int, F: int, cr: float) -> tuple[str, ...]:
         o = "grid.algorithm_options.fednilo"
         return (f"{o}.K={K}", f"{o}.F={F}", f"{o}.comm_budget_cr={cr}")
 
-    scaled = _KF[(k, f)]
-    return Experiment(
-        f"fednilo-k{k}f{f}",
-        protocol=(*_SEED004, "grid.algorithms=[fednilo]", *opts(k, f, 1000)),
-        scale={
-            "cpu": (*_CPU, *opts(*scaled["cpu"])) if "cpu" in scaled else (),
-            "ci": (*_CI, *opts(*scaled["ci"])) if "ci" in scaled else (),
-        },
-        profiles=("gpu", *scaled),
-    )
+    out = []
+    for (k, f), scaled in pairs.items():
+        scale = {
+            p: (*base, *opts(*scaled[p])) for p, base in (("cpu", cpu), ("ci", ci)) if p in scaled
+        }
+        out.append(
+            Experiment(
+                f"{prefix}-k{k}f{f}",
+                protocol=(*protocol, "grid.algorithms=[fednilo]", *opts(k, f, 1000)),
+                scale=scale,
+                profiles=("gpu", *scaled),
+            )
+        )
+    return tuple(out)
 
 
 FEDAVG = Experiment(
@@ -107,7 +121,7 @@ FEDAVG = Experiment(
     protocol=(*_SEED004, "grid.algorithms=[fedavg]"),
     scale={"cpu": _CPU, "ci": _CI},
 )
-CONFIGS = tuple(_fednilo(k, f) for k, f in _KF)
+CONFIGS = configs("fednilo", _SEED004, _KF, _CPU, _CI)
 SAVING = 0.30  # "at least 30% less traffic" (Tables 6.4-6.7 average 24-53%)
 STEPS = (2.0, 1.5, 1.0, 0.5, 0.0)  # levels: FedAvg's best ACC minus these points (0.5 grid)
 

@@ -41,29 +41,12 @@ _KF = {
 }
 
 
-def _fednilo(k: int, f: int) -> Experiment:
-    def opts(K: int, F: int, cr: float) -> tuple[str, ...]:
-        o = "grid.algorithm_options.fednilo"
-        return (f"{o}.K={K}", f"{o}.F={F}", f"{o}.comm_budget_cr={cr}")
-
-    scaled = _KF[(k, f)]
-    return Experiment(
-        f"fednilo-iid-k{k}f{f}",
-        protocol=(*_SEED004_IID, "grid.algorithms=[fednilo]", *opts(k, f, 1000)),
-        scale={
-            "cpu": (*_CPU, *opts(*scaled["cpu"])) if "cpu" in scaled else (),
-            "ci": (*_CI, *opts(*scaled["ci"])) if "ci" in scaled else (),
-        },
-        profiles=("gpu", *scaled),
-    )
-
-
 FEDAVG = Experiment(
     "fednilo-iid-fedavg",
     protocol=(*_SEED004_IID, "grid.algorithms=[fedavg]"),
     scale={"cpu": _CPU, "ci": _CI},
 )
-CONFIGS = tuple(_fednilo(k, f) for k, f in _KF)
+CONFIGS = claim_fednilo.configs("fednilo-iid", _SEED004_IID, _KF, _CPU, _CI)
 SAVING = 0.15  # below Table 6.6's lowest saving (17.9%); its average is 23.9%
 _NAMES = tuple(e.name for e in CONFIGS)
 
