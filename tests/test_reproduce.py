@@ -307,7 +307,8 @@ def test_gpu_profile_passes_preflight(tmp_path):
     sets = ["storage.bucket=null", "runtime.tracking=false", f"experiment.reports_dir={tmp_path}"]
     sets.append(f"data.root={REPO / 'data/raw'}")
     items = runs.plan(registry.CLAIMS, "gpu", REPO / "params.yaml", sets)
-    assert len(items) == 17  # the anytime-pa experiment runs now that its methods exist
+    # the anytime-pa experiment runs now that its methods exist; fednilo-iid runs 8, multitier 1
+    assert len(items) == 26
     for it in items:
         check_names(it.params)
         preflight(it.params)
