@@ -35,15 +35,19 @@ _CI = claim_fednilo._CI
 # configurations are 350/50, 400/50 and 500/75; the cpu profile runs the first and the last,
 # with K at 1/3 and 1/2 of the 39 rounds FedAvg took to its top level in the probe (seed 004
 # §6.1.4's rule of thumb; 350:500 is about 1/3:1/2) and F = K/7 (the seed's 50/350, 75/500);
-# the budget, as the seed's 1000 CR, never stops a run before its last freeze.
+# the budget, as the seed's 1000 CR, stops no run: 30 CR stopped 500/75 at round 38 of 50 in
+# the probe, since clients not seen since a freeze download the frozen layers once (§5.2.4),
+# and 4 clients a round for 30 rounds after the freezes reach fewer of the 100 clients than
+# the seed's 10 a round for 1,500 (it spent 0.13-0.5 CR a round after its last freeze, the
+# seed's Table 6.2 0.002 once every client holds the frozen layers).
 _KF = {
     (350, 25): {"ci": (1, 1, 1000)},
-    (350, 50): {"cpu": (13, 2, 30)},
+    (350, 50): {"cpu": (13, 2, 40)},
     (400, 25): {},
     (400, 50): {},
     (450, 50): {},
     (500, 50): {},
-    (500, 75): {"cpu": (20, 3, 30)},
+    (500, 75): {"cpu": (20, 3, 40)},
 }
 
 
@@ -108,8 +112,12 @@ CLAIM = Claim(
         "moved -0.18 points over the last 10 rounds), as the seed's does long before round "
         "2,000. K and F follow §6.1.4 (K about 1/3-1/2 of the rounds FedAvg needs to reach "
         "the target: 39 in the probe): 350/50 -> 13/2 and 500/75 -> 20/3 (the first and last "
-        "best pairs of Table 6.6), comm budget 30 CR (never reached, as the seed's 1000); ACC "
-        "over a 10-round window (30 of 50 rounds would average the rise itself).",
+        "best pairs of Table 6.6), comm budget 40 CR (never reached, as the seed's 1000); ACC "
+        "over a 10-round window (30 of 50 rounds would average the rise itself). Against "
+        "FedNILO: clients not seen since a freeze download the frozen layers once, and 4 "
+        "clients a round reach fewer of the 100 than the seed's 10 a round over 1,500 rounds, "
+        "so its rounds after the last freeze cost 0.13-0.5 CR here (probe), not Table 6.2's "
+        "0.002.",
         "ci": "Smoke test: 3 rounds over 20 clients, K=1, F=1, a 2-round window.",
     },
 )
