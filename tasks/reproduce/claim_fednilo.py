@@ -122,6 +122,7 @@ FEDAVG = Experiment(
     scale={"cpu": _CPU, "ci": _CI},
 )
 CONFIGS = configs("fednilo", _SEED004, _KF, _CPU, _CI)
+NAMES = tuple(e.name for e in CONFIGS)
 SAVING = 0.30  # "at least 30% less traffic" (Tables 6.4-6.7 average 24-53%)
 STEPS = (2.0, 1.5, 1.0, 0.5, 0.0)  # levels: FedAvg's best ACC minus these points (0.5 grid)
 
@@ -150,7 +151,7 @@ def levels(best_acc: float) -> list[float]:
 def measure(
     results: Results,
     fedavg: str = FEDAVG.name,
-    configs: Sequence[str] = tuple(e.name for e in CONFIGS),
+    configs: Sequence[str] = NAMES,
     least: float = SAVING,
 ) -> Reading:
     """The savings of the best of the FedNILO experiments ``configs`` over ``fedavg``'s at
@@ -210,7 +211,7 @@ def measure(
 def plot(
     results: Results,
     fedavg: str = FEDAVG.name,
-    configs: Sequence[str] = tuple(e.name for e in CONFIGS),
+    configs: Sequence[str] = NAMES,
 ) -> Figure | None:
     lines = [(fedavg, "fedavg-full", "FedAvg")]
     lines += [(n, "fednilo-full", n.removeprefix("fednilo-")) for n in configs]

@@ -86,8 +86,7 @@ def measure(results: Results) -> Reading:
 def plot(results: Results) -> Figure | None:
     if EXITS.name not in results:
         return None
-    got = [(label, _scope(results, c, s)) for c, s, label in ROWS]
-    got = [(label, s) for label, s in got if s]
+    got = [(label, s) for c, sc, label in ROWS if (s := _scope(results, c, sc)) is not None]
     if not got:
         return None
     fig, (a, b) = plots.panels(2)
