@@ -307,7 +307,9 @@ def test_gpu_profile_passes_preflight(tmp_path):
     sets = ["storage.bucket=null", "runtime.tracking=false", f"experiment.reports_dir={tmp_path}"]
     sets.append(f"data.root={REPO / 'data/raw'}")
     items = runs.plan(registry.CLAIMS, "gpu", REPO / "params.yaml", sets)
-    assert len(items) == 17  # the anytime-pa experiment runs now that its methods exist
+    # the anytime-pa experiment runs now that its methods exist; + cross-device-dir05,
+    # label-skew-m2, gaussian-noise (seed 000)
+    assert len(items) == 20
     for it in items:
         check_names(it.params)
         preflight(it.params)

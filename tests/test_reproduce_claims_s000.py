@@ -72,7 +72,8 @@ def test_cross_device_protocol_is_cross_device():
         for it in runs.plan(registry.select(["cross-device"]), "cpu", REPO / "params.yaml")
     }["cross-device-dir05"]
     assert cpu.partition.num_clients == 100 and cpu.federation.sampling == "with_replacement"
-    assert cpu.client.local_epochs == 5 and cpu.pretrain.classes == (5, 6, 7, 8, 9)
+    assert cpu.client.local_epochs == 5 and cpu.pretrain.classes is None
+    assert cpu.client.lr == 0.1 and cpu.model.options.width == 0.25
 
 
 # ---- #M = 2: above #M = 1 by 10 points, below #M = 3 ---------------------------------------

@@ -33,16 +33,18 @@ CROSS_DEVICE = (
     "federation.sampling=with_replacement",
     "client.local_epochs=5",
 )
-# cpu (shared with the gaussian-noise claim): ResNet26 at width 0.25 and 32x32, a base
-# pretrained on FashionMNIST classes 5-9 only (held-out rows), so that the federation has to
-# learn the other five classes through what it trains (the seed's base knew ImageNet, not its
-# target classes; a base trained on all ten target classes already scores about 80% and leaves
-# adapters and fine-tuning little to do), 30 rounds with the lr step at round 18 (= 30/50).
+# cpu (shared with the gaussian-noise claim): ResNet26 at width 0.25 and 32x32 on a base
+# pretrained on 6,000 held-out rows of all ten classes (as the adapters claim), 30 rounds with
+# the lr step at round 18 (= 30/50), the protocol's lr 0.1. Measured on one seed (2026-11-26,
+# Gau(0.1), FedAvg, full vs residual): a base pretrained on classes 5-9 only left the adapters
+# 6.6 points behind full fine-tuning at lr 0.025 (86.5 vs 79.9%) and 2.4 at lr 0.1 (86.5 vs
+# 84.1%); with their 3x3 kernels frozen the adapters must build features for five classes the
+# base never separated, which the seed's generic ImageNet base does not ask of them (§V: the
+# base "should be saturated with as many classes as possible"). The all-class base: 88.0 vs
+# 85.7% at lr 0.025.
 CPU_SEED000 = (
     *CPU_RESNET,
     "model.options.width=0.25",
-    "pretrain.classes=[5,6,7,8,9]",
-    "pretrain.max_samples=6000",
     "data.test_subset=1000",
     "federation.rounds=30",
     "lr_schedule.milestones=[18]",
@@ -51,13 +53,11 @@ CPU_SEED000 = (
 # Dir(0.5)), so each of the 20 clients a round runs E = 5 epochs of batch 8, about 17 local
 # steps (the seed's clients: 500 images, 8 batches of 64, 40 steps): the drivers kept are
 # many small non-IID clients, a fifth of them per round drawn with replacement, and five
-# passes over each client's few images per round. lr 0.025 for the smaller batch (0.1 x 8/64
-# would be 0.0125; 0.025 keeps SGD moving over 30 rounds); it should be tuned (the report).
+# passes over each client's few images per round.
 _CPU = (
     *CPU_SEED000,
     "data.train_subset=2400",
     "client.batch_size=8",
-    "client.lr=0.025",
     "grid.algorithms=[fedavg]",
 )
 _CI = (
@@ -187,16 +187,16 @@ CLAIM = Claim(
         "FedNova) on all of FashionMNIST except 10,000 rows that pretrain the frozen base "
         "(ResNet26 ImageNet weights are not available offline; FashionMNIST is the seed's own "
         "dataset here).",
-        "cpu": "ResNet26 at width 0.25 and 32x32; a base pretrained (2 epochs) on 6,000 "
-        "held-out rows of classes 5-9 only, so the federation must learn classes 0-4 through "
-        "what it trains (the seed's ImageNet base did not know its target classes either; a "
-        "base trained on all ten target classes leaves adapters and fine-tuning little to "
-        "do); 2,400 training images over the 100 clients (10-53 each), batch 8 so that E = 5 "
-        "epochs are about 17 local steps per round (the seed's: 40), lr 0.025 (batch 8 "
-        "instead of 64) -> 0.0025 at round 18 of 30, 1,000 test images; FedAvg only (each cell "
-        "takes about half of the claim's cpu budget; FedProx and FedNova on the gpu profile). "
-        "Kept: the 100 clients, a fifth of them per round drawn with replacement, five local "
-        "epochs over few non-IID images.",
+        "cpu": "ResNet26 at width 0.25 and 32x32 on a base pretrained (2 epochs) on 6,000 "
+        "held-out rows of all ten classes, as the adapters claim's (a base that knows only "
+        "classes 5-9 left the adapters 2.4-6.6 points behind full fine-tuning under Gau(0.1): "
+        "frozen 3x3 kernels that never separated classes 0-4, where the seed's ImageNet base "
+        "is generic); 2,400 training images over the 100 clients (10-53 each), batch 8 so "
+        "that E = 5 epochs are about 17 local steps per round (the seed's: 40), the "
+        "protocol's lr 0.1 -> 0.01 at round 18 of 30, 1,000 test images; FedAvg only (each "
+        "cell takes about half of the claim's cpu budget; FedProx and FedNova on the gpu "
+        "profile). Kept: the 100 clients, a fifth of them per round drawn with replacement, "
+        "five local epochs over few non-IID images.",
         "ci": "Smoke test: width 0.125, 300 images over 10 clients, 2 sampled per round with "
         "replacement, 2 rounds of 2 steps, FedAvg.",
     },
