@@ -73,6 +73,7 @@ def test_cross_device_protocol_is_cross_device():
     }["cross-device-dir05"]
     assert cpu.partition.num_clients == 100 and cpu.federation.sampling == "with_replacement"
     assert cpu.client.local_epochs == 5 and cpu.pretrain.classes is None  # all classes
+    assert cpu.client.lr == 0.1 and cpu.model.options.width == 0.25
 
 
 # ---- #M = 2: above #M = 1 by 10 points, below #M = 3 ---------------------------------------

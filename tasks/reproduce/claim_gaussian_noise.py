@@ -20,14 +20,13 @@ if TYPE_CHECKING:
 # cross-silo protocol (10 clients, all per round, E = 1).
 # cpu: the cross-device claim's ResNet26 (width 0.25, 32x32, the adapters claim's base of all
 # classes, 30 rounds, lr step at 18) on 2,400 training images, 240 per client: batch 12 makes
-# E = 1 20 local steps per round (the seed's clients: 5,000 images, 79 steps); the same lr
-# as the cross-device claim, 0.025 (0.1 x 12/64 would be 0.019). The same data and base as
-# the cross-device claim (`fedapt reproduce` trains it once).
+# E = 1 20 local steps per round (the seed's clients: 5,000 images, 79 steps); the protocol's
+# lr 0.1, as the cross-device claim. The same data and base as the cross-device claim
+# (`fedapt reproduce` trains it once).
 _CPU = (
     *CPU_SEED000,
     "data.train_subset=2400",
     "client.batch_size=12",
-    "client.lr=0.025",
     "grid.algorithms=[fedavg]",
 )
 GAU = Experiment(
@@ -95,7 +94,7 @@ CLAIM = Claim(
         "FedNova) on all of FashionMNIST except 10,000 rows that pretrain the frozen base.",
         "cpu": "ResNet26 at width 0.25 and 32x32, the base of the adapters and cross-device "
         "claims (20,000 held-out rows of all classes, 3 epochs), 2,400 training images (240 per client), batch 12 so that E = 1 "
-        "is 20 local steps per round (the seed's: 79), lr 0.025 (batch 12) -> 0.0025 at "
+        "is 20 local steps per round (the seed's: 79), the protocol's lr 0.1 -> 0.01 at "
         "round 18 of 30, 1,000 test images; FedAvg only, for time. Kept: the per-client noise "
         "variance sigma * i / N on the training images, the IID split, full participation.",
         "ci": "Smoke test: width 0.125, 200 images over 4 clients, 2 rounds of 2 steps, FedAvg.",
