@@ -215,6 +215,18 @@ def test_fedvc_fails_below_fedavg_or_slower():
     assert "FedVC converges at round 20, FedAvg at 11" in v.text
 
 
+def test_fedvc_and_fedir_name_a_curve_still_rising():
+    rising = [0.3 + 0.015 * r for r in range(ROUNDS)]  # +7.5 points over its last 5 rounds
+    flat = curve(0.8, 10)
+    r = {"fedvc-std50": run({"fedavg-full": cell(accs=flat), "fedvc-full": cell(accs=rising)})}
+    v = judge(claim_fedvc.CLAIM, r)
+    assert v.holds is False and "FedVC at STD 50% is still rising at the end (+7.5" in v.text
+    above = [0.45 + 0.015 * r for r in range(ROUNDS)]  # ends near 0.87, FedAvg at 0.82
+    r = _fedir((-1.0, -3.0)) | {"fedir-alpha10": run({"fedir-full": cell(accs=above)})}
+    v = judge(claim_fedir.CLAIM, r)
+    assert v.holds is False and "FedIR at alpha = 10 is still rising at the end" in v.text
+
+
 def test_fedvc_cannot_say_when_seeds_straddle():
     v = straddle(claim_fedvc.CLAIM, _fedvc(2.0), _fedvc(-0.5))
     assert v.holds is None and "straddle" in v.text

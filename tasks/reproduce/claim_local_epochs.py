@@ -12,6 +12,7 @@ from tasks.reproduce.claim_dirichlet_alpha import (
     CPU,
     FEDAVG002,
     LAST,
+    RISING,
     fedavg,
     rise_points,
     rounds_apart,
@@ -43,8 +44,8 @@ def _epochs(e: int) -> Experiment:
 E1, E4 = _epochs(1), _epochs(4)
 CURVES = ((E1, "E=1"), (ALPHA1, "E=2"), (E4, "E=4"))
 SAME = 3.0  # points: "all models converge to the same accuracy": end levels this close
-PLATEAU = 2.0  # points: a curve has converged if its end level is at most this far above the
-# level of the 5 rounds before (the noise of that difference at alpha = 1: about 1.9 points)
+PLATEAU = RISING  # points: a curve has converged if its end level is at most this far above
+# the level of the 5 rounds before (the noise of that difference at alpha = 1: about 1.9)
 
 
 def measure(results: Results) -> Reading:
