@@ -74,6 +74,13 @@ def test_local_epochs_holds_fewer_rounds_same_end():
     assert v.holds is True and "| E=1 | 80.00 |" in v.table
 
 
+def test_local_epochs_times_every_e_to_the_lowest_end_level():
+    # E=1 ends 6 points lower: every E is timed to 95% of 0.75 = 71.25%, not to its own end
+    v = judge(claim_local_epochs.CLAIM, _epochs((0.75, 20), (0.81, 12), (0.815, 6)))
+    assert "the first round at 71.25% or more" in v.table
+    assert "| E=1 | 75.00 | 20 |" in v.table and "| E=4 | 81.50 | 6 |" in v.table
+
+
 def test_local_epochs_fails_when_an_e_ends_lower():
     v = judge(claim_local_epochs.CLAIM, _epochs((0.8, 20), (0.81, 12), (0.74, 6)))
     assert v.holds is False and "'end acc spread over E (points)' fails" in v.text
