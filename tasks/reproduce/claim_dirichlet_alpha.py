@@ -71,7 +71,7 @@ CURVES = ((IID, "IID"), (ALPHA100, "alpha=100"), (ALPHA10, "alpha=10"), (ALPHA1,
 
 TIE = 1.0  # points: a less skewed setting may end this far below a more skewed one (level)
 DECLINE = 2.0  # points: IID ends at least this far above alpha = 1 (a decline, not noise)
-SLACK = 0.1  # of the rounds: a less skewed setting may converge this much later (level)
+SLACK = 0.1  # of the rounds: a more skewed setting may converge this much earlier (level)
 
 
 def fedavg(results: Results, exp: Experiment) -> Cell | None:
