@@ -74,6 +74,13 @@ def test_local_epochs_holds_fewer_rounds_same_end():
     assert v.holds is True and "| E=1 | 80.00 |" in v.table
 
 
+def test_local_epochs_times_every_e_to_the_lowest_end_level():
+    # E=1 ends 6 points lower: every E is timed to 95% of 0.75 = 71.25%, not to its own end
+    v = judge(claim_local_epochs.CLAIM, _epochs((0.75, 20), (0.81, 12), (0.815, 6)))
+    assert "the first round at 71.25% or more" in v.table
+    assert "| E=1 | 75.00 | 20 |" in v.table and "| E=4 | 81.50 | 6 |" in v.table
+
+
 def test_local_epochs_fails_when_an_e_ends_lower():
     v = judge(claim_local_epochs.CLAIM, _epochs((0.8, 20), (0.81, 12), (0.74, 6)))
     assert v.holds is False and "'end acc spread over E (points)' fails" in v.text
@@ -213,6 +220,18 @@ def test_fedvc_fails_below_fedavg_or_slower():
     v = judge(claim_fedvc.CLAIM, _fedvc(2.0, vc_conv=20))  # 10 rounds later: > 3 (10% of 30)
     assert v.holds is False and "convergence round' fails" in v.text
     assert "FedVC converges at round 20, FedAvg at 11" in v.text
+
+
+def test_fedvc_and_fedir_name_a_curve_still_rising():
+    rising = [0.3 + 0.015 * r for r in range(ROUNDS)]  # +7.5 points over its last 5 rounds
+    flat = curve(0.8, 10)
+    r = {"fedvc-std50": run({"fedavg-full": cell(accs=flat), "fedvc-full": cell(accs=rising)})}
+    v = judge(claim_fedvc.CLAIM, r)
+    assert v.holds is False and "FedVC at STD 50% is still rising at the end (+7.5" in v.text
+    above = [0.45 + 0.015 * r for r in range(ROUNDS)]  # ends near 0.87, FedAvg at 0.82
+    r = _fedir((-1.0, -3.0)) | {"fedir-alpha10": run({"fedir-full": cell(accs=above)})}
+    v = judge(claim_fedir.CLAIM, r)
+    assert v.holds is False and "FedIR at alpha = 10 is still rising at the end" in v.text
 
 
 def test_fedvc_cannot_say_when_seeds_straddle():

@@ -14,6 +14,7 @@ from tasks.reproduce.claim_dirichlet_alpha import (
     LAST,
     fedavg,
     points,
+    rising,
 )
 from tasks.reproduce.measures import last_mean, pct, table
 from tasks.reproduce.spec import Check, Claim, Experiment, Reading, Results, missing
@@ -56,6 +57,8 @@ def measure(results: Results) -> Reading:
         checks.append(Check(f"alpha={alpha}: FedIR - FedAvg end acc (points)", gap, ok, "< 0"))
         if ok is False:
             notes.append(f"at alpha = {alpha} FedIR ends {gap:+.2f} points from FedAvg")
+            notes += rising(c_avg, f"FedAvg at alpha = {alpha}")
+            notes += rising(c_ir, f"FedIR at alpha = {alpha}")
         rows.append(
             [f"alpha={alpha}", pct(e_avg), pct(e_ir), "-" if gap is None else f"{gap:+.2f}"]
         )

@@ -14,6 +14,7 @@ from tasks.reproduce.claim_dirichlet_alpha import (
     LAST,
     SLACK,
     points,
+    rising,
     rounds_apart,
     slack_rounds,
 )
@@ -83,6 +84,8 @@ def measure(results: Results) -> Reading:
         )
         if ok is False:
             notes.append(f"at STD {std}% FedVC converges at round {r_vc}, FedAvg at {r_avg}")
+        if any(c is False for c in (checks[-1].ok, checks[-2].ok)):
+            notes += rising(avg, f"FedAvg at STD {std}%") + rising(vc, f"FedVC at STD {std}%")
         rows += [
             [f"STD {std}% FedAvg", pct(e_avg), num(r_avg, "d")],
             [f"STD {std}% FedVC", pct(e_vc), num(r_vc, "d")],

@@ -58,6 +58,13 @@ def trailing(cell: Cell, window: int = 3) -> list[tuple[int, float]]:
     ]
 
 
+def rounds_to(cell: Cell, level: float, window: int = 3) -> int | None:
+    """The first round at which the curve's ``window``-round trailing mean reaches ``level``
+    (a fraction); None if it never does."""
+    hit = [r for r, a in trailing(cell, window) if a >= level]
+    return hit[0] if hit else None
+
+
 def convergence_round(
     cell: Cell, share: float = 0.95, last: int = 5, window: int = 3
 ) -> int | None:
@@ -66,10 +73,7 @@ def convergence_round(
     (:func:`last_mean` over ``last`` rounds), i.e. when the curve has flattened near where it
     ends. None without evaluated rounds."""
     end = last_mean(cell, last)
-    if end is None:
-        return None
-    hit = [r for r, a in trailing(cell, window) if a >= share * end]
-    return hit[0] if hit else None
+    return None if end is None else rounds_to(cell, share * end, window)
 
 
 def mib_per_round(cell: Cell) -> float:
