@@ -176,6 +176,20 @@ def test_code_version_follows_the_number_code_only(tmp_path):
     assert records.code_version(tmp_path) != v
 
 
+def test_report_only_runs_nothing_and_names_what_is_missing(tmp_path):
+    res = CliRunner().invoke(
+        app,
+        ["reproduce", "--profile", "cpu", "--claim", "adapters", "--claim", "fedvc", "--report",
+         "--out", str(tmp_path / "out"), "--set", f"experiment.reports_dir={tmp_path}"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "adapters: not run yet" in res.output and "fedvc: not run yet" in res.output
+    verdicts = json.loads((tmp_path / "out" / "verdicts.json").read_text())
+    assert sorted(verdicts) == ["adapters", "fedvc"]
+    assert verdicts["adapters"]["text"].startswith("not run yet: adapters-dir05")
+    assert not (tmp_path / "reproduce").exists()  # no experiment folder: nothing ran
+
+
 def test_too_few_seeds_for_a_claim_is_one_line(tmp_path):
     res = CliRunner().invoke(
         app,

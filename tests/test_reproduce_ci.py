@@ -76,6 +76,13 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         opts = tuned["server-opt-lenet5"].grid.algorithm_options
         assert opts.fedadam.server_lr in (0.001, 0.01)
         assert "**Tuning of `adapters-dir05`.**" in (root / "reproduction.md").read_text()
+        # --report rebuilds the same report from the records alone, running nothing
+        before = (root / "verdicts.json").read_bytes(), (root / "reproduction.md").read_text()
+        (root / "verdicts.json").unlink()
+        res = CliRunner().invoke(app, [*args, "--report"])
+        assert res.exit_code == 0, res.output
+        assert (root / "verdicts.json").read_bytes() == before[0]
+        assert (root / "reproduction.md").read_text() == before[1]
         results = runs.results(items)
         assert sorted(results["transformer-adapters"].cells) == [
             "fedavg-head", "fedavg-houlsby", "fedavg-lora", "fedavg-pfeiffer"

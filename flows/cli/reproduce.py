@@ -53,6 +53,13 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
             help="rerun experiments whose records another code version or numerics computed",
         ),
     ] = False,
+    report_only: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="write the report from the records there are; run nothing",
+        ),
+    ] = False,
 ) -> None:
     """Run the experiments behind the seeds' claims and write the reproduction report.
     Rerun the same command to skip what finished and resume what did not."""
@@ -73,27 +80,51 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
         stale = [it for it in items if runs.status(it) == "stale"]
         if stale and not rerun_stale:  # numbers of two code versions never mix in a report
             raise ConfigError(runs.stale_text(stale[0]))
-        if items:  # before anything computes (preflight builds models)
-            from fedcore import numerics
-
-            rt = items[0].params.runtime
-            numerics.apply(rt.numerics, rt.threads)
         words = ["fedapt reproduce", f"--profile {profile}"]
         words += [f"--claim {c}" for c in claim or []]
         words += [f"--params {params}"] if params is not None else []
         words += [f"--set {s}" for s in overrides]
         words += [f"--out {out_dir}"] if out_dir is not None else []
+        if report_only:  # the claims without records say "not run yet"
+            report = _report(profile, claims, items, " ".join(words), where)
+            _print_verdicts(profile, claims, report)
+            return
+        if items:  # before anything computes (preflight builds models)
+            from fedcore import numerics
+
+            rt = items[0].params.runtime
+            numerics.apply(rt.numerics, rt.threads)
         words += ["--rerun-stale"] if rerun_stale else []
         report = _run(
             profile, claims, items, params_file, overrides, " ".join(words), where, rerun_stale
         )
-        smoke = " (smoke test)" if profile == "ci" else ""
-        decided = _verdicts(Path(report).parent)
-        for c in claims:
-            out.print(f"{c.id}: {decided.get(c.id, 'cannot say')}{smoke}", highlight=False)
-        out.print(f"report: {report}")
+        _print_verdicts(profile, claims, report)
 
     guard(body)
+
+
+def _print_verdicts(profile: str, claims: Sequence[Claim], report: str) -> None:
+    smoke = " (smoke test)" if profile == "ci" else ""
+    decided = _verdicts(Path(report).parent)
+    for c in claims:
+        out.print(f"{c.id}: {decided.get(c.id, 'cannot say')}{smoke}", highlight=False)
+    out.print(f"report: {report}")
+
+
+def _report(
+    profile: str,
+    claims: Sequence[Claim],
+    items: Sequence[Planned],
+    command: str,
+    where: str | None,
+) -> str:
+    """The report from the current records alone (``--report``): nothing runs, no server."""
+    from tasks.io import check_writable
+    from tasks.reproduce import report, runs
+
+    root = runs.out_root(profile, where)
+    check_writable("--out", root)
+    return str(report.write_report(profile, claims, items, runs.results(items), root, command))
 
 
 def _run(
@@ -167,7 +198,10 @@ def _verdicts(root: Path) -> dict[str, str]:
         err.print(f"no verdicts in {root}", highlight=False)
         return {}
     words = {True: "holds", False: "does not hold", None: "cannot say"}
-    return {k: words[v["holds"]] for k, v in json.loads(path.read_text()).items()}
+    return {
+        k: v["text"].split(":")[0] if v["text"].startswith("not ") else words[v["holds"]]
+        for k, v in json.loads(path.read_text()).items()
+    }
 
 
 def _plan_table(items: Sequence[Planned]) -> Table:
