@@ -378,3 +378,17 @@ def test_up_on_a_busy_port_says_which_and_how(monkeypatch):
     assert res.exit_code == 2
     assert f"port {port}" in res.output and "FEDAPT_S3_PORT" in res.output
     assert "Traceback" not in res.output
+
+
+def test_commands_are_registered_explicitly_and_import_changes_no_environment():
+    """Importing the CLI sets no environment variable (the app's callback sets the offline
+    defaults when a command runs), and every command function is importable without the app."""
+    import os
+
+    code = (
+        "import os; before = dict(os.environ); import flows.cli; "
+        "assert dict(os.environ) == before, set(os.environ) ^ set(before); "
+        "from flows.cli import stages; assert not hasattr(stages, 'app')"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "DO_NOT_TRACK")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)

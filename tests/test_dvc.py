@@ -262,7 +262,7 @@ def test_dvc_train_and_pretrain_use_the_running_services(monkeypatch):
     import os
 
     from flows import services
-    from flows.cli.stages import with_services
+    from flows.cli.common import guarded
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setattr(
@@ -271,7 +271,7 @@ def test_dvc_train_and_pretrain_use_the_running_services(monkeypatch):
         lambda *a, **k: {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5999"},
     )
     seen: list = []
-    with_services(lambda: seen.append(os.environ.get("MLFLOW_TRACKING_URI")))()
+    guarded(services=True)(lambda: seen.append(os.environ.get("MLFLOW_TRACKING_URI")))()
     assert seen == ["http://127.0.0.1:5999"]
     assert "MLFLOW_TRACKING_URI" not in os.environ
 

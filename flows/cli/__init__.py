@@ -1,17 +1,38 @@
-"""The ``fedapt`` command line: one module per command group on one Typer app
-(``common``: what they share). Importing this package registers every command."""
+"""The ``fedapt`` command line: one module per command group, each command a plain function
+under ``@guarded`` (its one-line error guard), registered here on one Typer app in the order
+of `fedapt --help` (``common``: what they share)."""
 
 from __future__ import annotations
 
-# Registration order is the order of `fedapt --help`.
-from flows.cli import experiment  # noqa: F401  isort: skip
-from flows.cli import deployments  # noqa: F401  isort: skip
-from flows.cli import services  # noqa: F401  isort: skip
-from flows.cli import stages  # noqa: F401  isort: skip
-from flows.cli import reproduce  # noqa: F401  isort: skip
-from flows.cli.common import app, results_table
+import typer
+
+from flows.cli import deployments, experiment, reproduce, services, stages
+from flows.cli.common import app, offline_defaults, results_table
 
 __all__ = ["app", "main", "results_table"]
+
+app.callback()(offline_defaults)
+for command in (experiment.run, experiment.partition, experiment.models):
+    app.command()(command)
+
+deploy_app = typer.Typer(
+    help="Deploy the experiment flow on a cron schedule (fedapt deploy --cron ...), or list, "
+    "pause, resume or delete its deployments.",
+    no_args_is_help=False,
+)
+deploy_app.callback(invoke_without_command=True)(deployments.deploy)
+deploy_app.command("ls")(deployments.ls)
+for command in (deployments.pause, deployments.resume, deployments.delete):
+    deploy_app.command()(command)
+app.add_typer(deploy_app, name="deploy")
+
+app.command()(services.up)
+app.command()(services.down)
+app.command("env")(services.env_)
+app.command()(services.status)
+for command in (stages.prepare, stages.validate, stages.pretrain, stages.train, stages.report):
+    app.command()(command)
+app.command()(reproduce.reproduce)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import signal
@@ -13,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich import box
@@ -21,17 +22,27 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-# Offline and quiet by default; the project keeps its own Prefect home (DESIGN.md).
+# Offline and quiet by default; the project keeps its own Prefect home. Set when a command
+# runs (the app's callback), before it imports Prefect or MLflow; never at import.
 _ROOT = Path(__file__).resolve().parents[2]
-for _key, _value in {
+OFFLINE_DEFAULTS = {
     "PREFECT_HOME": str(_ROOT / ".prefect"),
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
-}.items():
-    os.environ.setdefault(_key, _value)
+}
+
+
+def offline_defaults() -> None:
+    """Every command: the environment defaults above, where the user set none."""
+    for key, value in OFFLINE_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 app = typer.Typer(
     add_completion=False,
@@ -87,6 +98,30 @@ def print_error(message: str) -> None:
     message = mask_credentials(" ".join(message.splitlines())) if message else "(no message)"
     line.append(message)
     err.print(line, highlight=False, soft_wrap=True)
+
+
+def guarded(fn: Callable[P, R] | None = None, *, services: bool = False) -> Any:
+    """A command's error guard, as a decorator: a FedaptError becomes one line on stderr and
+    exit code 2 (``guard``). ``services=True`` runs the command with the services of `fedapt
+    up` that are up (the same rule as `fedapt run`: a `dvc repro` stage run while the MLflow
+    server is up is tracked there, not in mlruns/)."""
+
+    def wrap(f: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(f)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            def body() -> R:
+                if not services:
+                    return f(*args, **kwargs)
+                from flows import services as svc
+
+                with svc.patched_environ(svc.env_for_clients()):
+                    return f(*args, **kwargs)
+
+            return guard(body)  # type: ignore[no-any-return]
+
+        return run
+
+    return wrap(fn) if fn is not None else wrap
 
 
 def guard(fn: Callable[[], Any]) -> Any:

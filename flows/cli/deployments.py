@@ -9,21 +9,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import ParamsOpt, SetOpt, app, guard, load, out, print_error
-
-deploy_app = typer.Typer(
-    help="Deploy the experiment flow on a cron schedule (fedapt deploy --cron ...), or list, "
-    "pause, resume or delete its deployments.",
-    no_args_is_help=False,
-)
-app.add_typer(deploy_app, name="deploy")
+from flows.cli.common import ParamsOpt, SetOpt, guarded, load, out, print_error
 
 NameArg = Annotated[
     str, typer.Argument(help="deployment name (as in `fedapt deploy ls`)", show_default=False)
 ]
 
 
-@deploy_app.callback(invoke_without_command=True)
+@guarded
 def deploy(
     ctx: typer.Context,
     cron: Annotated[
@@ -61,105 +54,92 @@ def deploy(
             raise typer.Exit(2)
         return
 
-    def body() -> None:
-        from fedcore.errors import ConfigError
-        from flows.deploy import check_cron, check_pool_type
-        from flows.services import WORK_POOL
+    from fedcore.errors import ConfigError
+    from flows.deploy import check_cron, check_pool_type
+    from flows.services import WORK_POOL
 
-        if cron is None:
-            raise ConfigError(
-                "fedapt deploy needs --cron (e.g. --cron '0 3 * * *'), or one of: "
-                "ls, pause NAME, resume NAME, delete NAME"
-            )
-        pool = work_pool or WORK_POOL
-        from flows.deploy import deploy as do_deploy
-
-        check_cron(cron)
-        params_file = str((params or Path("params.yaml")).resolve())
-        p = load(Path(params_file), set_)  # the scheduled runs must not fail on bad params
-        overrides = [*(set_ or []), *_versioned(p, new_version)]  # never over other results
-        check_pool_type(pool_type)
-        dep = do_deploy(
-            name=name,
-            cron=cron,
-            work_pool=pool,
-            pool_type=pool_type,
-            params_file=params_file,
-            overrides=overrides,
+    if cron is None:
+        raise ConfigError(
+            "fedapt deploy needs --cron (e.g. --cron '0 3 * * *'), or one of: "
+            "ls, pause NAME, resume NAME, delete NAME"
         )
+    pool = work_pool or WORK_POOL
+    from flows.deploy import deploy as do_deploy
+
+    check_cron(cron)
+    params_file = str((params or Path("params.yaml")).resolve())
+    p = load(Path(params_file), set_)  # the scheduled runs must not fail on bad params
+    overrides = [*(set_ or []), *_versioned(p, new_version)]  # never over other results
+    check_pool_type(pool_type)
+    dep = do_deploy(
+        name=name,
+        cron=cron,
+        work_pool=pool,
+        pool_type=pool_type,
+        params_file=params_file,
+        overrides=overrides,
+    )
+    out.print(f"deployed {dep.name} ({dep.id}) on {dep.api_url}, cron '{cron}'", highlight=False)
+    if dep.worker_ready:
+        out.print(f"a worker polls work pool {dep.work_pool}: the scheduled runs will run")
+    elif pool == WORK_POOL:  # the pool of fedapt's worker service
+        out.print(f"no worker polls work pool {dep.work_pool} yet: start one with `fedapt up`")
+    else:
         out.print(
-            f"deployed {dep.name} ({dep.id}) on {dep.api_url}, cron '{cron}'", highlight=False
+            f"no worker polls work pool {dep.work_pool} yet: start one with "
+            f"`prefect worker start --pool {dep.work_pool}`"
         )
-        if dep.worker_ready:
-            out.print(f"a worker polls work pool {dep.work_pool}: the scheduled runs will run")
-        elif pool == WORK_POOL:  # the pool of fedapt's worker service
-            out.print(f"no worker polls work pool {dep.work_pool} yet: start one with `fedapt up`")
-        else:
-            out.print(
-                f"no worker polls work pool {dep.work_pool} yet: start one with "
-                f"`prefect worker start --pool {dep.work_pool}`"
-            )
-
-    guard(body)
 
 
-@deploy_app.command("ls")
+@guarded
 def ls() -> None:
     """List the deployments of the experiment flow: state, cron, work pool, next run."""
 
-    def body() -> None:
-        from flows.deploy import listing
+    from flows.deploy import listing
 
-        url, rows = listing()
-        if not rows:
-            out.print(f"no deployments on {url} (create one with: fedapt deploy --cron ...)")
-            return
-        t = Table(title=f"deployments of fedapt-experiment on {url}")
-        for col in rows[0]:
-            t.add_column(col)
-        for row in rows:
-            t.add_row(*row.values())
-        out.print(t)
-
-    guard(body)
+    url, rows = listing()
+    if not rows:
+        out.print(f"no deployments on {url} (create one with: fedapt deploy --cron ...)")
+        return
+    t = Table(title=f"deployments of fedapt-experiment on {url}")
+    for col in rows[0]:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*row.values())
+    out.print(t)
 
 
+@guarded
 def _manage(action: str, name: str) -> None:
-    def body() -> None:
-        from flows.deploy import manage
+    from flows.deploy import manage
 
-        done = manage(action, name)
-        out.print(f"{action}d {done.name} on {done.api_url}", highlight=False)
-        if done.cancelled:
-            out.print(
-                f"cancelled {len(done.cancelled)} run(s) that had not started: "
-                + ", ".join(done.cancelled),
-                highlight=False,
-            )
-        for run_name, run_id in done.running:
-            out.print(
-                f"run {run_name} is still running and runs to its end "
-                f"(stop it with: prefect flow-run cancel {run_id})",
-                highlight=False,
-            )
-
-    guard(body)
+    done = manage(action, name)
+    out.print(f"{action}d {done.name} on {done.api_url}", highlight=False)
+    if done.cancelled:
+        out.print(
+            f"cancelled {len(done.cancelled)} run(s) that had not started: "
+            + ", ".join(done.cancelled),
+            highlight=False,
+        )
+    for run_name, run_id in done.running:
+        out.print(
+            f"run {run_name} is still running and runs to its end "
+            f"(stop it with: prefect flow-run cancel {run_id})",
+            highlight=False,
+        )
 
 
-@deploy_app.command()
 def pause(name: NameArg) -> None:
     """Pause a deployment: no new scheduled runs, and its runs that have not started yet
     (Scheduled, Late, Pending) are cancelled; a Running one runs to its end."""
     _manage("pause", name)
 
 
-@deploy_app.command()
 def resume(name: NameArg) -> None:
     """Resume a paused deployment: the server's scheduler creates its runs again."""
     _manage("resume", name)
 
 
-@deploy_app.command()
 def delete(name: NameArg) -> None:
     """Delete a deployment and cancel its runs that have not started; a Running one runs to
     its end."""

@@ -12,10 +12,9 @@ from rich.table import Table
 from flows.cli.common import (
     ParamsOpt,
     SetOpt,
-    app,
     err,
     exit_if_diverged,
-    guard,
+    guarded,
     load,
     out,
     quiet_prefect_tracebacks,
@@ -29,7 +28,7 @@ MAX_LABEL_COLUMNS = 100  # `fedapt partition` prints per-class counts up to this
 MAX_CHANNELS, MAX_SIDE, MAX_CLASSES = 64, 1024, 1_000_000
 
 
-@app.command()
+@guarded
 def run(
     params: ParamsOpt = None,
     set_: SetOpt = None,
@@ -51,84 +50,81 @@ def run(
     overwrites the finished results of other params: it stops in one line, or with
     --new-version runs as the next version of the experiment."""
 
-    def body() -> None:
-        from flows import services
+    from flows import services
 
-        extra = []
-        if device is not None:
-            extra.append(f"runtime.device={device}")
-        if workers is not None:
-            extra.append(f"runtime.workers={workers}")
-        p = load(params, set_, extra)
-        # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
-        # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind
-        # (servers stopped, MLflow runs KILLED, lock released), then exit 130/143 in one line.
+    extra = []
+    if device is not None:
+        extra.append(f"runtime.device={device}")
+    if workers is not None:
+        extra.append(f"runtime.workers={workers}")
+    p = load(params, set_, extra)
+    # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
+    # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind
+    # (servers stopped, MLflow runs KILLED, lock released), then exit 130/143 in one line.
+    with (
+        stop_on_signals(cleanup=_runs_killed),
+        services.patched_environ(services.env_for_clients()),
+    ):
+        from flows.experiment import (
+            check_checkpoints,
+            check_names,
+            check_sweep,
+            experiment_flow,
+            preflight,
+        )
+        from tasks import tracking
+        from tasks.config import experiment_dir
+        from tasks.io import check_writable
+        from tasks.origin import check_results, version
+
+        check_names(p)  # bad names stop here, before any server starts
+        check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
+        given = list(set_ or [])
+        if new_version:  # <experiment>-v<k>: free, or holding these params' results
+            named = version(p, s3=False)  # (S3 is checked once its server is up)
+            if named.experiment.name != p.experiment.name:
+                out.print(
+                    f"running experiment {named.experiment.name}: {p.experiment.name} "
+                    "holds other params' results",
+                    highlight=False,
+                )
+                given.append(f"experiment.name={named.experiment.name}")
+            p = named
+        check_writable("experiment.reports_dir", experiment_dir(p))
         with (
-            stop_on_signals(cleanup=_runs_killed),
-            services.patched_environ(services.env_for_clients()),
+            # one run per experiment directory: a second one stops here, naming the first,
+            # before it writes anything or starts a server
+            services.run_lock(experiment_dir(p), "fedapt run"),
+            # temporary servers (S3; Prefect once the inputs are checked) are tied to this
+            # process: they die with it, kill -9 included
+            services.run_environment(need_s3=bool(p.storage.bucket)),
+            tracking.ended_on_error(),  # runs still open on an error: FAILED / KILLED
         ):
-            from flows.experiment import (
-                check_checkpoints,
-                check_names,
-                check_sweep,
-                experiment_flow,
-                preflight,
-            )
-            from tasks import tracking
-            from tasks.config import experiment_dir
-            from tasks.io import check_writable
-            from tasks.origin import check_results, version
+            preflight(p, partition_dir)
+            check_results(p, s3=bool(p.storage.bucket))  # another run's results -> one line
+            check_checkpoints(p, partition_dir)  # another configuration's -> one line
+            if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
+                _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
+            quiet_prefect_tracebacks()
+            with services.prefect_environment():  # a temporary server if none is set/up
+                records = experiment_flow(
+                    params=p,
+                    params_file=str(params or "params.yaml"),
+                    overrides=given,  # recorded: the run's origin
+                    partition_dir=str(partition_dir) if partition_dir else None,
+                )
+        where = _where_results(p)
+    if p.experiment.seeds is not None:  # mean ± std over the seeds
+        from tasks.sweep import cell_stats
 
-            check_names(p)  # bad names stop here, before any server starts
-            check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
-            given = list(set_ or [])
-            if new_version:  # <experiment>-v<k>: free, or holding these params' results
-                named = version(p, s3=False)  # (S3 is checked once its server is up)
-                if named.experiment.name != p.experiment.name:
-                    out.print(
-                        f"running experiment {named.experiment.name}: {p.experiment.name} "
-                        "holds other params' results",
-                        highlight=False,
-                    )
-                    given.append(f"experiment.name={named.experiment.name}")
-                p = named
-            check_writable("experiment.reports_dir", experiment_dir(p))
-            with (
-                # one run per experiment directory: a second one stops here, naming the first,
-                # before it writes anything or starts a server
-                services.run_lock(experiment_dir(p), "fedapt run"),
-                # temporary servers (S3; Prefect once the inputs are checked) are tied to this
-                # process: they die with it, kill -9 included
-                services.run_environment(need_s3=bool(p.storage.bucket)),
-                tracking.ended_on_error(),  # runs still open on an error: FAILED / KILLED
-            ):
-                preflight(p, partition_dir)
-                check_results(p, s3=bool(p.storage.bucket))  # another run's results -> one line
-                check_checkpoints(p, partition_dir)  # another configuration's -> one line
-                if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
-                    _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
-                quiet_prefect_tracebacks()
-                with services.prefect_environment():  # a temporary server if none is set/up
-                    records = experiment_flow(
-                        params=p,
-                        params_file=str(params or "params.yaml"),
-                        overrides=given,  # recorded: the run's origin
-                        partition_dir=str(partition_dir) if partition_dir else None,
-                    )
-            where = _where_results(p)
-        if p.experiment.seeds is not None:  # mean ± std over the seeds
-            from tasks.sweep import cell_stats
-
-            out.print(sweep_table(cell_stats(p, records), list(p.experiment.seeds)))
-        else:
-            out.print(results_table(records))
-        out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
-        out.print(_numerics_line(p.runtime.numerics), highlight=False)
-        for line in where:
-            out.print(line)
-        exit_if_diverged(p, records)
-
-    guard(body)
+        out.print(sweep_table(cell_stats(p, records), list(p.experiment.seeds)))
+    else:
+        out.print(results_table(records))
+    out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
+    out.print(_numerics_line(p.runtime.numerics), highlight=False)
+    for line in where:
+        out.print(line)
+    exit_if_diverged(p, records)
 
 
 def _numerics_line(mode: str) -> str:
@@ -182,7 +178,7 @@ def _where_results(params: Any) -> list[str]:
     return lines
 
 
-@app.command()
+@guarded
 def partition(
     params: ParamsOpt = None,
     set_: SetOpt = None,
@@ -190,55 +186,52 @@ def partition(
 ) -> None:
     """Partition the dataset; write manifest.csv + stats.json and print a label histogram."""
 
-    def body() -> None:
-        from tasks.config import experiment_dir
-        from tasks.data import (
-            build_partition,
-            data_sources,
-            load_experiment_data,
-            write_partition,
-        )
-        from tasks.io import check_writable
+    from tasks.config import experiment_dir
+    from tasks.data import (
+        build_partition,
+        data_sources,
+        load_experiment_data,
+        write_partition,
+    )
+    from tasks.io import check_writable
 
-        p = load(params, set_, numerics="portable")  # a DVC stage (numpy draws, no kernels)
-        target = out_dir or experiment_dir(p) / "partition"
-        check_writable("--out" if out_dir else "experiment.reports_dir", target)
-        data = load_experiment_data(p)
-        part = build_partition(p, data)
-        manifest, stats = write_partition(p, data, part, target)
-        import numpy as np
+    p = load(params, set_, numerics="portable")  # a DVC stage (numpy draws, no kernels)
+    target = out_dir or experiment_dir(p) / "partition"
+    check_writable("--out" if out_dir else "experiment.reports_dir", target)
+    data = load_experiment_data(p)
+    part = build_partition(p, data)
+    manifest, stats = write_partition(p, data, part, target)
+    import numpy as np
 
-        labels, num_classes = data.train.labels.numpy(), data.train.info.num_classes
-        shown = {k: v for k, v in part.params.items() if k != "groups"}  # natural: role ids
-        t = Table(title=f"{part.scheme} {shown}  hash {part.content_hash()[:12]}")
-        t.add_column("client", justify="right")
-        t.add_column("size", justify="right")
-        if num_classes > MAX_LABEL_COLUMNS:  # a vocabulary (next-token labels)
-            t.add_column("distinct labels", justify="right")
-            for i, ix in enumerate(part.client_indices):
-                t.add_row(str(i), str(len(ix)), str(len(np.unique(labels[ix]))))
-            out.print(t)
-            out.print(f"manifest: {manifest}\nstats: {stats}")
-            return
-        counts = part.label_counts(labels, num_classes)
-        for k in range(counts.shape[1]):
-            t.add_column(str(k), justify="right")
-        if any(v > 0 for v in part.noise_var):
-            t.add_column("noise var", justify="right")
-        for i, row in enumerate(counts):
-            cells = [str(i), str(int(row.sum())), *(str(int(v)) for v in row)]
-            if any(v > 0 for v in part.noise_var):
-                cells.append(f"{part.noise_var[i]:.4f}")
-            t.add_row(*cells)
+    labels, num_classes = data.train.labels.numpy(), data.train.info.num_classes
+    shown = {k: v for k, v in part.params.items() if k != "groups"}  # natural: role ids
+    t = Table(title=f"{part.scheme} {shown}  hash {part.content_hash()[:12]}")
+    t.add_column("client", justify="right")
+    t.add_column("size", justify="right")
+    if num_classes > MAX_LABEL_COLUMNS:  # a vocabulary (next-token labels)
+        t.add_column("distinct labels", justify="right")
+        for i, ix in enumerate(part.client_indices):
+            t.add_row(str(i), str(len(ix)), str(len(np.unique(labels[ix]))))
         out.print(t)
         out.print(f"manifest: {manifest}\nstats: {stats}")
-        if src := data_sources(p):
-            out.print(f"data: {src}", highlight=False)
+        return
+    counts = part.label_counts(labels, num_classes)
+    for k in range(counts.shape[1]):
+        t.add_column(str(k), justify="right")
+    if any(v > 0 for v in part.noise_var):
+        t.add_column("noise var", justify="right")
+    for i, row in enumerate(counts):
+        cells = [str(i), str(int(row.sum())), *(str(int(v)) for v in row)]
+        if any(v > 0 for v in part.noise_var):
+            cells.append(f"{part.noise_var[i]:.4f}")
+        t.add_row(*cells)
+    out.print(t)
+    out.print(f"manifest: {manifest}\nstats: {stats}")
+    if src := data_sources(p):
+        out.print(f"data: {src}", highlight=False)
 
-    guard(body)
 
-
-@app.command()
+@guarded
 def models(
     num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
     input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "3,32,32",
@@ -248,74 +241,71 @@ def models(
 ) -> None:
     """Backbones x adapter methods: parameters, payload bytes per round, ratio to full."""
 
-    def body() -> None:
-        from fedcore.errors import ConfigError, UnknownNameError
-        from fedcore.payload import mib
-        from models import get_model, list_models
-        from models.adapters import adapt, get_adapter, list_adapters
+    from fedcore.errors import ConfigError, UnknownNameError
+    from fedcore.payload import mib
+    from models import get_model, list_models
+    from models.adapters import adapt, get_adapter, list_adapters
 
-        try:
-            c, h, w = (int(x) for x in input_shape.split(","))
-        except ValueError:
-            raise ConfigError(f"--input-shape expects C,H,W (got {input_shape!r})") from None
-        if h != w:
-            raise ConfigError(f"--input-shape: square inputs only (got {h}x{w})")
-        if not (1 <= c <= MAX_CHANNELS and 1 <= h <= MAX_SIDE):
-            raise ConfigError(
-                f"--input-shape: C in [1, {MAX_CHANNELS}] and H = W in [1, {MAX_SIDE}] "
-                f"(got {input_shape})"
-            )
-        if not 2 <= num_classes <= MAX_CLASSES:
-            raise ConfigError(f"--num-classes: must be in [2, {MAX_CLASSES}] (got {num_classes})")
-        names = model or list_models()
-        for name in names:
-            if name not in list_models():
-                raise UnknownNameError("model", name, list_models())
-        t = Table(
-            title=f"backbones x adapter methods, input {c}x{h}x{w}, {num_classes} classes "
-            "(payload = one client's upload per round; MiB = 2^20 bytes)"
+    try:
+        c, h, w = (int(x) for x in input_shape.split(","))
+    except ValueError:
+        raise ConfigError(f"--input-shape expects C,H,W (got {input_shape!r})") from None
+    if h != w:
+        raise ConfigError(f"--input-shape: square inputs only (got {h}x{w})")
+    if not (1 <= c <= MAX_CHANNELS and 1 <= h <= MAX_SIDE):
+        raise ConfigError(
+            f"--input-shape: C in [1, {MAX_CHANNELS}] and H = W in [1, {MAX_SIDE}] "
+            f"(got {input_shape})"
         )
-        cols = (
-            "model",
-            "adapter",
-            "total params",
-            "trainable params",
-            "payload bytes",
-            "payload MiB",
-            "model MiB",
-            "full / payload",
-        )
-        for col in cols:
-            t.add_column(col, justify="left" if col in ("model", "adapter") else "right")
-        skipped = []
-        for name in names:
-            full_bytes = None
-            try:  # built once (initialising ViT-B takes seconds), copied for each method
-                plain = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
-            except ConfigError as exc:  # e.g. text_hf needs hf_name and the network
-                skipped.append(f"{name} ({exc})")
+    if not 2 <= num_classes <= MAX_CLASSES:
+        raise ConfigError(f"--num-classes: must be in [2, {MAX_CLASSES}] (got {num_classes})")
+    names = model or list_models()
+    for name in names:
+        if name not in list_models():
+            raise UnknownNameError("model", name, list_models())
+    t = Table(
+        title=f"backbones x adapter methods, input {c}x{h}x{w}, {num_classes} classes "
+        "(payload = one client's upload per round; MiB = 2^20 bytes)"
+    )
+    cols = (
+        "model",
+        "adapter",
+        "total params",
+        "trainable params",
+        "payload bytes",
+        "payload MiB",
+        "model MiB",
+        "full / payload",
+    )
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("model", "adapter") else "right")
+    skipped = []
+    for name in names:
+        full_bytes = None
+        try:  # built once (initialising ViT-B takes seconds), copied for each method
+            plain = get_model(name, num_classes=num_classes, in_channels=c, input_size=h)
+        except ConfigError as exc:  # e.g. text_hf needs hf_name and the network
+            skipped.append(f"{name} ({exc})")
+            continue
+        for adapter in ["full", *(a for a in list_adapters() if a != "full")]:
+            base = copy.deepcopy(plain)
+            method = get_adapter(adapter)
+            reason = method.applies_to(base)
+            if reason is not None:
+                skipped.append(f"{name}/{adapter} ({reason})")
                 continue
-            for adapter in ["full", *(a for a in list_adapters() if a != "full")]:
-                base = copy.deepcopy(plain)
-                method = get_adapter(adapter)
-                reason = method.applies_to(base)
-                if reason is not None:
-                    skipped.append(f"{name}/{adapter} ({reason})")
-                    continue
-                n = method.counts(adapt(base, adapter))
-                full_bytes = full_bytes or n.payload_bytes
-                t.add_row(
-                    name,
-                    adapter,
-                    f"{n.total_params:,}",
-                    f"{n.trainable_params:,}",
-                    f"{n.payload_bytes:,}",
-                    f"{mib(n.payload_bytes):.3f}",
-                    f"{mib(n.model_bytes):.3f}",
-                    f"{full_bytes / n.payload_bytes:.2f}",
-                )
-        out.print(t)
-        if skipped:
-            out.print("not applicable: " + "; ".join(skipped), highlight=False)
-
-    guard(body)
+            n = method.counts(adapt(base, adapter))
+            full_bytes = full_bytes or n.payload_bytes
+            t.add_row(
+                name,
+                adapter,
+                f"{n.total_params:,}",
+                f"{n.trainable_params:,}",
+                f"{n.payload_bytes:,}",
+                f"{mib(n.payload_bytes):.3f}",
+                f"{mib(n.model_bytes):.3f}",
+                f"{full_bytes / n.payload_bytes:.2f}",
+            )
+    out.print(t)
+    if skipped:
+        out.print("not applicable: " + "; ".join(skipped), highlight=False)

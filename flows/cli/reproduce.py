@@ -13,9 +13,8 @@ from rich.table import Table
 from flows.cli.common import (
     ParamsOpt,
     SetOpt,
-    app,
     err,
-    guard,
+    guarded,
     out,
     quiet_prefect_tracebacks,
     stop_on_signals,
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     from tasks.reproduce.spec import Claim
 
 
-@app.command()
+@guarded
 def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     profile: Annotated[
         str, typer.Option(help="ci (smoke test, minutes) | cpu (2 cores, ~2 h) | gpu (seeds)")
@@ -64,43 +63,40 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     """Run the experiments behind the seeds' claims and write the reproduction report.
     Rerun the same command to skip what finished and resume what did not."""
 
-    def body() -> None:
-        from fedcore.errors import ConfigError
-        from tasks.reproduce import registry, runs
+    from fedcore.errors import ConfigError
+    from tasks.reproduce import registry, runs
 
-        registry.check_profile(profile)  # a bad profile: one line, nothing loaded
-        claims = registry.select(claim)
-        params_file = str(params) if params is not None else None
-        overrides = list(set_ or [])
-        where = str(out_dir) if out_dir is not None else None
-        items = runs.plan(claims, profile, params_file, overrides, where)
-        if plan_only:
-            out.print(_plan_table(items))
-            return
-        stale = [it for it in items if runs.status(it) == "stale"]
-        if stale and not rerun_stale:  # numbers of two code versions never mix in a report
-            raise ConfigError(runs.stale_text(stale[0]))
-        words = ["fedapt reproduce", f"--profile {profile}"]
-        words += [f"--claim {c}" for c in claim or []]
-        words += [f"--params {params}"] if params is not None else []
-        words += [f"--set {s}" for s in overrides]
-        words += [f"--out {out_dir}"] if out_dir is not None else []
-        if report_only:  # the claims without records say "not run yet"
-            report = _report(profile, claims, items, " ".join(words), where)
-            _print_verdicts(profile, claims, report)
-            return
-        if items:  # before anything computes (preflight builds models)
-            from fedcore import numerics
-
-            rt = items[0].params.runtime
-            numerics.apply(rt.numerics, rt.threads)
-        words += ["--rerun-stale"] if rerun_stale else []
-        report = _run(
-            profile, claims, items, params_file, overrides, " ".join(words), where, rerun_stale
-        )
+    registry.check_profile(profile)  # a bad profile: one line, nothing loaded
+    claims = registry.select(claim)
+    params_file = str(params) if params is not None else None
+    overrides = list(set_ or [])
+    where = str(out_dir) if out_dir is not None else None
+    items = runs.plan(claims, profile, params_file, overrides, where)
+    if plan_only:
+        out.print(_plan_table(items))
+        return
+    stale = [it for it in items if runs.status(it) == "stale"]
+    if stale and not rerun_stale:  # numbers of two code versions never mix in a report
+        raise ConfigError(runs.stale_text(stale[0]))
+    words = ["fedapt reproduce", f"--profile {profile}"]
+    words += [f"--claim {c}" for c in claim or []]
+    words += [f"--params {params}"] if params is not None else []
+    words += [f"--set {s}" for s in overrides]
+    words += [f"--out {out_dir}"] if out_dir is not None else []
+    if report_only:  # the claims without records say "not run yet"
+        report = _report(profile, claims, items, " ".join(words), where)
         _print_verdicts(profile, claims, report)
+        return
+    if items:  # before anything computes (preflight builds models)
+        from fedcore import numerics
 
-    guard(body)
+        rt = items[0].params.runtime
+        numerics.apply(rt.numerics, rt.threads)
+    words += ["--rerun-stale"] if rerun_stale else []
+    report = _run(
+        profile, claims, items, params_file, overrides, " ".join(words), where, rerun_stale
+    )
+    _print_verdicts(profile, claims, report)
 
 
 def _print_verdicts(profile: str, claims: Sequence[Claim], report: str) -> None:

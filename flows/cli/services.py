@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import app, err, guard, out
+from flows.cli.common import err, guarded, out
 
 ServiceArg = Annotated[
     list[str] | None,
@@ -39,52 +39,46 @@ def _table(statuses: dict) -> Table:
     return t
 
 
-@app.command()
+@guarded
 def up(services: ServiceArg = None) -> None:
     """Start the services (ports: FEDAPT_S3_PORT, FEDAPT_MLFLOW_PORT, FEDAPT_PREFECT_PORT,
     FEDAPT_WORKER_PORT); the worker runs the scheduled deployments of `fedapt deploy`."""
 
-    def body() -> None:
-        from flows import services as svc
+    from flows import services as svc
 
-        statuses = svc.up(services or None)  # the services asked for and what they need
-        healthy = {n for n, st in statuses.items() if st.healthy}
-        if "s3" in healthy and statuses["s3"].url:
-            configure_dvc_remote(statuses["s3"].url)
-        out.print(_table(statuses))
-        if "mlflow" in healthy:
-            url = statuses["mlflow"].url
-            out.print(f"MLflow UI: {url}  (models: {url}/#/models)")
-        if "prefect" in healthy:
-            out.print(f"Prefect UI: {statuses['prefect'].url}")
-        if "worker" in healthy:
-            out.print(f"Prefect worker: runs the deployments of work pool {svc.WORK_POOL}")
-        out.print("fedapt run now tracks to these services; stop them with: fedapt down")
-        if svc.write_env_file():
-            out.print('point prefect, mlflow and AWS tools at them: eval "$(.venv/bin/fedapt env)"')
-
-    guard(body)
+    statuses = svc.up(services or None)  # the services asked for and what they need
+    healthy = {n for n, st in statuses.items() if st.healthy}
+    if "s3" in healthy and statuses["s3"].url:
+        configure_dvc_remote(statuses["s3"].url)
+    out.print(_table(statuses))
+    if "mlflow" in healthy:
+        url = statuses["mlflow"].url
+        out.print(f"MLflow UI: {url}  (models: {url}/#/models)")
+    if "prefect" in healthy:
+        out.print(f"Prefect UI: {statuses['prefect'].url}")
+    if "worker" in healthy:
+        out.print(f"Prefect worker: runs the deployments of work pool {svc.WORK_POOL}")
+    out.print("fedapt run now tracks to these services; stop them with: fedapt down")
+    if svc.write_env_file():
+        out.print('point prefect, mlflow and AWS tools at them: eval "$(.venv/bin/fedapt env)"')
 
 
-@app.command()
+@guarded
 def down(services: ServiceArg = None) -> None:
     """Stop the services (data stays in .fedapt/ for the next `fedapt up`)."""
 
-    def body() -> None:
-        from flows import services as svc
+    from flows import services as svc
 
-        statuses = svc.down(services or None)
-        svc.write_env_file()  # what is still up, or no file at all
-        out.print(_table(statuses))
-        stale = [k for k in os.environ.get("FEDAPT_ENV_VARS", "").split() if k in os.environ]
-        found, _ = svc.tool_env()
-        if any(k not in found for k in stale):  # an earlier eval "$(fedapt env)" set them
-            out.print('this shell still points tools at them; unset with: eval "$(fedapt env)"')
-
-    guard(body)
+    statuses = svc.down(services or None)
+    svc.write_env_file()  # what is still up, or no file at all
+    out.print(_table(statuses))
+    stale = [k for k in os.environ.get("FEDAPT_ENV_VARS", "").split() if k in os.environ]
+    found, _ = svc.tool_env()
+    if any(k not in found for k in stale):  # an earlier eval "$(fedapt env)" set them
+        out.print('this shell still points tools at them; unset with: eval "$(fedapt env)"')
 
 
-@app.command("env")
+@guarded
 def env_() -> None:
     """Point prefect, mlflow and AWS tools at the services: eval "$(fedapt env)".
 
@@ -92,34 +86,28 @@ def env_() -> None:
     are up; for those that are down it unsets what an earlier eval set and says so on stderr.
     """
 
-    def body() -> None:
-        from flows import services as svc
+    from flows import services as svc
 
-        text, down = svc.env_script()
-        sys.stdout.write(text)
-        if down:
-            names = ", ".join(down)
-            err.print(
-                f"fedapt env: not running: {names} (start with: fedapt up)",
-                highlight=False,
-                markup=False,
-            )
-
-    guard(body)
+    text, down = svc.env_script()
+    sys.stdout.write(text)
+    if down:
+        names = ", ".join(down)
+        err.print(
+            f"fedapt env: not running: {names} (start with: fedapt up)",
+            highlight=False,
+            markup=False,
+        )
 
 
-@app.command()
+@guarded
 def status() -> None:
     """Show which services are running and healthy."""
 
-    def body() -> None:
-        from flows import services as svc
+    from flows import services as svc
 
-        statuses = svc.status()
-        svc.write_env_file()  # a service that died since `fedapt up` leaves it
-        out.print(_table(statuses))
-
-    guard(body)
+    statuses = svc.status()
+    svc.write_env_file()  # a service that died since `fedapt up` leaves it
+    out.print(_table(statuses))
 
 
 def configure_dvc_remote(endpoint: str, repo: Path | None = None) -> None:

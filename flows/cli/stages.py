@@ -9,7 +9,6 @@ Each stage reads params.yaml (the single configuration), writes only its declare
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,16 +17,15 @@ import typer
 from flows.cli.common import (
     ParamsOpt,
     SetOpt,
-    app,
     exit_if_diverged,
-    guard,
+    guarded,
     load,
     out,
     results_table,
 )
 
 
-@app.command()
+@guarded
 def prepare(
     params: ParamsOpt = None,
     set_: SetOpt = None,
@@ -37,23 +35,20 @@ def prepare(
 ) -> None:
     """Load the dataset and write dataset.json: the rows used, label counts and sha256."""
 
-    def body() -> None:
-        from tasks.data import dataset_card, load_experiment_data
-        from tasks.io import atomic_write_json
+    from tasks.data import dataset_card, load_experiment_data
+    from tasks.io import atomic_write_json
 
-        p = load(params, set_, numerics="portable")
-        card = dataset_card(p, load_experiment_data(p))
-        path = atomic_write_json(out_dir / "dataset.json", card)
-        out.print(
-            f"{card['dataset']}: {card['train']['rows_used']} train / "
-            f"{card['test']['rows_used']} test rows, train sha256 {card['train']['sha256'][:12]}"
-        )
-        out.print(f"dataset card: {path}")
-
-    guard(body)
+    p = load(params, set_, numerics="portable")
+    card = dataset_card(p, load_experiment_data(p))
+    path = atomic_write_json(out_dir / "dataset.json", card)
+    out.print(
+        f"{card['dataset']}: {card['train']['rows_used']} train / "
+        f"{card['test']['rows_used']} test rows, train sha256 {card['train']['sha256'][:12]}"
+    )
+    out.print(f"dataset card: {path}")
 
 
-@app.command()
+@guarded
 def validate(
     params: ParamsOpt = None,
     set_: SetOpt = None,
@@ -67,20 +62,17 @@ def validate(
 ) -> None:
     """Check the client shards (pandera + great-expectations); exit 2 with the report on failure."""
 
-    def body() -> None:
-        from tasks.data import dataset_num_classes, load_partition
-        from tasks.validate import validate_partition
+    from tasks.data import dataset_num_classes, load_partition
+    from tasks.validate import validate_partition
 
-        p = load(params, set_, numerics="portable")
-        load_partition(partition_dir)  # a missing or altered manifest -> one line
-        num_classes = dataset_num_classes(p)
-        path = validate_partition(partition_dir, num_classes, p.validation.min_shard_size, report)
-        out.print(f"shards valid: {partition_dir} ({path})")
-
-    guard(body)
+    p = load(params, set_, numerics="portable")
+    load_partition(partition_dir)  # a missing or altered manifest -> one line
+    num_classes = dataset_num_classes(p)
+    path = validate_partition(partition_dir, num_classes, p.validation.min_shard_size, report)
+    out.print(f"shards valid: {partition_dir} ({path})")
 
 
-@app.command()
+@guarded(services=True)
 def pretrain(
     params: ParamsOpt = None,
     set_: SetOpt = None,
@@ -94,32 +86,29 @@ def pretrain(
     """Train the frozen base centrally on the pretrain source (model.base: pretrain):
     base.pt + base.json; with another model.base, only a card saying it is unused."""
 
-    def body() -> None:
-        from flows.experiment import check_names
-        from tasks.io import check_writable
-        from tasks.pretrain import check_source, run_pretrain
+    from flows.experiment import check_names
+    from tasks.io import check_writable
+    from tasks.pretrain import check_source, run_pretrain
 
-        p = load(params, set_, numerics="portable")
-        check_names(p)
-        for key, folder in (("--out", out_dir), ("--timing", timing_dir)):
-            check_writable(key, folder)  # a path below a file: one line now, not after training
-        if p.model.base == "pretrain":
-            check_source(p)  # bad source -> one line before any training
-        card = run_pretrain(p, out_dir, timing_file=timing_dir / "pretrain.json")
-        if not card["used"]:
-            out.print(f"pretrain not used ({card['reason']}): {out_dir / 'base.json'}")
-            return
-        src = card["source"]
-        out.print(
-            f"base {card['model']} on {src['dataset']} ({src['rows']} rows, classes "
-            f"{src['classes']}): source test accuracy {card['final_test_accuracy']:.4f}"
-        )
-        out.print(f"base: {out_dir / 'base.pt'} (sha256 {card['base_sha256'][:12]})")
-
-    guard(with_services(body))
+    p = load(params, set_, numerics="portable")
+    check_names(p)
+    for key, folder in (("--out", out_dir), ("--timing", timing_dir)):
+        check_writable(key, folder)  # a path below a file: one line now, not after training
+    if p.model.base == "pretrain":
+        check_source(p)  # bad source -> one line before any training
+    card = run_pretrain(p, out_dir, timing_file=timing_dir / "pretrain.json")
+    if not card["used"]:
+        out.print(f"pretrain not used ({card['reason']}): {out_dir / 'base.json'}")
+        return
+    src = card["source"]
+    out.print(
+        f"base {card['model']} on {src['dataset']} ({src['rows']} rows, classes "
+        f"{src['classes']}): source test accuracy {card['final_test_accuracy']:.4f}"
+    )
+    out.print(f"base: {out_dir / 'base.pt'} (sha256 {card['base_sha256'][:12]})")
 
 
-@app.command()
+@guarded(services=True)
 def train(
     algorithm: Annotated[str, typer.Option(help="a registered algorithm, e.g. fedavg")],
     adapter: Annotated[str, typer.Option(help="a registered adapter, e.g. full")] = "full",
@@ -141,64 +130,48 @@ def train(
 ) -> None:
     """Train one grid cell (one DVC stage of the train matrix), tracked in MLflow."""
 
-    def body() -> None:
-        from flows.experiment import preflight
-        from tasks.cell import cell_name, require_base
-        from tasks.config import load_params
-        from tasks.io import check_writable
-        from tasks.origin import origin
-        from tasks.progress import GridSlot
-        from tasks.train import run_cell
+    from flows.experiment import preflight
+    from tasks.cell import cell_name, require_base
+    from tasks.config import load_params
+    from tasks.io import check_writable
+    from tasks.origin import origin
+    from tasks.progress import GridSlot
+    from tasks.train import run_cell
 
-        grid = load_params(params, set_).grid  # the whole grid: where this cell stands in it
-        cells = [(a, d) for a in grid.algorithms for d in grid.adapters]
-        extra = [f"runtime.device={device}"] if device else []
-        extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
-        p = load(params, set_, extra, numerics="portable")
-        slot = None  # "cell k of N" (each cell is its own stage: no grid ETA)
-        if (algorithm, adapter) in cells:
-            k = cells.index((algorithm, adapter)) + 1
-            slot = GridSlot(k, len(cells), p.federation.rounds)
-        preflight(p, partition_dir, storage=False)
-        _require_valid(partition_dir)
-        require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
-        cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
-        for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
-            check_writable(key, folder)  # a path below a file: one line now, not after training
-        cell = cell_name(algorithm, adapter)
-        record = run_cell(
-            p,
-            partition_dir,
-            algorithm,
-            adapter,
-            cell_dir,
-            # entry dvc; inside `dvc exp run`, a smoke run (not registered under auto)
-            run_origin=origin("dvc", p, params, set_ or ()),
-            timing_file=timing_dir / f"{cell}.json",
-            base_path=base_dir / "base.pt",
-            # outside the stage's output (DVC removes that before it runs): a killed
-            # `dvc repro` resumes the cell; deleted when the cell's outputs are written
-            checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
-            slot=slot,
-        )
-        out.print(results_table([record]))
-        out.print(f"metrics: {cell_dir / 'metrics.json'}")
-        exit_if_diverged(p, [record])
-
-    guard(with_services(body))
-
-
-def with_services(body: Callable[[], None]) -> Callable[[], None]:
-    """``body`` with the services of `fedapt up` that are up (the same rule as `fedapt run`):
-    a `dvc repro` run while the MLflow server is up is tracked there, not in mlruns/."""
-
-    def run() -> None:
-        from flows import services
-
-        with services.patched_environ(services.env_for_clients()):
-            body()
-
-    return run
+    grid = load_params(params, set_).grid  # the whole grid: where this cell stands in it
+    cells = [(a, d) for a in grid.algorithms for d in grid.adapters]
+    extra = [f"runtime.device={device}"] if device else []
+    extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
+    p = load(params, set_, extra, numerics="portable")
+    slot = None  # "cell k of N" (each cell is its own stage: no grid ETA)
+    if (algorithm, adapter) in cells:
+        k = cells.index((algorithm, adapter)) + 1
+        slot = GridSlot(k, len(cells), p.federation.rounds)
+    preflight(p, partition_dir, storage=False)
+    _require_valid(partition_dir)
+    require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
+    cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
+    for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
+        check_writable(key, folder)  # a path below a file: one line now, not after training
+    cell = cell_name(algorithm, adapter)
+    record = run_cell(
+        p,
+        partition_dir,
+        algorithm,
+        adapter,
+        cell_dir,
+        # entry dvc; inside `dvc exp run`, a smoke run (not registered under auto)
+        run_origin=origin("dvc", p, params, set_ or ()),
+        timing_file=timing_dir / f"{cell}.json",
+        base_path=base_dir / "base.pt",
+        # outside the stage's output (DVC removes that before it runs): a killed
+        # `dvc repro` resumes the cell; deleted when the cell's outputs are written
+        checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
+        slot=slot,
+    )
+    out.print(results_table([record]))
+    out.print(f"metrics: {cell_dir / 'metrics.json'}")
+    exit_if_diverged(p, [record])
 
 
 def _require_valid(partition_dir: Path) -> None:
@@ -211,7 +184,7 @@ def _require_valid(partition_dir: Path) -> None:
         raise ConfigError(f"{report} records failed shard checks: fix the partition first")
 
 
-@app.command()
+@guarded
 def report(
     params: ParamsOpt = None,
     set_: SetOpt = None,
@@ -227,17 +200,14 @@ def report(
 ) -> None:
     """Collect the grid's metrics.json files into summary.json (and the comparison report)."""
 
-    def body() -> None:
-        from tasks.report import write_report
+    from tasks.report import write_report
 
-        p = load(params, set_, numerics="portable")
-        records = collect_records(p, runs_dir, timing_dir)
-        paths = write_report(p, records, out_dir, runs_dir)
-        out.print(results_table(records))
-        for path in paths:
-            out.print(f"wrote {path}")
-
-    guard(body)
+    p = load(params, set_, numerics="portable")
+    records = collect_records(p, runs_dir, timing_dir)
+    paths = write_report(p, records, out_dir, runs_dir)
+    out.print(results_table(records))
+    for path in paths:
+        out.print(f"wrote {path}")
 
 
 def collect_records(
