@@ -33,8 +33,7 @@ class Tune:
     """How an experiment's client learning rate is chosen, the same way for every method (as
     the seeds pick theirs: the best of a small grid per method): one run per ``lrs`` value
     with seed 0 on the training rows less a held-out ``validation`` share, evaluated on that
-    share (never on the test set), for ``rounds`` of the experiment's rounds (a fraction);
-    each grid cell then gets the lr with the best mean validation accuracy over the last L
+    share (never on the test set), for all of the experiment's rounds; each grid cell then gets the lr with the best mean validation accuracy over the last L
     rounds (``grid.client_lr``), and the experiment trains on the same rows as the tuning.
     ``key="server_lr"`` tunes the server optimisers' lr instead (each algorithm of the grid
     that has one, ``grid.algorithm_options.<algorithm>.server_lr``; the others sit out)."""
