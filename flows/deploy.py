@@ -220,14 +220,29 @@ def _runs(client: Any, deployment_id: Any, states: tuple[str, ...]) -> list[Any]
     )
 
 
+SETTLE_SECONDS = 3.0  # after the last cancellation: the scheduler's iteration in flight ends
+
+
 def _cancel_not_started(client: Any, deployment_id: Any, why: str) -> list[str]:
+    """Cancel the deployment's runs that have not started, then keep looking for
+    ``SETTLE_SECONDS`` after the last one: a scheduler iteration that read the deployment as
+    active just before the pause still inserts its runs (seen on a loaded machine)."""
+    import time
+
     from prefect.states import Cancelled
 
-    cancelled = []
-    for run in _runs(client, deployment_id, _NOT_STARTED):
-        client.set_flow_run_state(run.id, Cancelled(message=why), force=True)
-        cancelled.append(run.name)
-    return cancelled
+    cancelled: list[str] = []
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        runs = _runs(client, deployment_id, _NOT_STARTED)
+        for run in runs:
+            client.set_flow_run_state(run.id, Cancelled(message=why), force=True)
+            cancelled.append(run.name)
+        if runs:
+            deadline = time.monotonic() + SETTLE_SECONDS
+        if time.monotonic() >= deadline:
+            return cancelled
+        time.sleep(0.5)
 
 
 def manage(action: str, name: str) -> Managed:
