@@ -1,4 +1,4 @@
-"""The watchdog of a server tied to the process that started it (``procs._spawn(tied=True)``).
+"""The watchdog of a server tied to the process that started it (``process.spawn(tied=True)``).
 
 Run as a script, stdlib only: ``python -I -S watchdog.py FD [--users PATH] [--leftover PATH]...
 CMD...``. It forks CMD into its own process group (the watchdog's), exits with CMD's status
