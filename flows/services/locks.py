@@ -27,7 +27,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from fedcore.errors import FedaptError
-from tasks.io import pid_alive
+from flows.services.process import pid_alive
 
 LOCK_NAME = ".fedapt.lock"
 
