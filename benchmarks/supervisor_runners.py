@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flows.services import config as svc_config  # noqa: E402
-from flows.services.procs import _health_url  # noqa: E402
-from flows.services.supervisor import _command  # noqa: E402
+from flows.services.ports import health_url  # noqa: E402
+from flows.services.supervisor import command  # noqa: E402
 
 SERVICES = svc_config.SERVICES
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -124,7 +124,7 @@ class Runner:
         self.launcher: subprocess.Popen[bytes] | None = None
 
     def health_urls(self) -> dict[str, str]:
-        return {n: _health_url(n, self.ports[n]) for n in SERVICES}
+        return {n: health_url(n, self.ports[n]) for n in SERVICES}
 
     def scripts(self) -> dict[str, Path]:
         """run-<name>.sh per service: fedapt's own command, environment and cwd."""
@@ -135,11 +135,11 @@ class Runner:
         }
         saved = dict(os.environ)
         os.environ.clear()
-        os.environ.update(self.env)  # _command builds the env from os.environ
+        os.environ.update(self.env)  # command builds the env from os.environ
         try:
             out = {}
             for n in SERVICES:
-                cmd, env, cwd = _command(n, self.sd, self.ports[n], records)
+                cmd, env, cwd = command(n, self.sd, self.ports[n], records)
                 assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
                 argv = " ".join(shlex.quote(str(a)) for a in cmd)
                 path = self.sd / f"run-{n}.sh"

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from flows import services as S
 from flows.cli import app
-from flows.services import procs
+from flows.services import process
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -191,10 +191,10 @@ def _tied_parent(tmp_path: Path, lock: bool = False) -> tuple[subprocess.Popen[s
     code = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from flows.services import procs\n"
+        "from flows.services import process\n"
         f"tmp = Path({str(tmp_path)!r})\n"
         f"lock = tmp / 'data.lock' if {lock} else None\n"
-        "pid = procs._spawn(['/bin/sleep', '120'], os.environ, tmp, tmp / 'x.log', lock, "
+        "pid = process.spawn(['/bin/sleep', '120'], os.environ, tmp, tmp / 'x.log', lock, "
         "tied=True)\n"
         "print(pid, flush=True)\n"
         "time.sleep(120)\n"
@@ -227,19 +227,19 @@ def test_tied_server_dies_with_its_parent_on_kill_9(tmp_path):
         proc.wait()
         assert _wait(lambda: not _group(pid), 15), _group(pid)
     finally:
-        procs._signal_group(pid, signal.SIGKILL)
+        process.signal_group(pid, signal.SIGKILL)
 
 
 def test_tied_server_stops_with_down_like_any_other(tmp_path):
-    pid = procs._spawn(["/bin/sleep", "120"], os.environ, tmp_path, tmp_path / "x.log", tied=True)
+    pid = process.spawn(["/bin/sleep", "120"], os.environ, tmp_path, tmp_path / "x.log", tied=True)
     try:
         assert _wait(lambda: len(_group(pid)) == 2, 10)
         t = time.monotonic()
-        procs._terminate(pid, timeout=5)
+        process.terminate(pid, timeout=5)
         assert time.monotonic() - t < 5 and not _group(pid)
-        assert pid not in procs._ties
+        assert not process.tied(pid)
     finally:
-        procs._signal_group(pid, signal.SIGKILL)
+        process.signal_group(pid, signal.SIGKILL)
 
 
 def test_stale_data_lock_of_a_dead_run_is_recovered(tmp_path):
@@ -264,7 +264,7 @@ def test_stale_data_lock_of_a_dead_run_is_recovered(tmp_path):
     assert orphan.stdout is not None and orphan.stdout.readline().strip() == "ready"
     fd = os.open(lock, os.O_RDWR)
     try:
-        procs._take_data_lock(lock, fd, ["weed"], wait=10)
+        process.take_data_lock(lock, fd, ["weed"], wait=10)
         assert orphan.wait(timeout=5) is not None
     finally:
         os.close(fd)
@@ -278,7 +278,7 @@ def test_data_lock_of_a_live_run_is_in_use_naming_it(tmp_path):
     fd = os.open(tmp_path / "data.lock", os.O_RDWR)
     try:
         with pytest.raises(S.ServiceError) as info:
-            procs._take_data_lock(tmp_path / "data.lock", fd, ["/x/weed"], wait=1)
+            process.take_data_lock(tmp_path / "data.lock", fd, ["/x/weed"], wait=1)
         msg = str(info.value)
         assert msg.startswith("weed cannot start:") and "\n" not in msg
         assert f"pid {pid} of `fedapt run` pid {proc.pid}" in msg
@@ -287,7 +287,7 @@ def test_data_lock_of_a_live_run_is_in_use_naming_it(tmp_path):
         proc.kill()
         proc.wait()
         _wait(lambda: not _group(pid), 15)
-        procs._signal_group(pid, signal.SIGKILL)
+        process.signal_group(pid, signal.SIGKILL)
 
 
 # ----------------------------------------------------------------------------- MLflow runs
@@ -518,11 +518,11 @@ def test_up_s3_alone_then_status_and_down(tmp_path):
         assert status.returncode == 0 and "running" in status.stdout
         down = fedapt("down")
         assert down.returncode == 0, down.stdout + down.stderr
-        assert _wait(lambda: not procs._group_alive(st["s3"].pid), 10)
+        assert _wait(lambda: not process.group_alive(st["s3"].pid), 10)
         assert S.status(state=tmp_path / "state")["s3"].state == "stopped"
     finally:
         for rec in S.read_state(tmp_path / "state").values():
-            procs._signal_group(int(rec["pid"]), signal.SIGKILL)
+            process.signal_group(int(rec["pid"]), signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -170,7 +170,7 @@ def test_cron_deployment_fires_and_the_worker_runs_it(tmp_path, monkeypatch):
 def _check_prefect_yaml(client, api: str, home: Path) -> None:
     """`prefect deploy --all` from the repository (after `fedapt up`): the experiment flow with
     params.yaml, on fedapt's pool, one run at a time, its example cron schedule inactive."""
-    env = {**supervisor._base_env(), "PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
+    env = {**supervisor.base_env(), "PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy", "--all"],
         cwd=REPO,

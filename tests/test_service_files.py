@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows import services as S
-from flows.services import procs
+from flows.services import process
 from flows.services.s3 import weed_leftovers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def test_sweep_removes_a_dead_servers_files_but_no_live_socket(tmp_path):
     import json
     import socket
 
-    from flows.services.s3 import _data_lock, sweep_scratch
+    from flows.services.s3 import data_lock_path, sweep_scratch
 
     sd = tmp_path / "state"
     scratch = sd / "run" / "s3-1"
@@ -62,7 +62,7 @@ def test_sweep_removes_a_dead_servers_files_but_no_live_socket(tmp_path):
         live.unlink(missing_ok=True)
         listener.bind(str(live))
         listener.listen(1)
-        fd = os.open(_data_lock(sd), os.O_RDWR | os.O_CREAT)
+        fd = os.open(data_lock_path(sd), os.O_RDWR | os.O_CREAT)
         fcntl.flock(fd, fcntl.LOCK_EX)  # a server holds the data folder
         sweep_scratch(sd)
         assert scratch.exists() and dead.exists()
@@ -141,8 +141,8 @@ def test_embedded_s3_keeps_its_files_in_the_state_folder_and_removes_them(tmp_pa
             S.s3_client(s3.endpoint).put_object(Bucket=S.DEFAULT_BUCKET, Key="k", Body=b"x")
         _check_gone(scratch, ports, private_tmp)
     finally:
-        if pid and procs._group_alive(pid):
-            procs._signal_group(pid, signal.SIGKILL)
+        if pid and process.group_alive(pid):
+            process.signal_group(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -163,14 +163,14 @@ def test_the_watchdog_removes_them_after_kill_9_of_the_run(tmp_path, private_tmp
         run.kill()
         run.wait()
         deadline = time.monotonic() + 30
-        while procs._group_alive(pid) and time.monotonic() < deadline:
+        while process.group_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not procs._group_alive(pid)
+        assert not process.group_alive(pid)
         _check_gone(scratch, ports, private_tmp)
     finally:
         run.kill()
-        if pid and procs._group_alive(pid):
-            procs._signal_group(pid, signal.SIGKILL)
+        if pid and process.group_alive(pid):
+            process.signal_group(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow

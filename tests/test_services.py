@@ -16,7 +16,7 @@ import pytest
 
 from fedcore.errors import FedaptError
 from flows import services as S
-from flows.services import clients, config, procs, supervisor
+from flows.services import clients, config, embedded, process, state, supervisor
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -31,8 +31,8 @@ def no_spawn(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a server process was started")
 
-    for module in (supervisor, clients):  # where up and embedded_s3 look _spawn up
-        monkeypatch.setattr(module, "_spawn", fail)
+    for module in (supervisor, embedded):  # where up and embedded_s3 look spawn up
+        monkeypatch.setattr(module, "spawn", fail)
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def _gone(pid: int) -> bool:
         os.killpg(pid, 0)
     except ProcessLookupError:
         return True
-    return not procs._any_member_alive(pid)
+    return not process.any_member_alive(pid)
 
 
 # ----------------------------------------------------------------------------- fast tests
@@ -150,7 +150,7 @@ def test_state_file_is_written_atomically(sd, monkeypatch):
         fh.write('{"services": {"s3": ')  # half written, then the writer dies
         raise OSError("disk full")
 
-    monkeypatch.setattr(procs.json, "dump", broken_dump)
+    monkeypatch.setattr(state.json, "dump", broken_dump)
     with pytest.raises(OSError, match="disk full"):
         S.write_state(sd, {"s3": _record("s3", 456)})
     monkeypatch.undo()
@@ -218,9 +218,9 @@ def test_run_environment_applies_and_restores(monkeypatch):
 def test_server_that_dies_reports_service_and_log(tmp_path):
     log = tmp_path / "logs" / "mlflow.log"
     cmd = [sys.executable, "-c", "import sys; print('Error: no such option --wrong'); sys.exit(3)"]
-    pid = procs._spawn(cmd, os.environ, tmp_path, log)
+    pid = process.spawn(cmd, os.environ, tmp_path, log)
     with pytest.raises(S.ServiceError) as info:
-        supervisor._wait_healthy("mlflow", pid, S.free_port(), log, time.monotonic() + 30)
+        supervisor.wait_healthy("mlflow", pid, S.free_port(), log, time.monotonic() + 30)
     msg = str(info.value)
     assert "\n" not in msg
     assert msg.startswith("mlflow exited during start (code 3)")
@@ -230,34 +230,34 @@ def test_server_that_dies_reports_service_and_log(tmp_path):
 
 def test_server_that_never_answers_is_stopped(tmp_path):
     log = tmp_path / "prefect.log"
-    pid = procs._spawn(
+    pid = process.spawn(
         [sys.executable, "-c", "import time; time.sleep(120)"], os.environ, tmp_path, log
     )
     try:
         with pytest.raises(S.ServiceError, match=r"prefect did not answer .*/api/health in time"):
-            supervisor._wait_healthy("prefect", pid, S.free_port(), log, time.monotonic() + 1.0)
+            supervisor.wait_healthy("prefect", pid, S.free_port(), log, time.monotonic() + 1.0)
         assert _gone(pid)
     finally:
-        procs._signal_group(pid, signal.SIGKILL)
+        process.signal_group(pid, signal.SIGKILL)
 
 
 def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path):
     script = "trap '' TERM; sleep 120 & sleep 120"  # ignores SIGTERM, has a child
-    pid = procs._spawn(["sh", "-c", script], os.environ, tmp_path, tmp_path / "x.log")
+    pid = process.spawn(["sh", "-c", script], os.environ, tmp_path, tmp_path / "x.log")
     try:
         time.sleep(0.3)
         t = time.monotonic()
-        procs._terminate(pid, timeout=0.5)
+        process.terminate(pid, timeout=0.5)
         assert time.monotonic() - t < 5
         assert _gone(pid)
     finally:
-        procs._signal_group(pid, signal.SIGKILL)
+        process.signal_group(pid, signal.SIGKILL)
 
 
 def test_credentials_stay_out_of_reprs():
     info = S.EmbeddedS3("http://127.0.0.1:1", S.s3_client_env("http://127.0.0.1:1"), True, 1)
-    assert config._S3_SECRET_KEY not in repr(info) and config._S3_ACCESS_KEY not in repr(info)
-    assert config._S3_SECRET_KEY not in repr(S.ServiceStatus("s3", "running", True, 1, 1, "u"))
+    assert config.S3_SECRET_KEY not in repr(info) and config.S3_ACCESS_KEY not in repr(info)
+    assert config.S3_SECRET_KEY not in repr(S.ServiceStatus("s3", "running", True, 1, 1, "u"))
 
 
 # ----------------------------------------------------------------------------- slow tests
@@ -320,7 +320,7 @@ def test_up_status_mlflow_artifact_in_seaweedfs_down(sd, monkeypatch):
         print(f"down: {time.monotonic() - t:.1f} s")
         for pid in pids:
             if not _gone(pid):
-                procs._signal_group(pid, signal.SIGKILL)
+                process.signal_group(pid, signal.SIGKILL)
     assert all(s.state == "stopped" for s in stopped.values())
     assert all(_gone(pid) for pid in pids)
     assert S.read_state(sd) == {}
@@ -353,7 +353,7 @@ def test_embedded_s3_round_trip_and_cleanup(sd, monkeypatch):
         assert _gone(pid)
     finally:
         if pid and not _gone(pid):
-            procs._signal_group(pid, signal.SIGKILL)
+            process.signal_group(pid, signal.SIGKILL)
 
 
 def _tree(base: Path) -> Path:

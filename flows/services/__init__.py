@@ -9,33 +9,41 @@ health probe. ``env_for_clients`` gives the variables a client needs to use what
 overriding what the user already set. ``embedded_s3`` runs SeaweedFS for the duration of a
 ``with`` block (``fedapt run`` when no S3 endpoint is configured).
 
-Only the stdlib and boto3 are used here (no mlflow/prefect imports): importing this is cheap.
-The S3 credentials are fixed local-development values known to both sides; they are written to
-a 0600 identities file for SeaweedFS and never printed or logged.
+Only the stdlib, boto3, psutil and filelock are used here (no mlflow/prefect imports):
+importing this is cheap. The S3 credentials are fixed local-development values known to both
+sides; they are written to a 0600 identities file for SeaweedFS and never printed or logged.
 
-Modules, each importing only those before it: ``config`` (names, ports, state directory,
-mlflow/server.toml, errors), ``procs`` (state file, lock, processes, ports and probes), ``s3``
-(SeaweedFS, S3 client, buckets), ``supervisor`` (commands, up, down, status), ``clients``
-(env_for_clients, embedded_s3, temporary_prefect, run_environment), ``envfile`` (the
-variables that point the ``prefect``/``mlflow`` CLIs at the services: ``fedapt env`` and
-``<state_dir>/env``), ``locks`` (the exclusive
-lock of an output directory: one run per experiment). Servers a run starts for itself are
-tied to it (``procs._spawn(tied=True)``: a watchdog stops them when the run's process is gone,
-kill -9 included). This package re-exports their public API
-(``from flows import services``; ``services.up(...)``); a function is looked up in the module
-that calls it, so patch it there (e.g. ``flows.services.supervisor._spawn``).
+Modules by job, each importing only those before it and only their public names:
+
+- ``config``: names, ports, dependencies, the state directory, mlflow/server.toml, errors.
+- ``state``: ``services.json`` (read, written atomically), ``state_lock`` (serialises
+  up/down; a filelock), the records' timestamps.
+- ``ports``: free ports, the port check that names the variable to change, health probes
+  and URLs.
+- ``process``: ``spawn`` (detached, own process group; ``tied=True`` puts it under the
+  watchdog, ``watchdog.py``, so it dies with the run, kill -9 included), liveness of a pid and
+  of a process group and whether a pid is still ours (psutil), ``terminate``, and
+  ``flock_fd``, the package's one raw flock, for the locks a server inherits or shares.
+- ``s3``: SeaweedFS (command line, data-folder lock, leftovers), the S3 client, buckets.
+- ``supervisor``: each service's command and environment, ``up``, ``down``, ``status``.
+- ``embedded``: the servers a run starts for itself (``embedded_s3``, ``temporary_prefect``)
+  and ``patched_environ``.
+- ``clients``: ``env_for_clients``, ``prefect_environment``, ``run_environment``.
+- ``envfile``: the variables that point the ``prefect``/``mlflow`` CLIs at the services
+  (``fedapt env``, ``<state_dir>/env``).
+- ``locks``: the exclusive lock of an output directory (one run per experiment; a filelock).
+
+This package re-exports their public API (``from flows import services``;
+``services.up(...)``); a function is looked up in the module that calls it, so patch it there
+(e.g. ``flows.services.supervisor.spawn``).
 """
 
 from __future__ import annotations
 
 from flows.services.clients import (
-    EmbeddedS3,
-    embedded_s3,
     env_for_clients,
-    patched_environ,
     prefect_environment,
     run_environment,
-    temporary_prefect,
     user_configured_s3,
 )
 from flows.services.config import (
@@ -63,10 +71,12 @@ from flows.services.config import (
     resolve_ports,
     state_dir,
 )
+from flows.services.embedded import EmbeddedS3, embedded_s3, patched_environ, temporary_prefect
 from flows.services.envfile import ENV_FILE, env_path, env_script, tool_env, write_env_file
 from flows.services.locks import LOCK_NAME, DirectoryLocked, run_lock
-from flows.services.procs import free_port, port_free, probe, read_state, write_state
+from flows.services.ports import free_port, port_free, probe
 from flows.services.s3 import s3_client, s3_client_env, weed_binary
+from flows.services.state import read_state, write_state
 from flows.services.supervisor import down, status, up, work_pool_status, worker_limit
 
 __all__ = [

@@ -33,9 +33,9 @@ STOP_TIMEOUT = 15.0
 
 # Local development credentials of the SeaweedFS S3 gateway (loopback only). Not secrets of
 # any real account, but still kept out of logs, messages and reprs.
-_S3_ACCESS_KEY = "fedapt-local"
-_S3_SECRET_KEY = "fedapt-local-dev-secret"
-_S3_REGION = "us-east-1"
+S3_ACCESS_KEY = "fedapt-local"
+S3_SECRET_KEY = "fedapt-local-dev-secret"
+S3_REGION = "us-east-1"
 
 # Variables that mean "the user configured S3 themselves": then no S3 variable is injected.
 USER_S3_VARS = (
@@ -45,14 +45,14 @@ USER_S3_VARS = (
     "AWS_SECRET_ACCESS_KEY",
     "AWS_PROFILE",
 )
-_QUIET_ENV = {
+QUIET_ENV = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
 }
 # expected in the cmdline (guards against recycled pids)
-_MARKERS = {"s3": "weed", "mlflow": "mlflow", "prefect": "prefect", "worker": "worker"}
+CMDLINE_MARKERS = {"s3": "weed", "mlflow": "mlflow", "prefect": "prefect", "worker": "worker"}
 
 State = Literal["running", "stopped", "stale"]
 
@@ -181,7 +181,7 @@ def resolve_ports(ports: Mapping[str, int] | None = None) -> dict[str, int]:
     return out
 
 
-def _names(services: Iterable[str] | None) -> list[str]:
+def service_names(services: Iterable[str] | None) -> list[str]:
     names = list(SERVICES) if services is None else list(services)
     unknown = [n for n in names if n not in SERVICES]
     if unknown:
@@ -189,14 +189,14 @@ def _names(services: Iterable[str] | None) -> list[str]:
     return names
 
 
-def _with_dependants(names: Iterable[str]) -> list[str]:
+def with_dependants(names: Iterable[str]) -> list[str]:
     """``names`` plus the services that need one of them (stopping s3 stops mlflow)."""
     wanted = set(names)
     wanted.update(n for n in SERVICES if wanted.intersection(DEPENDS[n]))
     return [n for n in SERVICES if n in wanted]
 
 
-def _with_dependencies(names: Iterable[str]) -> list[str]:
+def with_dependencies(names: Iterable[str]) -> list[str]:
     wanted = set(names)
     for n in list(wanted):
         wanted.update(DEPENDS[n])

@@ -1,22 +1,21 @@
 """The exclusive lock of an output directory: one ``fedapt run`` (or DVC stage) per directory.
 
-``run_lock(dir, what)`` holds ``fcntl.flock`` on ``<dir>/.fedapt.lock`` for the block and
-writes the holder (what, pid, host, start time) into it. A second holder is refused at once
+``run_lock(dir, what)`` holds a ``filelock.FileLock`` (an flock) on ``<dir>/.fedapt.lock`` for
+the block and writes the holder (what, pid, host, start time) into it. A second holder is refused at once
 with one line naming the running process (``DirectoryLocked``), before it writes anything.
 The kernel drops a flock when its holder dies, also on kill -9, so a dead run never blocks
 the next one; the file then still names the dead pid, which is reported as such if leftover
 processes of that run (e.g. a forked worker) still hold the lock.
 
-Forked children (client worker pools) close their copy of the descriptor (``os.fork`` hook):
-they never keep the lock alive after their parent died. Re-entrant within a process: the
-flow takes the same lock the CLI already holds (``fedapt run`` -> ``experiment_flow``).
-Stdlib only.
+Forked children (client worker pools) close their copy of the descriptor (filelock's
+``os.fork`` hook) and forget the lock (ours): they never keep the lock alive after their parent
+died. Re-entrant within a process: the flow takes the same lock the CLI already holds
+(``fedapt run`` -> ``experiment_flow``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
@@ -25,26 +24,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from fedcore.errors import FedaptError
-from tasks.io import pid_alive
+from flows.services.process import pid_alive
 
 LOCK_NAME = ".fedapt.lock"
 
-_held: dict[Path, int] = {}  # lock file -> descriptor, held by this process
+_held: dict[Path, FileLock] = {}  # lock file -> its lock, held by this process
 
 
 class DirectoryLocked(FedaptError):
     """Another process holds the directory's lock; the message names it (one line)."""
 
 
-def _close_in_child() -> None:
-    for fd in _held.values():
-        with contextlib.suppress(OSError):
-            os.close(fd)  # the parent's open file description keeps the lock
-    _held.clear()
+def _forget_in_child() -> None:
+    _held.clear()  # filelock closed the child's descriptors; the parent's keep the lock
 
 
-os.register_at_fork(after_in_child=_close_in_child)
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def holder(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -85,43 +83,44 @@ def run_lock(directory: str | os.PathLike[str], what: str = "fedapt run") -> Ite
         return
     created = [p for p in (directory, *directory.parents) if not p.exists()]
     directory.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DirectoryLocked(_describe(directory, holder(directory))) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:  # the file we locked may have been removed by its last holder meanwhile
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
     info = {
         "what": what,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-    _held[path] = fd
+
+    def record(fd: int) -> None:  # with the lock held, before anything else is written
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+
+    lock = FileLock(
+        path,
+        mode=0o644,
+        thread_local=False,
+        blocking=False,
+        fallback_to_soft=False,
+        on_acquired=record,
+    )
+    while True:
+        try:
+            lock.acquire()
+            break
+        except Timeout:
+            # the file we tried may have been removed by its last holder meanwhile: retry
+            if path.exists():
+                raise DirectoryLocked(_describe(directory, holder(directory))) from None
+    _held[path] = lock
     try:
         yield path
     finally:
         _held.pop(path, None)
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+            os.truncate(path, 0)  # still ours: the lock is released last
         if created:  # nothing written: leave no folders behind (a refused run, Ctrl-C early)
             with contextlib.suppress(OSError):
                 if [p.name for p in directory.iterdir()] == [LOCK_NAME]:
                     path.unlink()
                     for p in created:
                         p.rmdir()
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        lock.release()

@@ -11,14 +11,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import psutil
+from filelock import FileLock, Timeout
+
 from flows.services.config import (
-    _S3_ACCESS_KEY,
-    _S3_REGION,
-    _S3_SECRET_KEY,
     HOST,
+    S3_ACCESS_KEY,
+    S3_REGION,
+    S3_SECRET_KEY,
     ServiceError,
 )
-from flows.services.procs import _free_port_pair, free_port
+from flows.services.ports import free_port, free_port_pair
 
 # ----------------------------------------------------------------------------- S3 (SeaweedFS)
 
@@ -44,7 +47,7 @@ def _s3_identities(sd: Path) -> Path:
         "identities": [
             {
                 "name": "fedapt",
-                "credentials": [{"accessKey": _S3_ACCESS_KEY, "secretKey": _S3_SECRET_KEY}],
+                "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
                 "actions": ["Read", "Write", "List", "Tagging", "Admin"],
             }
         ]
@@ -56,9 +59,19 @@ def _s3_identities(sd: Path) -> Path:
     return path
 
 
-def _data_lock(sd: Path) -> Path:
+def data_lock_path(sd: Path) -> Path:
+    """The lock file of the data folder: the SeaweedFS serving it holds an flock on it for its
+    lifetime (``process.spawn(lock=...)``) and names itself in it (``process.lock_holder``)."""
     (sd / "s3").mkdir(parents=True, exist_ok=True)
     return sd / "s3" / ".fedapt.lock"
+
+
+def data_lock(sd: Path) -> FileLock:
+    """The data folder's lock for this process, not waited for (``filelock.Timeout`` when a
+    server holds it): taken to know that no SeaweedFS serves the folder."""
+    return FileLock(
+        data_lock_path(sd), mode=0o644, thread_local=False, blocking=False, fallback_to_soft=False
+    )
 
 
 def scratch_dir(sd: Path, port: int) -> Path:
@@ -100,12 +113,11 @@ _LEFTOVERS_FILE = "leftovers.json"  # in the scratch folder: for sweep_scratch
 
 
 def _bound_sockets() -> set[str] | None:
-    """The paths of the Unix sockets some process listens on (None: unknown, not Linux)."""
+    """The paths of the Unix sockets some process listens on (None: unknown)."""
     try:
-        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
-    except OSError:
+        return {c.laddr for c in psutil.net_connections("unix") if isinstance(c.laddr, str)}
+    except (OSError, psutil.Error):
         return None
-    return {parts[7] for parts in (line.split() for line in lines) if len(parts) > 7}
 
 
 def remove_leftovers(paths: Iterable[str]) -> None:
@@ -132,16 +144,13 @@ def sweep_scratch(sd: Path) -> None:
     """Remove the scratch folders (and their /tmp sockets) of SeaweedFS servers of this state
     folder that are gone without cleaning up (e.g. a watchdog killed with SIGKILL). Only when no
     server holds the data folder: then every scratch folder is a dead server's."""
-    import fcntl
-
     run = sd / "run"
     if not run.is_dir():
         return
-    fd = os.open(_data_lock(sd), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = data_lock(sd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        lock.acquire()
+    except Timeout:
         return  # a server runs (or is stopping: its own cleanup follows)
     try:
         for scratch in sorted(run.glob("s3-*")):
@@ -152,12 +161,12 @@ def sweep_scratch(sd: Path) -> None:
             sockets = [p for p in listed if isinstance(p, str) and p.startswith("/tmp/")]
             remove_leftovers([*sockets, str(scratch)])
     finally:
-        os.close(fd)
+        lock.release()
 
 
-def _weed_cmd(sd: Path, port: int) -> list[str]:
+def weed_cmd(sd: Path, port: int) -> list[str]:
     """The command line of SeaweedFS; run it in ``scratch_dir(sd, port)`` with ``TMPDIR``
-    pointing there (``supervisor._command``)."""
+    pointing there (``supervisor.command``)."""
     data = sd / "s3"
     data.mkdir(parents=True, exist_ok=True)
     sweep_scratch(sd)
@@ -195,7 +204,7 @@ def _weed_cmd(sd: Path, port: int) -> list[str]:
         "-webdav=false",
         "-admin.ui=false",
         # The admin gRPC port is left implicit: its worker dials admin.port + 10000.
-        f"-admin.port={_free_port_pair(taken=taken)}",
+        f"-admin.port={free_port_pair(taken=taken)}",
         f"-master.port={ports['master']}",
         f"-master.port.grpc={grpc['master']}",
         f"-volume.port={ports['volume']}",
@@ -212,9 +221,9 @@ def s3_client_env(endpoint: str) -> dict[str, str]:
     return {
         "AWS_ENDPOINT_URL": endpoint,
         "MLFLOW_S3_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": _S3_ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": _S3_SECRET_KEY,
-        "AWS_DEFAULT_REGION": _S3_REGION,
+        "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
+        "AWS_DEFAULT_REGION": S3_REGION,
     }
 
 
@@ -226,9 +235,9 @@ def s3_client(endpoint: str) -> Any:
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
-        aws_access_key_id=_S3_ACCESS_KEY,
-        aws_secret_access_key=_S3_SECRET_KEY,
-        region_name=_S3_REGION,
+        aws_access_key_id=S3_ACCESS_KEY,
+        aws_secret_access_key=S3_SECRET_KEY,
+        region_name=S3_REGION,
         config=Config(
             retries={"max_attempts": 2, "mode": "standard"},
             connect_timeout=3,
@@ -238,7 +247,7 @@ def s3_client(endpoint: str) -> Any:
     )
 
 
-def _ensure_buckets(endpoint: str, buckets: Iterable[str], deadline: float) -> None:
+def ensure_buckets(endpoint: str, buckets: Iterable[str], deadline: float) -> None:
     """Create the buckets; retried until the deadline (the filer may still be warming up)."""
     client = s3_client(endpoint)
     last: Exception | None = None

@@ -14,9 +14,9 @@ from typing import Any
 
 from fedcore.errors import ConfigError
 from flows.services.config import (
-    _QUIET_ENV,
     DEFAULT_BUCKET,
     HOST,
+    QUIET_ENV,
     ROOT,
     SERVICES,
     START_TIMEOUT,
@@ -25,56 +25,47 @@ from flows.services.config import (
     WORK_POOL_TYPE,
     ServiceError,
     ServiceStatus,
-    _names,
-    _with_dependants,
-    _with_dependencies,
     artifact_bucket,
     mlflow_config,
     resolve_ports,
+    service_names,
     state_dir,
+    with_dependants,
+    with_dependencies,
 )
-from flows.services.procs import (
-    _check_port,
-    _children,
-    _group_alive,
-    _health_url,
-    _is_ours,
-    _last_log_line,
-    _locked,
-    _now,
-    _pid_alive,
-    _spawn,
-    _terminate,
-    _url,
-    free_port,
-    probe,
-    read_state,
-    write_state,
+from flows.services.ports import base_url, check_port, free_port, health_url, probe
+from flows.services.process import (
+    group_alive,
+    is_ours,
+    last_log_line,
+    pid_alive,
+    returncode,
+    spawn,
+    terminate,
 )
 from flows.services.s3 import (
-    _data_lock,
-    _ensure_buckets,
-    _weed_cmd,
+    data_lock_path,
+    ensure_buckets,
     remove_leftovers,
     s3_client_env,
     scratch_dir,
+    weed_cmd,
     weed_leftovers,
 )
+from flows.services.state import now, read_state, state_lock, write_state
 
 # ----------------------------------------------------------------------------- commands
 
 
-def _base_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
+def base_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment of a server: the user's, less the client settings of other services
     (``AWS_*``, ``MLFLOW_*``, ``PREFECT_*``) unless they start with one of ``keep``."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_"))
-        or k in _QUIET_ENV
-        or k.startswith(keep)
+        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_")) or k in QUIET_ENV or k.startswith(keep)
     }
-    env.update(_QUIET_ENV)
+    env.update(QUIET_ENV)
     return env
 
 
@@ -91,11 +82,11 @@ def worker_limit() -> int:
     return limit
 
 
-def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
-    env = _base_env()
+def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
+    env = base_env()
     if name == "s3":  # its files live in its scratch folder, removed when it stops
         env["TMPDIR"] = str(scratch_dir(sd, port))
-        return _weed_cmd(sd, port), env, scratch_dir(sd, port)
+        return weed_cmd(sd, port), env, scratch_dir(sd, port)
     bindir = Path(sys.executable).parent
     if name == "mlflow":  # configured in mlflow/server.toml
         conf = mlflow_config(sd)
@@ -122,7 +113,7 @@ def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tupl
         # Scheduled runs are child processes of the worker and inherit this environment:
         # the user's own MLflow/S3 settings stay (as for `fedapt run`), the flow adds the
         # services that are up (services.run_environment). Working directory: this checkout.
-        env = _base_env(keep=("AWS_", "MLFLOW_", "PREFECT_WORKER_"))
+        env = base_env(keep=("AWS_", "MLFLOW_", "PREFECT_WORKER_"))
         env["PREFECT_HOME"] = str(sd / "prefect")
         env["PREFECT_API_URL"] = records["prefect"]["api_url"]
         env["PREFECT_WORKER_WEBSERVER_HOST"] = HOST
@@ -148,7 +139,7 @@ def _command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tupl
     home.mkdir(parents=True, exist_ok=True)
     # The server's own settings (e.g. PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS) are
     # the user's to choose; client settings (PREFECT_API_URL ...) are not passed on.
-    env = _base_env(keep=("PREFECT_SERVER_",))
+    env = base_env(keep=("PREFECT_SERVER_",))
     env["PREFECT_HOME"] = str(home)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
@@ -160,31 +151,30 @@ def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
         "name": name,
         "pid": pid,
         "port": port,
-        "url": _url(port),
-        "health": _health_url(name, port),
+        "url": base_url(port),
+        "health": health_url(name, port),
         "log": str(log),
-        "started_at": _now(),
+        "started_at": now(),
     }
     if name == "prefect":
-        rec["api_url"] = _url(port) + "/api"
+        rec["api_url"] = base_url(port) + "/api"
     if name == "worker":
         rec["pool"] = WORK_POOL
     return rec
 
 
 def _fail(name: str, pid: int, log: Path, why: str) -> ServiceError:
-    _terminate(pid, timeout=5.0)
-    last = _last_log_line(log)
+    terminate(pid, timeout=5.0)
+    last = last_log_line(log)
     tail = f" (last log line: {last})" if last else ""
     return ServiceError(f"{name} {why}; see {log}{tail}")
 
 
-def _wait_healthy(name: str, pid: int, port: int, log: Path, deadline: float) -> None:
-    url = _health_url(name, port)
+def wait_healthy(name: str, pid: int, port: int, log: Path, deadline: float) -> None:
+    url = health_url(name, port)
     while True:
-        if not _pid_alive(pid):
-            proc = _children.get(pid)
-            code = proc.returncode if proc is not None else None
+        if not pid_alive(pid):
+            code = returncode(pid)
             why = f"exited during start (code {code})" if code is not None else "exited"
             raise _fail(name, pid, log, why)
         if probe(url, timeout=2.0):
@@ -207,7 +197,7 @@ def work_pool_status(api_url: str, pool: str = WORK_POOL, timeout: float = 2.0) 
 def _wait_pool_ready(rec: Mapping[str, Any], deadline: float) -> None:
     """The worker is up once its pool is READY: it created the pool and polled the server."""
     while work_pool_status(rec["api_url"], rec.get("pool", WORK_POOL)) != "READY":
-        if not _pid_alive(rec["pid"]):
+        if not pid_alive(rec["pid"]):
             raise _fail("worker", rec["pid"], Path(rec["log"]), "exited during start")
         if time.monotonic() >= deadline:
             raise _fail(
@@ -217,7 +207,7 @@ def _wait_pool_ready(rec: Mapping[str, Any], deadline: float) -> None:
 
 
 def _alive_record(name: str, rec: Mapping[str, Any] | None) -> bool:
-    return bool(rec) and _is_ours(rec.get("pid"), name)  # type: ignore[union-attr]
+    return bool(rec) and is_ours(rec.get("pid"), name)  # type: ignore[union-attr]
 
 
 def up(
@@ -235,14 +225,14 @@ def up(
     ``ServiceError`` (one line naming the service and its log); a failed service is stopped.
     """
     sd = state_dir(state)
-    names = _with_dependencies(_names(services))
+    names = with_dependencies(service_names(services))
     wanted = resolve_ports(ports)
     buckets = list(buckets)
     if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
         bucket = artifact_bucket(mlflow_config(sd)["artifacts_destination"])
         if bucket and "s3" in names and bucket not in buckets:
             buckets.append(bucket)  # the artifact store's bucket, on fedapt's S3
-    with _locked(sd):
+    with state_lock(sd):
         records = read_state(sd)
         for n in list(records):
             if not _alive_record(n, records[n]):
@@ -254,12 +244,12 @@ def up(
         ):
             rec, dep_rec = records.get(n), records.get(dep)
             if rec and n in names and (not dep_rec or rec.get(key) != dep_rec.get(field)):
-                _terminate(int(rec["pid"]))
+                terminate(int(rec["pid"]))
                 records.pop(n)
         write_state(sd, records)
         to_start = [n for n in names if n not in records]
         for n in to_start:
-            _check_port(n, wanted[n])
+            check_port(n, wanted[n])
         deadline = time.monotonic() + timeout
         # Already running: it may still be starting (or hung) - wait for it like a new one.
         for n in names:
@@ -273,9 +263,9 @@ def up(
                 if n not in to_start:
                     continue
                 port = wanted[n] or free_port()
-                cmd, env, cwd = _command(n, sd, port, records)
+                cmd, env, cwd = command(n, sd, port, records)
                 log = sd / "logs" / f"{n}.log"
-                pid = _spawn(cmd, env, cwd, log, _data_lock(sd) if n == "s3" else None)
+                pid = spawn(cmd, env, cwd, log, data_lock_path(sd) if n == "s3" else None)
                 records[n] = _record(n, pid, port, log)
                 if n == "s3":
                     records[n]["leftovers"] = weed_leftovers(cmd)
@@ -287,15 +277,15 @@ def up(
                 pending[n] = records[n]
             try:
                 for n, rec in pending.items():
-                    _wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
+                    wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
                     if n == "s3":
-                        _ensure_buckets(rec["url"], buckets, deadline)
+                        ensure_buckets(rec["url"], buckets, deadline)
                     if n == "worker":
                         _wait_pool_ready(rec, deadline)
             except BaseException:  # also Ctrl-C: a failed group leaves nothing half-started
                 for n, rec in pending.items():
-                    if _group_alive(rec["pid"]):
-                        _terminate(rec["pid"], timeout=5.0)
+                    if group_alive(rec["pid"]):
+                        terminate(rec["pid"], timeout=5.0)
                     remove_leftovers(rec.get("leftovers", []))
                     records.pop(n, None)
                 write_state(sd, records)
@@ -304,7 +294,7 @@ def up(
 
 
 def _wait_running(name: str, rec: Mapping[str, Any], deadline: float) -> None:
-    url = rec.get("health") or _health_url(name, int(rec["port"]))
+    url = rec.get("health") or health_url(name, int(rec["port"]))
     while not probe(url, timeout=2.0):
         if time.monotonic() >= deadline:
             raise ServiceError(
@@ -326,15 +316,15 @@ def down(
     Stale records are dropped. Returns the status after stopping.
     """
     sd = state_dir(state)
-    names = _with_dependants(_names(services))
-    with _locked(sd):
+    names = with_dependants(service_names(services))
+    with state_lock(sd):
         records = read_state(sd)
         for n in reversed(SERVICES):
             if n not in names or n not in records:
                 continue
             rec = records[n]
-            if _is_ours(rec.get("pid"), n):
-                _terminate(int(rec["pid"]), timeout=timeout)
+            if is_ours(rec.get("pid"), n):
+                terminate(int(rec["pid"]), timeout=timeout)
             remove_leftovers(rec.get("leftovers", []))  # s3: its sockets and logs
             records.pop(n)
             write_state(sd, records)
@@ -348,7 +338,7 @@ def status(
     probe_timeout: float = 1.0,
 ) -> dict[str, ServiceStatus]:
     """Each service: running / stopped / stale, pid, url, log and a quick health probe."""
-    names = _names(services)
+    names = service_names(services)
     records = read_state(state)
     out = {}
     for n in names:
@@ -356,9 +346,9 @@ def status(
         if not rec:
             out[n] = ServiceStatus(n, "stopped", False)
             continue
-        alive = _is_ours(rec.get("pid"), n)
+        alive = is_ours(rec.get("pid"), n)
         healthy = alive and probe(
-            rec.get("health") or _health_url(n, int(rec["port"])), probe_timeout
+            rec.get("health") or health_url(n, int(rec["port"])), probe_timeout
         )
         out[n] = ServiceStatus(
             n,

@@ -1,4 +1,4 @@
-"""The watchdog of a server tied to the process that started it (``procs._spawn(tied=True)``).
+"""The watchdog of a server tied to the process that started it (``process.spawn(tied=True)``).
 
 Run as a script, stdlib only: ``python -I -S watchdog.py FD [--users PATH] [--leftover PATH]...
 CMD...``. It forks CMD into its own process group (the watchdog's), exits with CMD's status
@@ -67,6 +67,8 @@ def main() -> None:
         if ready and not os.read(fd, 1):
             break  # the process that started the server is gone
     if users is not None:  # wait for the last run that uses the server
+        # A raw flock, not flows.services.process.flock_fd: this script runs with -I -S
+        # (stdlib only, no site-packages, not even its own folder on sys.path).
         lock = os.open(users, os.O_RDWR | os.O_CREAT, 0o644)
         while True:
             try:

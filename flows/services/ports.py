@@ -1,0 +1,70 @@
+"""Ports and health probes: whether a port is free, a free port (or pair), the check that
+names the variable to change, HTTP probes and the URLs of a service."""
+
+from __future__ import annotations
+
+import random
+import socket
+import urllib.request
+
+from flows.services.config import HEALTH_PATHS, HOST, PortInUseError, ServiceError, port_env_var
+
+
+def port_free(port: int, host: str = HOST) -> bool:
+    """True when a server could listen on host:port now (bind test, like the servers do)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_pair(offset: int = 10000, taken: set[int] | None = None) -> int:
+    """A port p with p + offset also free (SeaweedFS's admin worker dials admin.port + 10000),
+    neither of them in ``taken``."""
+    taken = set() if taken is None else taken
+    for _ in range(200):
+        p = random.randint(20000, 65535 - offset)
+        if p in taken or p + offset in taken:
+            continue
+        if port_free(p) and port_free(p + offset):
+            taken.update((p, p + offset))
+            return p
+    raise ServiceError("s3 cannot start: no free pair of ports for the SeaweedFS admin server")
+
+
+def check_port(name: str, port: int) -> None:
+    """Raise ``PortInUseError`` (one line naming the variable to change) when ``port`` of
+    service ``name`` is taken; 0 (any free port) passes."""
+    if port and not port_free(port):
+        var = port_env_var(name)
+        alt = port + 1 if port < 65535 else port - 1
+        raise PortInUseError(
+            f"{name} cannot start: port {port} on {HOST} is already in use by another program; "
+            f"choose another port, e.g. {var}={alt}"
+        )
+
+
+def probe(url: str, timeout: float = 1.0) -> bool:
+    """HTTP GET; healthy when it answers 2xx."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return 200 <= resp.status < 300
+    except (OSError, ValueError):
+        return False
+
+
+def health_url(name: str, port: int) -> str:
+    return f"http://{HOST}:{port}{HEALTH_PATHS[name]}"
+
+
+def base_url(port: int) -> str:
+    return f"http://{HOST}:{port}"

@@ -1,0 +1,80 @@
+"""The state directory's bookkeeping: ``services.json`` (read, written atomically), the lock
+that serialises ``up``/``down`` and the start of an embedded server, and the timestamps the
+records carry."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from flows.services.config import STATE_FILE, state_dir
+
+STATE_LOCK = "services.lock"
+
+
+def state_path(sd: Path) -> Path:
+    return sd / STATE_FILE
+
+
+def read_state(sd: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The recorded services (name -> record); empty when there is no or a corrupt state file."""
+    path = state_path(state_dir(sd))
+    try:
+        data = json.loads(path.read_text())
+        services = data.get("services", {})
+        return {k: v for k, v in services.items() if isinstance(v, dict)}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def write_state(sd: str | os.PathLike[str] | None, services: Mapping[str, Any]) -> Path:
+    """Write the state file atomically: a temporary file in the same directory, then rename."""
+    sd = state_dir(sd)
+    prepare_dir(sd)
+    path = state_path(sd)
+    fd, tmp = tempfile.mkstemp(prefix=".services.", suffix=".tmp", dir=sd)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"version": 1, "services": dict(services)}, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def prepare_dir(sd: Path) -> None:
+    """Create the state directory, with a ``.gitignore`` that keeps it out of git."""
+    sd.mkdir(parents=True, exist_ok=True)
+    ignore = sd / ".gitignore"  # keep a state dir inside the repo out of git
+    if not ignore.exists():
+        with contextlib.suppress(OSError):
+            ignore.write_text("*\n")
+
+
+@contextlib.contextmanager
+def state_lock(sd: Path) -> Iterator[None]:
+    """Serialise up/down across processes (two `fedapt up` at once); waits for the holder.
+    An flock underneath (dropped by the kernel when its holder dies, kill -9 included); a
+    forked child does not inherit it."""
+    prepare_dir(sd)
+    lock = FileLock(sd / STATE_LOCK, thread_local=False, fallback_to_soft=False)
+    with lock:
+        yield
+
+
+def now() -> str:
+    """The current UTC time, to the second, as the records write it."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
