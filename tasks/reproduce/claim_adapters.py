@@ -185,7 +185,7 @@ CLAIM = Claim(
     id="adapters",
     title="Residual adapters come within about 1 point of full fine-tuning under Dir(0.5) "
     "at about 1/9 of the MiB per round.",
-    source="seed 000 (000_951abe0eee0db477.txt) Table I, FashionMNIST Dir(0.5), and §IV-A4",
+    source="seed 000 Table I, FashionMNIST Dir(0.5), and §IV-A4",
     paper=(
         "Table I (cross-silo, 10 clients, ResNet26, mean of 5 seeds), FashionMNIST Dir(0.5): "
         "FedAvg 93.99 ± 0.64 without vs 92.82 ± 0.53 with adapters; FedProx 94.22 vs 93.14; "

@@ -176,7 +176,7 @@ CLAIM = Claim(
     id="anytime",
     title="In anytime FL the Accumulator is at least as accurate as layer-wise linear heads "
     "at every exit.",
-    source="seed 001 (001_71268467af0f409c.txt) Table 2, Fig. 3 (top), Appendix A",
+    source="seed 001 Table 2, Fig. 3 (top), Appendix A",
     paper=(
         "Table 2 (anytime FL, mean over the 12 exits of DeiT-small): CIFAR-100 Non-IID (1.0) "
         "L.W. Linear 36.06 ± 1.35 vs Accumulator 63.02 ± 1.79; IID 36.42 vs 64.28; Non-IID "

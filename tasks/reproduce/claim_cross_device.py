@@ -157,7 +157,7 @@ CLAIM = Claim(
     id="cross-device",
     title="In the cross-device setting (100 clients, 20% per round with replacement, E = 5) "
     "residual adapters still end within about 1-2 points of full fine-tuning under Dir(0.5).",
-    source="seed 000 (000_951abe0eee0db477.txt) Table II, FashionMNIST Dir(0.5), and §IV-A2",
+    source="seed 000 Table II, FashionMNIST Dir(0.5), and §IV-A2",
     paper=(
         "Table II (cross-device: 100 clients, fraction 0.2 per round sampled with replacement, "
         "E = 5 local epochs, ResNet26, mean ± std of 5 seeds), FashionMNIST Dir(0.5): FedAvg "

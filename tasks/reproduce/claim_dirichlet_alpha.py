@@ -168,7 +168,7 @@ CLAIM = Claim(
     id="dirichlet-alpha",
     title="FedAvg's accuracy declines steadily, and its convergence slows, as the class "
     "mixes go from IID to Dir(alpha) with alpha -> 0.",
-    source="seed 002 (002_d1a8bf691273e784.txt) §4.1, Fig. 3",
+    source="seed 002 §4.1, Fig. 3",
     paper=(
         '§4.1 "IID and Non-IID comparison": "The results, in Figure 3, show a steady decline '
         "in performance as the α value decreases, also the convergence time increase as long "

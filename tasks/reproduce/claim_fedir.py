@@ -85,7 +85,7 @@ CLAIM = Claim(
     id="fedir",
     title="FedIR does not improve on FedAvg under Dir(alpha) class mixes: it ends below "
     "FedAvg at every alpha.",
-    source="seed 002 (002_d1a8bf691273e784.txt) §4.1, Fig. 4",
+    source="seed 002 §4.1, Fig. 4",
     paper=(
         '§4.1 "Federated Averaging vs Importance Reweighting": "This setting is designed for '
         "proving the higher efficiency of FedIR in respect to FedAVG in case of "

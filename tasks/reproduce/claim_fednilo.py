@@ -240,7 +240,7 @@ CLAIM = Claim(
     id="fednilo",
     title="FedNILO needs at least 30% less traffic than FedAvg to reach the same "
     "30-round-mean accuracy.",
-    source="seed 004 (004_fef4988902b0b88a.txt) Tables 6.4-6.7, §6.1.4-6.1.5",
+    source="seed 004 Tables 6.4-6.7, §6.1.4-6.1.5",
     paper=(
         "Cumulative GB to reach an ACC level (mean accuracy of the last 30 rounds), FedAvg vs "
         "FedNILO's best K/F: Table 6.4 (CIFAR-10 Dir(0.3)) 74.5%: 45.35 vs 24.58 GB (45.8%), "

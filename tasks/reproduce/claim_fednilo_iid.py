@@ -64,7 +64,7 @@ CLAIM = Claim(
     id="fednilo-iid",
     title="On IID data FedNILO still needs at least 15% less traffic than FedAvg to reach the "
     "same 30-round-mean accuracy.",
-    source="seed 004 (004_fef4988902b0b88a.txt) Tables 6.6-6.7, §6.2.2 (homogeneous context)",
+    source="seed 004 Tables 6.6-6.7, §6.2.2 (homogeneous context)",
     paper=(
         "Cumulative GB to reach an ACC level (mean accuracy of the last 30 rounds), FedAvg vs "
         "FedNILO's best K/F, CIFAR-10 IID (Table 6.6): 80.5%: 33.26 vs 27.3 GB (17.9%, "

@@ -110,7 +110,7 @@ CLAIM = Claim(
     id="fedvc",
     title="With unequal client sizes (STD up to 50% of the mean) FedVC ends more accurate "
     "than FedAvg and converges in as many rounds.",
-    source="seed 002 (002_d1a8bf691273e784.txt) §4.1, Fig. 5",
+    source="seed 002 §4.1, Fig. 5",
     paper=(
         '§4.1 "Federated Averaging vs Virtual Clients": "The setting compares different value '
         "of an STD parameter which represent the standard deviation, expressed in percentage "

@@ -67,7 +67,7 @@ CLAIM = Claim(
     id="gaussian-noise",
     title="Under noise-based feature skew, Gau(0.1), residual adapters end within about 1.4 "
     "points of full fine-tuning.",
-    source="seed 000 (000_951abe0eee0db477.txt) Table I, FashionMNIST Gau(0.1), §IV and §V",
+    source="seed 000 Table I, FashionMNIST Gau(0.1), §IV and §V",
     paper=(
         "Table I (cross-silo, 10 clients, ResNet26, mean ± std of 5 seeds), FashionMNIST "
         "Gau(0.1): FedAvg 94.90 ± 0.12 without vs 93.52 ± 0.27 with adapters; FedProx 94.90 ± "

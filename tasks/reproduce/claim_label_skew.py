@@ -93,7 +93,7 @@ def plot(results: Results) -> Figure | None:
 CLAIM = Claim(
     id="label-skew",
     title="With #M = 1 label per client every method collapses, while #M = 3 learns.",
-    source="seed 000 (000_951abe0eee0db477.txt) Table I, FashionMNIST #M rows, and §IV-A3",
+    source="seed 000 Table I, FashionMNIST #M rows, and §IV-A3",
     paper=(
         "Table I (cross-silo), FashionMNIST #M = 1: FedAvg 20.82 / 16.47, FedProx 18.59 / "
         "17.92, FedNova 16.97 / 17.03 (without / with adapters); #M = 3: 72.50 / 70.90, "

@@ -77,7 +77,7 @@ CLAIM = Claim(
     id="label-skew-m2",
     title="With #M = 2 labels per client every method learns, far above #M = 1, but ends below "
     "#M = 3 (#M = 1 < 2 < 3).",
-    source="seed 000 (000_951abe0eee0db477.txt) Table I, FashionMNIST #M rows, and §IV-A3",
+    source="seed 000 Table I, FashionMNIST #M rows, and §IV-A3",
     paper=(
         "Table I (cross-silo, mean ± std of 5 seeds), FashionMNIST, without / with adapters: "
         "#M = 2: FedAvg 56.90 ± 5.26 / 55.40 ± 4.59, FedProx 56.39 ± 3.09 / 55.62 ± 6.22, "

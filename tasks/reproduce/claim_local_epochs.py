@@ -124,7 +124,7 @@ CLAIM = Claim(
     id="local-epochs",
     title="More local epochs make FedAvg converge in fewer rounds; every E ends at the same "
     "accuracy.",
-    source="seed 002 (002_d1a8bf691273e784.txt) §4.1, Fig. 2",
+    source="seed 002 §4.1, Fig. 2",
     paper=(
         '§4.1 "Preliminary Federated Parameter Tuning": "The general accuracy does not undergo '
         "variations, all models converge to the same accuracy. The convergence time of the "

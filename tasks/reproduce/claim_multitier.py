@@ -157,7 +157,7 @@ CLAIM = Claim(
     id="multitier",
     title="In multi-tier FL (each client trains at its own fixed exit) the Accumulator is at "
     "least as accurate as layer-wise linear heads at every exit.",
-    source="seed 001 (001_71268467af0f409c.txt) Table 3, Fig. 3 (bottom), Appendix A",
+    source="seed 001 Table 3, Fig. 3 (bottom), Appendix A",
     paper=(
         "Table 3 (multi-tier FL, DeiT-small, 12 tiers): CIFAR-100 Non-IID (1.0) L.W. Linear "
         "30.98 ± 0.60 vs Accumulator 57.32 ± 0.88; IID 32.43 vs 58.27; Non-IID (0.1) 21.33 vs "

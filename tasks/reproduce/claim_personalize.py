@@ -116,7 +116,7 @@ CLAIM = Claim(
     title="After multi-tier FL, fine-tuning only the Accumulator's client token on a client's "
     "corrupted data is at least as accurate as fine-tuning the whole Accumulator, which is at "
     "least as accurate as fine-tuned layer-wise linear heads.",
-    source="seed 001 (001_71268467af0f409c.txt) Table 4, §5.2 (Personalization), Appendix A",
+    source="seed 001 Table 4, §5.2 (Personalization), Appendix A",
     paper=(
         "Table 4 (CIFAR-100-C after multi-tier FL on clean data; 10 local epochs at the "
         "client's exit), Non-IID (1.0): Accumulator + PA, all of it 40.05 ± 2.34 (+36.90), PA "

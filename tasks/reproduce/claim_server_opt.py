@@ -149,7 +149,7 @@ def plot(results: Results) -> Figure | None:
 CLAIM = Claim(
     id="server-opt",
     title="Server Adam and Adagrad train more steadily than FedAvg under Dir(alpha <= 1).",
-    source="seed 002 (002_d1a8bf691273e784.txt) §4.3, Figs. 8-9",
+    source="seed 002 §4.3, Figs. 8-9",
     paper=(
         '§4.3: "with an adaptive server optimizer, we can reach a more stable convergence '
         'especially in the last rounds" (Fig. 8, LeNet5); Fig. 9 (LeNet5 + BN): "at the end, '

@@ -241,7 +241,7 @@ CLAIM = Claim(
     title="On federated Shakespeare next-word prediction, Houlsby, Pfeiffer and LoRA adapters "
     "on a pretrained GPT-2 end within about a point of full fine-tuning at 2% or less of its "
     "traffic per round.",
-    source="seed 003 (003_fc65407b6bb093ce.txt) Tables 1, 4, 8 and 12",
+    source="seed 003 Tables 1, 4, 8 and 12",
     paper=(
         "Table 4 (Shakespeare non-IID, gpt2-base, 9 clients, 30 rounds of 5 Adam steps of "
         "16): full fine-tuning 28.46 (lr 0.0001); Pfeiffer 29.18, LoRA 27.75, Houlsby 28.29 "

@@ -92,7 +92,7 @@ def plot(results: Results) -> Figure | None:
 CLAIM = Claim(
     id="train-time",
     title="Local training with adapters takes less time than full fine-tuning.",
-    source="seed 003 (003_fc65407b6bb093ce.txt) §4.4.1, Tables 10-11",
+    source="seed 003 §4.4.1, Tables 10-11",
     paper=(
         "Table 10 (Stack Overflow, gpt2-base, 30 rounds): full 2 h 10 m 59 s; Pfeiffer 0.75, "
         "LoRA 0.80, Houlsby 0.79 of it. Table 11 (Shakespeare): Pfeiffer 0.58, LoRA 0.65, "

@@ -148,7 +148,7 @@ CLAIM = Claim(
     id="transformer",
     title="Houlsby, Pfeiffer and LoRA adapters come within 1-2 points of full fine-tuning "
     "of a pretrained transformer at 98% or more less traffic.",
-    source="seed 003 (003_fc65407b6bb093ce.txt) Tables 1, 3 and 12",
+    source="seed 003 Tables 1, 3 and 12",
     paper=(
         "Table 3 (CIFAR-100 non-IID, ViT-base): full fine-tuning 61.51 (lr 0.0005); Pfeiffer "
         "64.09, LoRA 60.91, Houlsby 64.19 (lr 0.005). Table 12: ViT-base 330.96 MB vs "

@@ -41,7 +41,7 @@ ANYTIME_PA = Claim(
     id="anytime-pa",
     title="With parallel adapters (+ PA) the Accumulator is still at least as accurate as "
     "layer-wise linear heads at every exit.",
-    source='seed 001 (001_71268467af0f409c.txt) Table 2, "+ PA" rows',
+    source='seed 001 Table 2, "+ PA" rows',
     paper="Table 2, CIFAR-100 Non-IID (1.0): L.W. Linear + PA 47.94 ± 1.53 vs Accumulator + "
     "PA 64.28 ± 1.84.",
     experiments=(
