@@ -61,7 +61,7 @@ def write_figures(claims: Sequence[Claim], results: Results, root: Path) -> dict
         names = set(claim.needs_all())
         fig = claim.plot({k: v for k, v in results.items() if k in names})
         if fig is not None:
-            fig.suptitle(f"{claim.id}: {claim.source.split(' (')[0]}", fontsize=9)
+            fig.suptitle(f"{claim.id}: {claim.source}", fontsize=9)
             out[claim.id] = atomic_write_bytes(root / FIGURES / f"{claim.id}.png", save_png(fig))
     return out
 
