@@ -322,7 +322,7 @@ def test_open_runs_end_killed_on_interrupt_and_failed_on_error(local_mlflow):
 def test_runs_left_running_by_a_dead_process_are_marked_killed(local_mlflow):
     from tasks import tracking
 
-    exp = tracking._experiment_id(local_mlflow, "stale")
+    exp = tracking.experiment_id(local_mlflow, "stale")
     dead = subprocess.Popen([PY, "-c", "pass"])
     dead.wait()
     host = socket.gethostname()

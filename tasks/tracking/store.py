@@ -1,10 +1,16 @@
-"""Which MLflow tracking stores fedapt can use, checked before any work: one line naming
-``MLFLOW_TRACKING_URI`` (or the local store), with every password masked.
+"""Where MLflow runs go, and whether fedapt can use that store: the tracking URI, the
+client, the experiment of a name.
 
-MLflow 3 refuses its file store (a bare path or ``file://``); fedapt runs on ``sqlite:///``
-(an SQLite file, created when missing), an http(s) server (``fedapt up``'s, or yours, with
-user:password in the URI or ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` / ``_TOKEN``) or a
-database URL whose SQLAlchemy driver is installed.
+``MLFLOW_TRACKING_URI`` when set (e.g. the server of ``fedapt up``), else a local SQLite store
+at ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (open it with
+``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db``).
+
+Which stores fedapt can use is checked before any work: one line naming
+``MLFLOW_TRACKING_URI`` (or the local store), with every password masked. MLflow 3 refuses its
+file store (a bare path or ``file://``); fedapt runs on ``sqlite:///`` (an SQLite file, created
+when missing), an http(s) server (``fedapt up``'s, or yours, with user:password in the URI or
+``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` / ``_TOKEN``) or a database URL whose SQLAlchemy
+driver is installed.
 """
 
 from __future__ import annotations
@@ -12,8 +18,13 @@ from __future__ import annotations
 import os
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
 
 from fedcore.errors import ConfigError, mask_credentials
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # The stores fedapt runs on (MLflow 3 refuses its file store, ``./mlruns`` or ``file://``).
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql")
@@ -145,3 +156,63 @@ def _check_sqlite_store(uri: str) -> None:
         check_writable(where, db.parent)
     except ConfigError as exc:
         raise ConfigError(f"{exc} (in {uri})") from None
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
+
+
+def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
+    """The tracking URI in use (or ``uri``) names a store fedapt can use (:func:`check_store`)."""
+    check_store(uri or tracking_uri(), timeout)
+
+
+_ready_stores: set[str] = set()
+
+
+def client() -> Any:
+    """The ``MlflowClient`` of the tracking URI in use (a new local store opened first)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    if uri.startswith("sqlite:///") and uri not in _ready_stores:
+        return _init_sqlite_store(uri)
+    return MlflowClient(uri)
+
+
+def _init_sqlite_store(uri: str) -> Any:
+    """Open (create, migrate) a local SQLite store one process at a time: two runs starting
+    together on a new store would both create its tables ("table runs already exists")."""
+    from mlflow import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(db.with_name(f".{db.name}.fedapt-init.lock")):
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)  # opens the store: tables, migrations
+    _ready_stores.add(uri)
+    return client
+
+
+# MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view; this value
+# (the UI's ``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT``) opens the classic training view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """The id of experiment ``name`` (created, its artifacts beside a local store, when new)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag: a kind the user chose stays
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        return exp.experiment_id
+    location = None
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):  # artifacts beside the database file
+        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    return client.create_experiment(
+        name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    )

@@ -1,13 +1,5 @@
-"""MLflow tracking and model registry: the only module that talks to MLflow.
-
-One parent run per experiment, one child run per grid cell with ``step = round`` metrics,
-the final model logged with ``mlflow.pytorch`` and registered; the best version of each
-registered model (by final test accuracy) carries the alias ``champion``.
-
-Where runs go: ``MLFLOW_TRACKING_URI`` when set (e.g. the server of ``fedapt up``), else a
-local SQLite store at ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts``
-(open it with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db``).
-"""
+"""MLflow runs: one parent run per experiment, one child run per grid cell with
+``step = round`` metrics, and their end state whatever way the process ends."""
 
 from __future__ import annotations
 
@@ -19,18 +11,16 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from fedcore import numerics
 from fedcore.events import Callback, RoundRecord
 from fedcore.payload import mib
 from tasks.io import pid_alive
+from tasks.tracking import store
 
-ROOT = Path(__file__).resolve().parents[1]
-CHAMPION = "champion"
-CHALLENGER = "challenger"  # the newest registered version, whether or not it beat the champion
 log = logging.getLogger("fedapt.tracking")
+
 
 # Runs this process started and has not ended: ended KILLED/FAILED when the process stops on
 # a signal or an error (``end_active_runs``), so the UI never shows them running forever.
@@ -50,85 +40,18 @@ def _started(run_id: str) -> str:
     return run_id
 
 
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
-
-
-def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
-    """The tracking URI names a store fedapt can use, checked before work starts
-    (``tasks.tracking_store``: the allowed schemes, one line each)."""
-    from tasks.tracking_store import check_store
-
-    check_store(uri or tracking_uri(), timeout)
-
-
-def _client() -> Any:
-    import mlflow
-    from mlflow import MlflowClient
-
-    uri = tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    if uri.startswith("sqlite:///") and uri not in _ready_stores:
-        return _init_sqlite_store(uri)
-    return MlflowClient(uri)
-
-
-_ready_stores: set[str] = set()
-
-
-def _init_sqlite_store(uri: str) -> Any:
-    """Open (create, migrate) a local SQLite store one process at a time: two runs starting
-    together on a new store would both create its tables ("table runs already exists")."""
-    import fcntl
-
-    from mlflow import MlflowClient
-
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(f".{db.name}.fedapt-init.lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        client = MlflowClient(uri)
-        client.search_experiments(max_results=1)  # opens the store: tables, migrations
-    _ready_stores.add(uri)
-    return client
-
-
-client = _client  # the MlflowClient of the tracking URI in use (tasks.artifacts)
-
-
-# MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view; this value
-# (the UI's ``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT``) opens the classic training view.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
-
-
-def _experiment_id(client: Any, name: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag: a kind the user chose stays
-            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-        return exp.experiment_id
-    location = None
-    uri = tracking_uri()
-    if uri.startswith("sqlite:///"):  # artifacts beside the database file
-        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
-    return client.create_experiment(
-        name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
-    )
-
-
 def provenance_tags() -> dict[str, str]:
     """git commit and DVC lock hash of the code and pipeline that produced a run."""
     tags = {}
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "HEAD"], cwd=store.ROOT, capture_output=True, text=True, timeout=10
         )
         if out.returncode == 0:
             tags["git_commit"] = out.stdout.strip()
     except OSError:
         pass
-    lock = ROOT / "dvc.lock"
+    lock = store.ROOT / "dvc.lock"
     if lock.is_file():
         tags["dvc_lock_sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()
     # Where the numbers came from (a native run differs between CPUs): fedcore/numerics.py.
@@ -165,9 +88,9 @@ def start_experiment_run(
     """Create the parent run of an experiment; returns its run id. Named
     :func:`parent_run_name` (time, and the Prefect deployment when one runs it) unless
     ``run_name`` is given; ``tags``: e.g. its origin (``tasks.origin``)."""
-    client = _client()
+    client = store.client()
     run = client.create_run(
-        _experiment_id(client, experiment),
+        store.experiment_id(client, experiment),
         run_name=run_name or parent_run_name(experiment, _deployment_name()),
         tags={"fedapt.kind": "experiment", **provenance_tags(), **_owner_tags(), **(tags or {})},
     )
@@ -193,10 +116,10 @@ def start_cell_run(
 ) -> str:
     """A grid cell's run: a child of the experiment's run under the Prefect flow, or a
     run of its own when a DVC stage trains the cell."""
-    client = _client()
+    client = store.client()
     parent = {"mlflow.parentRunId": parent_run_id} if parent_run_id else {}
     run = client.create_run(
-        _experiment_id(client, experiment),
+        store.experiment_id(client, experiment),
         run_name=name,
         tags={**parent, "fedapt.kind": "cell", **provenance_tags(), **_owner_tags(), **tags},
     )
@@ -209,7 +132,7 @@ def end_run(run_id: str, status: str = "FINISHED") -> None:
     with _active_lock:
         if run_id in _ended:  # already ended KILLED/FAILED by end_active_runs
             return
-    _client().set_terminated(run_id, status=status)
+    store.client().set_terminated(run_id, status=status)
     with _active_lock:
         _active.discard(run_id)
 
@@ -224,7 +147,7 @@ def end_active_runs(status: str) -> list[str]:
     done = []
     for run_id in runs:
         try:
-            _client().set_terminated(run_id, status=status)
+            store.client().set_terminated(run_id, status=status)
             done.append(run_id)
         except Exception as exc:  # noqa: BLE001 - the store may be gone; the next run fixes it
             log.warning("could not mark MLflow run %s %s: %s", run_id, status, type(exc).__name__)
@@ -250,7 +173,7 @@ def close_stale_runs(experiment: str) -> list[str]:
     power loss): their owner pid (tag ``fedapt.pid``) is dead on this host; runs from before
     that tag (no owner recorded) count as stale unless a DVC stage made them. Call it holding
     the experiment's lock (no other live ``fedapt run`` of it). Returns the run ids."""
-    client = _client()
+    client = store.client()
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
@@ -278,7 +201,7 @@ class MlflowRounds(Callback):
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        self._client = _client()
+        self._client = store.client()
 
     def on_resume(self, history: Any) -> None:
         """The rounds a resumed run restored from its checkpoint: the run's curves are whole."""
@@ -341,142 +264,14 @@ def log_final_metrics(run_id: str, record: dict[str, Any]) -> None:
         for c in result["clients"]:
             for key in ("accuracy_before", "accuracy_after", "gain"):
                 metrics.append(Metric(f"personal_{scope}_{key}", float(c[key]), 0, c["client"]))
-    client = _client()
+    client = store.client()
     for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
         client.log_batch(run_id, metrics=metrics[i : i + 1000])
 
 
-def registered_name(dataset: str, model: str, adapter: str) -> str:
-    return f"fedapt-{dataset}-{model}-{adapter}".replace("_", "-")
-
-
-def log_and_register_model(
-    run_id: str,
-    model: Any,
-    example: Any,
-    name: str,
-    accuracy: float | None,
-    tags: dict[str, str] | None = None,
-) -> str:
-    """Log the (merged) model to the run and register it as a new version of ``name``, tagged
-    with its final accuracy and ``tags`` (the evaluation set's hash, the experiment, the git
-    commit); it becomes ``challenger``, and ``champion`` if it beats the champion
-    (:func:`update_champion`). Returns the version."""
-    import mlflow
-    import mlflow.pytorch
-    import torch
-
-    client = _client()
-    with (
-        _registry_lock(name),
-        _model_code() as code,
-        _quiet_pickle_warning(),
-        mlflow.start_run(run_id=run_id),
-    ):
-        # A pickled module, not MLflow 3's default ``pt2`` (a torch.export GraphModule whose
-        # .eval() raises): ``load_model`` gives back the nn.Module itself. Its classes come
-        # from fedapt's ``fedcore`` and ``models`` packages, logged beside it (``code_paths``:
-        # MLflow puts them on sys.path when it loads the model).
-        info = mlflow.pytorch.log_model(
-            model.eval(),
-            name="model",
-            input_example=example.numpy(),
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-            registered_model_name=name,
-            serialization_format="pickle",
-            code_paths=code,
-        )
-    version = str(info.registered_model_version)  # MLflow returns an int here
-    if accuracy is not None:
-        client.set_model_version_tag(name, version, "final_accuracy", f"{accuracy:.6f}")
-    for key, value in (tags or {}).items():
-        client.set_model_version_tag(name, version, key, value)
-    with _registry_lock(name):  # compare-and-move: one run at a time per registered model
-        client.set_registered_model_alias(name, CHALLENGER, version)
-        update_champion(name, version)
-    return version
-
-
-MODEL_CODE = ("fedcore", "models")  # the packages a registered model's classes come from
-
-
-@contextlib.contextmanager
-def _model_code() -> Iterator[list[str]]:
-    """Copies of :data:`MODEL_CODE` without their ``__pycache__`` (the ``code_paths``)."""
-    import shutil
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="fedapt-model-code-") as tmp:
-        paths = []
-        for package in MODEL_CODE:
-            dst = Path(tmp) / package
-            shutil.copytree(ROOT / package, dst, ignore=shutil.ignore_patterns("__pycache__"))
-            paths.append(str(dst))
-        yield paths
-
-
-class _PickleWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Pickle or CloudPickle" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_pickle_warning() -> Iterator[None]:
-    """MLflow warns on every pickled model; fedapt pickles its own modules on purpose."""
-    logger, flt = logging.getLogger("mlflow.pytorch"), _PickleWarning()
-    logger.addFilter(flt)
-    try:
-        yield
-    finally:
-        logger.removeFilter(flt)
-
-
-@contextlib.contextmanager
-def _registry_lock(name: str) -> Iterator[None]:
-    """Serialise registrations of ``name`` on this machine: runs of different experiments
-    register the same model (``fedapt-<dataset>-<model>-<adapter>``) at the same time, and
-    the champion alias is read, compared and moved."""
-    import fcntl
-    import tempfile
-
-    key = hashlib.sha256(f"{tracking_uri()}|{name}".encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"fedapt-registry-{key}.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)  # blocks: a registration takes seconds
-        yield
-
-
-EVAL_SET_TAG = "eval_set_sha256"
-
-
-def update_champion(name: str, candidate: str) -> str | None:
-    """Move ``champion`` to version ``candidate`` when it beats the champion: a higher final
-    accuracy on the same evaluation set (the ``eval_set_sha256`` tags are equal). A champion
-    on another evaluation set stays (accuracies on different test sets do not compare; promote
-    by hand if you mean it); one without the tag (registered before this rule) is compared by
-    accuracy alone. Without a champion, a candidate with an accuracy becomes it. Returns the
-    champion's version afterwards (None: there is none)."""
-    from mlflow.exceptions import MlflowException
-
-    client = _client()
-    new = client.get_model_version(name, candidate)
-    acc = float(new.tags.get("final_accuracy", "nan"))
-    try:
-        champ = client.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:  # no champion yet
-        champ = None
-    if champ is not None:
-        same = champ.tags.get(EVAL_SET_TAG) in (None, new.tags.get(EVAL_SET_TAG))
-        if not (same and acc > float(champ.tags.get("final_accuracy", "-inf"))):
-            return str(champ.version)
-    elif acc != acc:  # never evaluated: not a champion
-        return None
-    client.set_registered_model_alias(name, CHAMPION, str(candidate))
-    return str(candidate)
-
-
 def log_artifacts(run_id: str, paths: list[str], artifact_path: str) -> None:
     """Attach files (e.g. the pretrain base and its card) to a run's artifacts."""
-    client = _client()
+    client = store.client()
     for path in paths:
         client.log_artifact(run_id, path, artifact_path)
 
@@ -486,6 +281,6 @@ def log_metrics(run_id: str, values: dict[str, float]) -> None:
     from mlflow.entities import Metric
 
     metrics = [Metric(k, float(v), 0, 0) for k, v in sorted(values.items())]
-    client = _client()
+    client = store.client()
     for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
         client.log_batch(run_id, metrics=metrics[i : i + 1000])
