@@ -26,7 +26,7 @@ from flows import services
 from flows.experiment import experiment_flow
 from tasks import tracking
 from tasks.progress import clock
-from tasks.reproduce import report, runs
+from tasks.reproduce import records, report, runs
 from tasks.reproduce.registry import select
 
 
@@ -87,6 +87,7 @@ def reproduce_flow(
 ) -> str:
     """Run what the profile's claims still need, then write (and track) the report.
     Returns the report's path."""
+    records.loaded_code_version()  # the code this run computes with, pinned before it starts
     sets = list(overrides or [])
     chosen = select(claims)
     items = runs.plan(chosen, profile, params_file, sets, out)

@@ -13,6 +13,7 @@ code version or numerics is *stale*: ``fedapt reproduce`` stops on it in one lin
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -61,6 +62,14 @@ def code_version(root: Path = ROOT) -> str:
         lines = [x for x in pins.read_text().splitlines() if x.startswith(PINS)]
         h.update("\n".join(lines).encode())
     return h.hexdigest()[:12]
+
+
+@functools.cache
+def loaded_code_version() -> str:
+    """The code version of this process: read once, at the first call (the start of a
+    reproduce run), so source files changed on disk under a running reproduction (a pull, a
+    merge) cannot stamp its records with code it did not run."""
+    return code_version()
 
 
 def record_path(records_dir: Path, name: str) -> Path:
@@ -133,7 +142,7 @@ def write_record(
         {
             "experiment": experiment,
             "claim": claim,
-            "code": code_version(),
+            "code": loaded_code_version(),
             "numerics": numerics,
             "seconds": round(seconds, 1),
             "resumed": resumed,

@@ -174,7 +174,7 @@ def markdown(
         lines += [SMOKE, ""]
     lines += [
         f"Written {now} by `{command}` on {machine}, code version "
-        f"{records.code_version()}. Each claim's experiments are ordinary `fedapt run` seed "
+        f"{records.loaded_code_version()}. Each claim's experiments are ordinary `fedapt run` seed "
         "sweeps (commands below); a claim's verdict is computed from their committed records "
         f"(`{RECORDS_HINT}`) by a fixed rule stated with it, decided before any run, on every "
         "seed: it holds when every check holds on every seed, does not hold when a check "

@@ -255,13 +255,13 @@ def status(item: Planned) -> str:
     rec = records.read_record(item.record)
     if rec is not None and rec.get("config") == key:
         same = (rec.get("code"), rec.get("numerics")) == (
-            records.code_version(),
+            records.loaded_code_version(),
             item.params.runtime.numerics,
         )
         return "done" if same else "stale"
     summary = _summary(item.dir)
     if summary is not None and config_key(summary["params"]) == key:
-        if read_stamp(item.dir).get("code") == records.code_version():
+        if read_stamp(item.dir).get("code") == records.loaded_code_version():
             return "finished"
     checkpoints = item.dir / "checkpoints"
     if checkpoints.is_dir() and any(checkpoints.rglob("*.pt")):
@@ -274,7 +274,7 @@ def stale_text(item: Planned) -> str:
     rec = records.read_record(item.record) or {}
     return (
         f"{item.record}: computed by code {rec.get('code')} in {rec.get('numerics')} numerics; "
-        f"this checkout is code {records.code_version()} in {item.params.runtime.numerics}: "
+        f"this checkout is code {records.loaded_code_version()} in {item.params.runtime.numerics}: "
         "rerun it with --rerun-stale (its numbers would not be this code's)"
     )
 
@@ -344,7 +344,7 @@ def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:
             "overrides": list(item.overrides),
             "seconds": round(seconds, 1),
             "resumed": resumed,
-            "code": records.code_version(),
+            "code": records.loaded_code_version(),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
     )
