@@ -94,8 +94,16 @@ class FederationConfig:
     deadline_steps: int | None = None
     speed_spread: float = 0.0
     stragglers: str = "drop"
+    # Train rounds 1..stop_after of a run configured for ``rounds`` (schedules and budgets
+    # read ``rounds``), then end it as a budget would (stop_reason "stop_after"): the first
+    # rounds of a run exactly, e.g. to check a record (``fedapt reproduce --revalidate``).
+    stop_after: int | None = None
 
     def __post_init__(self) -> None:
+        if self.stop_after is not None and not 1 <= self.stop_after <= self.rounds:
+            raise ConfigError(
+                f"federation.stop_after must be in [1, rounds={self.rounds}] (got {self.stop_after})"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"federation.dropout must be in [0, 1) (got {self.dropout})")
         k = self.availability_concentration
@@ -380,12 +388,15 @@ class Simulation:
             # a checkpoint written after a budget ended the run: nothing is left to train
             done = history.stop_reason != "rounds"
             first = self.cfg.rounds + 1 if done else len(history.rounds) + 1
-            for r in range(first, self.cfg.rounds + 1):
+            final = self.cfg.rounds if self.cfg.stop_after is None else self.cfg.stop_after
+            for r in range(first, final + 1):
                 record = self._round(r, cum_down, cum_up)
                 cum_down, cum_up = record.cum_download_bytes, record.cum_upload_bytes
-                # A budget of the algorithm ran out (seed 004 §6.1.4): the last round is
-                # evaluated like the final round of a full run.
+                # A budget of the algorithm ran out (seed 004 §6.1.4), or the run stops where
+                # it was told to: the last round is evaluated like the final round of a full run.
                 reason = self.algorithm.stop_reason(record)
+                if reason is None and r == final < self.cfg.rounds:
+                    reason = "stop_after"
                 if reason is not None and record.accuracy is None and self.cfg.eval_every:
                     acc, test_loss = self.evaluate()
                     record = dataclasses.replace(record, accuracy=acc, test_loss=test_loss)

@@ -26,7 +26,7 @@ from flows import services
 from flows.experiment import experiment_flow
 from tasks import tracking
 from tasks.progress import clock
-from tasks.reproduce import records, report, runs
+from tasks.reproduce import records, report, revalidate, runs
 from tasks.reproduce.registry import select
 
 
@@ -148,3 +148,70 @@ def reproduce_flow(
         if runs.base_params(params_file, sets).runtime.tracking:
             log_report_task(profile, str(runs.out_root(profile, out)))
     return path
+
+
+@flow(name="fedapt-reproduce-revalidate", flow_run_name=_run_name)
+def revalidate_flow(
+    profile: str = "cpu",
+    params_file: str | None = None,
+    overrides: list[str] | None = None,
+    claims: list[str] | None = None,
+    out: str | None = None,
+    rounds: int = revalidate.ROUNDS,
+) -> list[str]:
+    """Check the records of another code version by rerunning the first ``rounds`` rounds of
+    their seed 0 (``tasks.reproduce.revalidate``); identical ones are stamped with this code
+    version. Returns one line per record that could not be revalidated."""
+    records.loaded_code_version()
+    sets = list(overrides or [])
+    chosen = select(claims)
+    items = runs.plan(chosen, profile, params_file, sets, out)
+    if items:
+        numerics.apply(items[0].params.runtime.numerics, items[0].params.runtime.threads)
+    root = runs.reproduce_root(params_file, sets, profile)
+    log = get_run_logger()
+    failed = []
+    with services.run_lock(root, "fedapt reproduce"):
+        for k, item in enumerate(items, 1):
+            name = f"record {k} of {len(items)}: {item.params.experiment.name}"
+            if runs.status(item) == "tuning":  # its tuning runs' records, revalidated above
+                item = runs.replan(item, chosen, profile, params_file, sets, out)
+            state = runs.status(item)
+            rec = records.read_record(item.record)
+            if state != "stale" or rec is None:
+                log.info("%s: %s, nothing to check", name, "current" if state == "done" else state)
+                continue
+            if rec.get("numerics") != item.params.runtime.numerics:
+                failed.append(
+                    f"{item.record}: {rec.get('numerics')} numerics, not "
+                    f"{item.params.runtime.numerics}: rerun it with --rerun-stale"
+                )
+                continue
+            check = runs.check_item(item, rounds, params_file, root)
+            shutil.rmtree(check.dir, ignore_errors=True)  # a check never reuses an older one's
+            runs.share_base(check, root / revalidate.REVALIDATE)
+            log.info(
+                "%s: code %s, checking seed 0's first %d rounds",
+                name,
+                rec.get("code"),
+                check.params.federation.stop_after,
+            )
+            experiment_flow(
+                params=check.params,
+                params_file=params_file or "params.yaml",
+                overrides=list(check.overrides),
+                entry="reproduce",
+            )
+            seeds = runs.finished_seeds(check.dir) or {}
+            diffs = revalidate.compare(rec, seeds, rounds)
+            if diffs:
+                failed.append(
+                    f"{item.record}: {diffs[0]} (and {len(diffs) - 1} more); rerun "
+                    "it with --rerun-stale"
+                )
+                log.info("%s: differs: %s", name, "; ".join(diffs[:3]))
+                continue
+            cells = sorted(rec["seeds"]["0"]["cells"])
+            revalidate.restamp(item.record, rec, rounds, cells)
+            log.info("%s: identical, stamped %s", name, records.loaded_code_version())
+    return failed

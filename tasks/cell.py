@@ -136,6 +136,7 @@ def build_simulation(
         deadline_steps=params.federation.deadline_steps,
         speed_spread=params.federation.speed_spread,
         stragglers=params.federation.stragglers,
+        stop_after=params.federation.stop_after,
     )
     # The cell's one model in this process: the Simulation's initial global model, its
     # in-process clients' model, and (trained state loaded) what registration logs.

@@ -273,17 +273,29 @@ class FederationSection(_Section):
     deadline_steps: int | None = Field(None, ge=1)
     speed_spread: float = Field(0.0, ge=0.0)
     stragglers: Literal["drop", "partial"] = "drop"
+    # Train only rounds 1..stop_after of this run (its schedules still read rounds), e.g. to
+    # check a record: ``fedapt reproduce --revalidate``.
+    stop_after: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _stop_within_rounds(self) -> FederationSection:
+        if self.stop_after is not None and self.stop_after > self.rounds:
+            raise ValueError(
+                f"stop_after must be <= rounds ({self.rounds}) (got {self.stop_after})"
+            )
+        return self
 
     @model_serializer(mode="wrap")
     def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The dropout keys are dumped only when set: the params, fingerprints and reports
-        of configurations without dropout stay as they were."""
+        """The dropout and stop_after keys are dumped only when set: the params, fingerprints
+        and reports of configurations without them stay as they were."""
         defaults = {
             "dropout": 0.0,
             "availability_concentration": None,
             "deadline_steps": None,
             "speed_spread": 0.0,
             "stragglers": "drop",
+            "stop_after": None,
         }
         return {k: v for k, v in handler(self).items() if k not in defaults or v != defaults[k]}
 

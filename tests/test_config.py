@@ -214,3 +214,10 @@ def test_derived_experiment_name_is_short_and_filesystem_safe(tmp_path):
     assert a.experiment.name != b.experiment.name  # cut, but told apart by the digest
     q = load_params(f, ["partition.scheme=quantity_normal"])
     assert q.experiment.name == "fashion_mnist-cifar_cnn-qn03n10-fedavg-full"
+
+
+def test_stop_after_is_within_the_rounds_and_absent_from_params_unless_set():
+    with pytest.raises(ConfigError, match=r"federation: stop_after must be <= rounds \(\d+\)"):
+        load_params(None, ["federation.stop_after=99"])
+    assert "federation.stop_after" not in load_params(None, []).flat()  # records stay current
+    assert load_params(None, ["federation.stop_after=2"]).flat()["federation.stop_after"] == 2

@@ -32,6 +32,7 @@ def make_sim(
     data=None,
     test=None,
     eval_every=1,
+    stop_after=None,
 ):
     return Simulation(
         model_fn=model_fn,
@@ -42,7 +43,11 @@ def make_sim(
         local=local or LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
         lr_schedule=LRSchedule(lr=0.05),
         federation=FederationConfig(
-            rounds=rounds, clients_per_round=m or len(shards), seed=seed, eval_every=eval_every
+            rounds=rounds,
+            clients_per_round=m or len(shards),
+            seed=seed,
+            eval_every=eval_every,
+            stop_after=stop_after,
         ),
         workers=workers,
         callbacks=callbacks,
@@ -180,3 +185,18 @@ def test_algorithm_registry_errors():
         build_algorithm("fedsgd")
     with pytest.raises(ConfigError, match="mu"):
         build_algorithm("fedavg", mu=0.1)
+
+
+def test_stop_after_trains_the_first_rounds_of_the_run_exactly():
+    """federation.stop_after: rounds 1..k of a run configured for more rounds, the same
+    numbers as those rounds of the whole run (the lr schedule still reads ``rounds``)."""
+    shards = [np.arange(0, 100), np.arange(100, 200)]
+    whole = make_sim(shards, rounds=4, eval_every=3).run()
+    part = make_sim(shards, rounds=4, eval_every=3, stop_after=2).run()
+    assert whole.stop_reason == "rounds" and part.stop_reason == "stop_after"
+    assert [r.train_loss for r in part.rounds] == [r.train_loss for r in whole.rounds[:2]]
+    assert [r.lr for r in part.rounds] == [r.lr for r in whole.rounds[:2]]
+    assert part.rounds[-1].accuracy is not None  # the last round is evaluated
+    assert make_sim(shards, rounds=2, stop_after=2).run().stop_reason == "rounds"
+    with pytest.raises(ConfigError, match=r"federation.stop_after must be in \[1, rounds=2\]"):
+        FederationConfig(rounds=2, clients_per_round=1, stop_after=3)

@@ -435,3 +435,44 @@ def test_server_lr_tuning_sets_each_server_optimisers_lr(tmp_path):
     opts = main.params.grid.algorithm_options
     assert (opts.fedadam.server_lr, opts.fedadagrad.server_lr) == (0.001, 0.01)
     assert main.params.grid.algorithms == ("fedavg", "fedadam", "fedadagrad")
+
+
+def test_revalidation_compares_every_round_value_and_restamps(tmp_path):
+    """A record of another code version is checked round value by round value (times
+    aside); identical, it is stamped with this code version and keeps what was checked."""
+    from tasks.reproduce import revalidate
+
+    rounds = [
+        {"round": 1, "accuracy": 0.5, "train_loss": 1.25, "clients": [0, 1], "seconds": 3.0},
+        {"round": 2, "accuracy": None, "train_loss": 1.0, "clients": [1, 2], "seconds": 3.0},
+        {"round": 3, "accuracy": 0.7, "train_loss": 0.75, "clients": [0, 2], "seconds": 3.0},
+    ]
+    rec = {
+        "code": "0123456789ab",
+        "params": {"experiment.seeds": [0, 1]},
+        "seeds": {"0": {"base_accuracy": 0.8, "cells": {"fedavg-full": {"rounds": rounds}}}},
+    }
+    now = [dict(r, seconds=9.0) for r in rounds[:2]]
+    now[1]["accuracy"] = 0.6  # the check's last round is evaluated where the run's was not
+    seeds = {"0": {"base_accuracy": 0.8, "cells": {"fedavg-full": {"rounds": now}}}}
+    assert revalidate.compare(rec, seeds, 2) == []
+    now[0]["clients"] = [0, 2]
+    assert revalidate.compare(rec, seeds, 2) == [
+        "fedavg-full round 1 clients: [0, 1] recorded, [0, 2] now"
+    ]
+    assert revalidate.compare(rec, seeds, 3) == [
+        "fedavg-full: 2 rounds, 3 recorded",
+        "fedavg-full round 1 clients: [0, 1] recorded, [0, 2] now",
+        "fedavg-full round 2 accuracy: None recorded, 0.6 now",
+    ]
+    seeds["0"]["base_accuracy"] = 0.81
+    assert revalidate.compare(rec, seeds, 1)[0] == "base accuracy 0.8 recorded, 0.81 now"
+    assert revalidate.compare(rec, {}, 1) == ["the check run has no seed 0"]
+    sets = revalidate.check_sets(rec, 2, 30, tmp_path)
+    assert "federation.stop_after=2" in sets and "experiment.seeds=[0]" in sets
+    assert "federation.stop_after=6" in revalidate.check_sets({}, 10, 6, tmp_path)
+    path = revalidate.restamp(tmp_path / "r.json", rec, 2, ["fedavg-full"])
+    new = json.loads(path.read_text())
+    assert new["code"] == records.loaded_code_version() != "0123456789ab"
+    assert new["revalidated"][0]["from"] == "0123456789ab"
+    assert new["revalidated"][0]["rounds"] == 2 and new["seeds"] == rec["seeds"]

@@ -117,11 +117,24 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         res = CliRunner().invoke(app, args)
         assert res.exit_code != 0 and "--rerun-stale" in res.output
         assert "Traceback" not in res.output
+        # --revalidate: the first round of seed 0 rerun; identical -> stamped with this code,
+        # a record whose numbers differ stays stale, named in one line
+        other = root / "records" / "ci-label-skew-m3.json"
+        rec = json.loads(other.read_text())
+        rec["code"] = "0123456789ab"
+        rec["seeds"]["0"]["cells"]["fedavg-full"]["rounds"][0]["train_loss"] += 1e-9
+        other.write_text(json.dumps(rec))
+        res = CliRunner().invoke(app, [*args, "-c", "label-skew", "--revalidate", "--rounds", "1"])
+        assert res.exit_code == 1, res.output
+        assert "ci-label-skew-m3.json: fedavg-full round 1 train_loss: " in res.output
+        assert "Traceback" not in res.output and "ci-label-skew-m1" not in res.output
+        rec = json.loads((root / "records" / "ci-label-skew-m1.json").read_text())
+        assert rec["revalidated"][0]["from"] == "0123456789ab" and rec["code"] != "0123456789ab"
     again = {it.experiment.name: (it.dir / runs.STAMP).stat().st_mtime_ns for it in items}
     changed = sorted(n for n in stamps if stamps[n] != again[n])
-    assert changed == ["fednilo-fedavg"]
+    assert changed == ["fednilo-fedavg"]  # the checks ran in folders of their own
     assert sorted(it.experiment.name for it in items if runs.status(it) != "done") == [
-        "label-skew-m1"
+        "label-skew-m3"
     ]
 
 

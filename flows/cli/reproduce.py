@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 @guarded
 def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     profile: Annotated[
-        str, typer.Option(help="ci (smoke test, minutes) | cpu (2 cores, ~2 h) | gpu (seeds)")
+        str, typer.Option(help="ci (smoke test, minutes) | cpu (2 cores, ~6 h) | gpu (seeds)")
     ] = "cpu",
     params: ParamsOpt = None,
     set_: SetOpt = None,
@@ -59,6 +59,17 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
             help="write the report from the records there are; run nothing",
         ),
     ] = False,
+    revalidate: Annotated[
+        bool,
+        typer.Option(
+            "--revalidate",
+            help="check records of another code version: rerun seed 0's first --rounds "
+            "rounds; identical ones are stamped with this code version",
+        ),
+    ] = False,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="rounds each --revalidate check reruns")
+    ] = 2,
 ) -> None:
     """Run the experiments behind the seeds' claims and write the reproduction report.
     Rerun the same command to skip what finished and resume what did not."""
@@ -74,6 +85,12 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     items = runs.plan(claims, profile, params_file, overrides, where)
     if plan_only:
         out.print(_plan_table(items))
+        return
+    if revalidate and (report_only or rerun_stale):
+        other = "--report" if report_only else "--rerun-stale"
+        raise ConfigError(f"--revalidate checks stale records; it does not go with {other}")
+    if revalidate:
+        _revalidate(profile, claims, params_file, overrides, where, rounds)
         return
     stale = [it for it in items if runs.status(it) == "stale"]
     if stale and not rerun_stale:  # numbers of two code versions never mix in a report
@@ -178,6 +195,42 @@ def _run(
                     out=where,
                     rerun_stale=rerun_stale,
                 )
+
+
+def _revalidate(
+    profile: str,
+    claims: Sequence[Claim],
+    params_file: str | None,
+    overrides: list[str],
+    where: str | None,
+    rounds: int,
+) -> None:
+    """``--revalidate``, under the run's guards; one line per record left stale, exit 1."""
+    from flows import services
+
+    with (
+        stop_on_signals(cleanup=_runs_killed),
+        services.patched_environ(services.env_for_clients()),
+        services.run_environment(need_s3=False),
+    ):
+        from flows.reproduce import revalidate_flow
+        from tasks import tracking
+
+        quiet_prefect_tracebacks()
+        with services.prefect_environment(), tracking.ended_on_error():
+            failed = revalidate_flow(
+                profile=profile,
+                params_file=params_file,
+                overrides=overrides,
+                claims=[c.id for c in claims],
+                out=where,
+                rounds=rounds,
+            )
+    for line in failed:
+        err.print(line, highlight=False, soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
+    out.print("every record of another code version is revalidated (or there was none)")
 
 
 def _runs_killed() -> None:
