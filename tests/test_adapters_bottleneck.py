@@ -18,6 +18,7 @@ from fedcore.errors import ConfigError
 from fedcore.schedules import LRSchedule
 from models import get_model
 from models.adapters import adapt, get_adapter
+from models.adapters.bottleneck import SequentialAdapter
 from tests.test_lora import H, data, inputs, one_step_changes, tiny_bert, tiny_vit
 
 METHODS = ("houlsby", "pfeiffer", "parallel")
@@ -135,6 +136,30 @@ def test_engine_round_trains_only_the_payload_and_counts_it():
         assert any(not torch.equal(sim.global_state[k], start[k]) for k in keys if ".up." in k)
         wire = len(payload.encode(m.payload(model)))
         assert history.rounds[0].upload_bytes == history.rounds[0].download_bytes == 2 * wire
+
+
+@pytest.mark.parametrize("kind", ["bert", "vit"])
+def test_pfeiffer_adapter_sits_after_the_ffn_output_only(kind):
+    """Pfeiffer (AdapterFusion, seed 003 [15]): one adapter per block after the feed-forward
+    output projection; nothing after the attention output (Houlsby has both)."""
+    torch.manual_seed(0)
+    model = adapt({"bert": tiny_bert, "vit": tiny_vit}[kind](), "pfeiffer", kind)
+    sites = [n for n, m in model.named_modules() if isinstance(m, SequentialAdapter)]
+    ffn_out = {"bert": "output.dense", "vit": "mlp.fc2"}[kind]
+    prefix = {"bert": "bert.encoder.layer", "vit": "blocks"}[kind]
+    assert sites == [f"{prefix}.{i}.{ffn_out}" for i in range(2)]
+    for block in model.blocks:
+        attn_out = {"bert": "attention.output.dense", "vit": "attn.proj"}[kind]
+        assert isinstance(block.get_submodule(attn_out), nn.Linear)
+    # the adapter reads the FFN output projection's output y and adds to it: y + A(y)
+    site = model.get_submodule(sites[0])
+    with torch.no_grad():
+        for p in site.adapter.parameters():
+            p.copy_(torch.randn(p.shape) * 0.1)
+        x = torch.randn(3, site.base.in_features)
+        y = site.base(x)
+        assert torch.allclose(site(x), y + site.adapter(y))
+        assert not torch.allclose(site(x), y)
 
 
 def test_parallel_reads_the_ffn_input_and_scales():

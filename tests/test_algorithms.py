@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from fedcore.aggregate import normalized_average, sgd_normalizer
-from fedcore.algorithms import FedAvg, build_algorithm
+from fedcore.algorithms import FedAvg, algorithm_options, build_algorithm
 from fedcore.algorithms.base import ClientUpdate, ClientView
 from fedcore.algorithms.fednova import FedNova
 from fedcore.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedcore.algorithms.fedprox import FedProx
 from fedcore.client import LocalConfig
+from fedcore.errors import ConfigError
 from tests.test_engine import make_sim
 
 SHARDS = np.array_split(np.arange(400), 4)
@@ -181,3 +182,63 @@ def test_server_state_is_not_pickled_to_workers():
     clone = pickle.loads(pickle.dumps(algo))
     assert clone == algo and clone.server == {}
     assert algo.state_dict()["step"] == 1
+
+
+# ---- FedOpt: seed 002's Algorithms 3 and 4, Yogi's second branch ----------------------------
+
+
+def _server_step(algo, x: float, target: float) -> float:
+    out = algo.server_update({"w": torch.tensor([x])}, {"w": torch.tensor([target])}, 1)
+    return out["w"].item()
+
+
+def test_fedadagrad_follows_algorithm_3_with_lr_decay():
+    """Seed 002's Algorithm 3 (FedAdagrad, ``form: seed002``): no momentum, lr decay."""
+    algo = build_algorithm(
+        "fedadagrad", {"form": "seed002", "server_lr": 0.1, "tau": 0.1, "lr_decay": 0.5}
+    )
+    # t = 1: g = -Delta = -2, s = 0 + 4, gamma = 0.1 -> x = 1 + 0.1 * 2 / (2 + 0.1)
+    assert _server_step(algo, 1.0, 3.0) == pytest.approx(1.0 + 0.2 / 2.1, rel=1e-6)
+    # t = 2: g = -1, s = 5, gamma = 0.1 / (1 + 0.5) -> x = 0 + gamma * 1 / (sqrt(5) + 0.1)
+    assert _server_step(algo, 0.0, 1.0) == pytest.approx((0.1 / 1.5) / (5**0.5 + 0.1), rel=1e-6)
+    assert algo.state_dict()["m"] == {}  # no momentum in Algorithm 3
+    start = build_algorithm("fedadagrad", {"form": "seed002", "initial_accumulator": 5.0})
+    # s_0 = 5: s_1 = 9 -> 1 + 0.01 * 2 / (3 + 0.001)
+    assert _server_step(start, 1.0, 3.0) == pytest.approx(1.0 + 0.02 / 3.001, rel=1e-6)
+
+
+def test_fedadam_follows_algorithm_4_with_bias_correction():
+    """Seed 002's Algorithm 4 (FedAdam, ``form: seed002``): bias-corrected moments."""
+    algo = build_algorithm(
+        "fedadam", {"form": "seed002", "server_lr": 0.1, "tau": 0.1, "beta2": 0.99}
+    )
+    # t = 1: m = -0.2, v = 0.04; m^ = -2, v^ = 4 -> x = 1 + 0.1 * 2 / (2 + 0.1)
+    assert _server_step(algo, 1.0, 3.0) == pytest.approx(1.0 + 0.2 / 2.1, rel=1e-6)
+    # t = 2: g = -1: m = -0.28, v = 0.0496; m^ = -0.28 / 0.19, v^ = 0.0496 / 0.0199
+    m_hat, v_hat = 0.28 / 0.19, 0.0496 / 0.0199
+    assert _server_step(algo, 0.0, 1.0) == pytest.approx(0.1 * m_hat / (v_hat**0.5 + 0.1), rel=1e-6)
+    # Reddi et al.'s form stays the default (no bias correction: a different first step)
+    reddi = build_algorithm("fedadam", {"server_lr": 0.1, "tau": 0.1})
+    assert reddi.form == "reddi"
+    assert _server_step(reddi, 1.0, 3.0) == pytest.approx(
+        1.0 + 0.1 * 0.2 / ((0.99 * 0.01 + 0.01 * 4) ** 0.5 + 0.1), rel=1e-6
+    )
+
+
+def test_fedopt_form_and_decay_options():
+    """Seed 002's options: ``form`` (FedAdam), ``lr_decay`` and ``initial_accumulator``
+    (FedAdagrad); Yogi has no seed 002 form and Algorithm 4 no lr decay."""
+    assert "form" in algorithm_options("fedadam")
+    assert {"lr_decay", "initial_accumulator"} <= set(algorithm_options("fedadagrad"))
+    with pytest.raises(ConfigError):
+        build_algorithm("fedyogi", {"form": "seed002"})  # Yogi is not in seed 002
+    with pytest.raises(ConfigError):
+        build_algorithm("fedadam", {"lr_decay": 0.1})  # Algorithm 4 has no decay
+
+
+def test_yogi_second_branch_v_above_delta_squared():
+    """sign(v - Delta^2) = +1: v shrinks, v_0 = tau^2 - (1 - beta2) Delta^2."""
+    algo = FedYogi(server_lr=0.1, beta1=0.9, beta2=0.99, tau=3.0)  # v_{-1} = 9 > Delta^2 = 4
+    v = 9.0 - 0.01 * 4.0  # Adam would give 0.99 * 9 + 0.04 = 8.95, the other branch 9.04
+    assert _server_step(algo, 1.0, 3.0) == pytest.approx(1.0 + 0.1 * 0.2 / (v**0.5 + 3.0))
+    assert algo.state_dict()["v"]["w"].item() == pytest.approx(v)

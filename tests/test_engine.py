@@ -168,6 +168,24 @@ def test_lr_schedules():
     )
 
 
+# The exponential schedule of seed 004 §6.1.4
+def test_exponential_schedule_t_is_rounds_elapsed():
+    """eta_t = eta_0 0.998^t; SGD "starts with an initial learning rate of 0.01": round 1
+    trains at eta_0, round r at eta_0 0.998^(r - 1), as ExponentialLR stepped per round."""
+    sched = LRSchedule(kind="exponential", lr=0.01)  # decay 0.998 by default (the paper's)
+    assert sched.decay == 0.998
+    assert sched.at(1) == 0.01
+    assert sched.at(2) == pytest.approx(0.01 * 0.998)
+    assert sched.at(2000) == pytest.approx(0.01 * 0.998**1999)  # the paper's round cap
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.01)
+    torch_sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.998)
+    for r in range(1, 6):
+        assert sched.at(r) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12)
+        opt.step()
+        torch_sched.step()
+
+
 def test_nan_update_rejected_and_model_kept():
     class Poison(FedAvg):
         def client_objective(self, global_state, client):

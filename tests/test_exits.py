@@ -20,7 +20,7 @@ from fedcore.schedules import LRSchedule
 from flows.cli import results_table
 from models.adapters import adapt, get_adapter
 from models.adapters.accumulator import AccumulatorOptions
-from models.adapters.exits import ExitOptions
+from models.adapters.exits import ExitOptions, ExitPlan
 from tasks.train import exit_accuracies
 from tests.helpers import toy_data
 from tests.test_lora import tiny_bert, tiny_vit
@@ -100,6 +100,90 @@ def test_training_step_changes_only_the_payload_and_round_trips(method):
         assert torch.equal(model(x), dst(x))
 
 
+# Accumulator history (seed 001 §4.2, eqs. 7 and 8) on a hand-checkable encoder.
+
+
+class _AddBlock(nn.Module):
+    """A frozen 'transformer block' that adds a constant vector to every token."""
+
+    def __init__(self, c: list[float]) -> None:
+        super().__init__()
+        self.register_buffer("c", torch.tensor(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.c
+
+
+class _TinyEncoder(nn.Module):
+    """CLS plumbing (``blocks``, ``cls_index``, ``hidden_size``) over input tokens (B, T, 2):
+    z^0 is the input's CLS token, block k adds c_k."""
+
+    cls_index = 0
+    hidden_size = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_AddBlock([1.0, 1.0]), _AddBlock([0.0, 3.0])])
+        self.head = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x[:, 0])
+
+
+class _MeanMix(nn.Module):
+    """Stands in for phi: h_j = t_j + mean_j(t_j) (records its inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        self.seen.append(t.detach().clone())
+        return t + t.mean(dim=1, keepdim=True)
+
+
+def _accumulator_model() -> tuple[nn.Module, _MeanMix]:
+    model = adapt(_TinyEncoder(), "accumulator", options={"heads": 1})
+    acc = model.accumulator
+    mix = _MeanMix()
+    acc.block = mix
+    acc.head = nn.Identity()  # psi = identity: the exit logits are h_0 + z
+    with torch.no_grad():
+        acc.client_token.copy_(torch.tensor([1.0, 0.0]))
+        acc.layer_embed.copy_(torch.tensor([[0.0, 1.0], [0.0, -1.0], [2.0, 0.0]]))
+    return model.eval(), mix
+
+
+def test_accumulator_history_starts_at_the_embedding_cls_eq7_eq8():
+    model, mix = _accumulator_model()
+    # p' = [p'_0, p'_1, p'_2]: the embedding level plus one per block (L + 1 rows)
+    assert tuple(model.accumulator.layer_embed.shape) == (3, 2)
+    x = torch.tensor([[[2.0, 2.0], [5.0, 7.0]]])  # (B=1, T=2, H=2); z^0 = (2, 2)
+    model.exit_plan.output = "all"
+    with torch.no_grad():
+        logits = model(x)  # (E=2, 1, 2)
+    # exit 0 (l = 1): z^1 = z^0 + (1, 1) = (3, 3)
+    #   tokens = [z_client, z^0 + p'_0, z^1 + p'_1] = [(1, 0), (2, 3), (3, 2)], mean (2, 5/3)
+    #   h = tokens + mean; eq. 8: y^1 = h_0 + z^1 = (3, 5/3) + (3, 3) = (6, 14/3)
+    #   eq. 7: z^1 <- h_2 = (5, 11/3), the CLS the next block reads
+    assert torch.allclose(mix.seen[0], torch.tensor([[[1.0, 0.0], [2.0, 3.0], [3.0, 2.0]]]))
+    assert torch.allclose(logits[0], torch.tensor([[6.0, 14.0 / 3]]))
+    # exit 1 (l = 2): z^2 = (5, 11/3) + (0, 3) = (5, 20/3); the history holds the original z^1
+    #   tokens = [(1, 0), (2, 3), (3, 2), z^2 + p'_2 = (7, 20/3)], mean (13/4, 35/12)
+    #   eq. 8: y^2 = h_0 + z^2 (original CLS, not the revised one) = (37/4, 115/12)
+    assert torch.allclose(
+        mix.seen[1], torch.tensor([[[1.0, 0.0], [2.0, 3.0], [3.0, 2.0], [7.0, 20.0 / 3]]])
+    )
+    assert torch.allclose(logits[1], torch.tensor([[37.0 / 4, 115.0 / 12]]))
+    # the history is per call: a second forward sees the same tokens
+    mix.seen.clear()
+    with torch.no_grad():
+        assert torch.allclose(model(x), logits)
+    assert len(mix.seen) == 2 and mix.seen[0].shape == (1, 3, 2)
+
+
 def test_anytime_sampling_covers_every_exit_deterministically():
     model = build("bert", "accumulator", {"exits": "anytime"})
     plan = model.exit_plan
@@ -112,6 +196,23 @@ def test_anytime_sampling_covers_every_exit_deterministically():
     assert set(first) == set(range(DEPTH))
     assert draws(0, 123) == first  # from (seed, round, client) -> the client seed, and step
     assert draws(0, 124) != first
+
+
+def test_anytime_exits_are_uniform_per_step():
+    """Seed 001 App. A: the exit of each training iteration is drawn from a uniform
+    distribution over the exits; draws differ between steps and between clients."""
+    plan = ExitPlan(num_exits=4, mode="anytime")
+    draws = []
+    for client in range(4):
+        plan.begin_client(client, 1000 + client)
+        draws += [plan.stop_exit(training=True) for _ in range(1000)]
+    counts = np.bincount(draws, minlength=4)
+    # 4000 draws: each count ~ 1000 +- 27 (binomial sd); 5 sd
+    assert np.all(np.abs(counts - 1000) < 140), counts
+    pairs = np.bincount(4 * np.array(draws[:-1]) + np.array(draws[1:]), minlength=16)
+    assert np.all(np.abs(pairs - 3999 / 16) < 5 * np.sqrt(3999 / 16)), pairs  # step to step
+    plan.begin_client(0, 1000)
+    assert plan.client_exits(0, 1000, 1000) == draws[:1000]  # what the engine groups by
 
 
 def _block_calls(model: nn.Module) -> list[int]:

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.manifest import partition_stats, read_manifest, write_manifest, write_stats
@@ -26,6 +27,7 @@ from fedcore.partition import (
     scheme_options,
     scheme_options_type,
 )
+from tests.helpers import toy_data
 
 LABELS = np.repeat(np.arange(10), 600)  # 6,000 samples, class k at indices 600k .. 600k+599
 OPTIONS = {
@@ -118,6 +120,22 @@ def test_gaussian_noise_variance_is_sigma_i_over_n():
     )
 
 
+# Gaussian feature noise (seed 000 §IV: clients C_1..C_N), down to the noisy batches
+def test_gaussian_noise_clients_are_c1_to_cn_and_batches_have_that_variance():
+    labels = np.tile(np.arange(2), 250)
+    part = make_partition("gaussian_noise", labels, num_clients=5, seed=0, sigma=0.5)
+    # C_i of N gets variance sigma * i / N, i = 1..N: the last client gets sigma, none is clean
+    assert part.noise_var == pytest.approx((0.1, 0.2, 0.3, 0.4, 0.5))
+    data = toy_data(500, size=12)
+    for k in (0, 4):
+        idx = torch.as_tensor(part.client_indices[k], dtype=torch.int64)  # 100 images
+        clean, _ = data.batch(idx)
+        gen = torch.Generator().manual_seed(k)
+        noisy, _ = data.batch(idx, noise_var=part.noise_var[k], generator=gen)
+        # sample variance of 14,400 draws: relative std sqrt(2 / n) ~ 1.2%
+        assert float((noisy - clean).var()) == pytest.approx(0.5 * (k + 1) / 5, rel=0.05)
+
+
 @pytest.mark.parametrize(("num_clients", "m"), [(10, 1), (10, 2), (10, 3), (10, 10), (100, 2)])
 def test_labels_per_client_gives_exactly_m_labels(num_clients, m):
     p = part("labels_per_client", num_clients=num_clients, m=m)
@@ -181,6 +199,23 @@ def test_classwise_tiny_beta_never_divides_by_zero():
         for seed in range(5):  # seeds 1-3 hit 0/0 in the unguarded code
             p = part("dirichlet_classwise", 10, seed, beta=1e-3, min_size=0)
             assert p.sizes().sum() == 6000 and p.sizes().max() <= 1200  # at most 2 classes
+
+
+def test_classwise_dirichlet_balancing_closes_full_clients():
+    """NIID-Bench labeldir balancing: before class k is cut, a client already holding >= n/N
+    samples gets no share of class k; with a small beta that happens, so it is exercised."""
+    labels = np.repeat(np.arange(10), 100)  # n = 1000, N = 5: a client closes at >= 200
+    closures = 0
+    for seed in range(10):
+        p = make_partition("dirichlet_classwise", labels, num_clients=5, seed=seed, beta=0.1)
+        counts = p.label_counts(labels, 10)  # (clients, classes)
+        before = np.cumsum(counts, axis=1) - counts  # each client's size before class k
+        closed = before >= 1000 / 5
+        assert (counts[closed] == 0).all(), seed  # a closed client gets nothing of class k
+        closures += int(closed.sum())
+        # so no client grows past n/N + one class (100) minus one sample
+        assert p.sizes().max() < 200 + 100
+    assert closures > 0  # the balancing step did close clients
 
 
 # ---- client-wise Dirichlet (Hsu et al.) ------------------------------------------------------

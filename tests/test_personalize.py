@@ -9,6 +9,7 @@ import torch
 
 from fedcore.client import LocalConfig
 from fedcore.errors import ConfigError
+from fedcore.exits import client_exit
 from fedcore.personalize import PersonalizeConfig, corrupt, personalize, summarize
 from fedcore.text import TextData
 from models.adapters import adapt, get_adapter
@@ -121,6 +122,53 @@ def test_payload_personalization_changes_the_accumulator_only_and_is_determinist
             independent_accuracy(model, tuned_state, own, rows)
         )
     assert any(r.accuracy_after != r.accuracy_before for r in results)  # tuning mattered
+
+
+# Multi-tier FL (seed 001 App. A, §5): each client is tuned and tested at its own exit.
+
+
+def test_multitier_personalization_tunes_and_tests_at_the_clients_exit():
+    from tests.test_accuracy_bookkeeping import independent_accuracy, personal_test_split
+
+    options = {"exits": "multitier", "tiers": [0, 1]}
+    torch.manual_seed(0)
+    model = adapt(tiny_vit(2), "accumulator", "vit", options)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    shards = [np.arange(0, 60), np.arange(60, 120)]
+    assert [client_exit(model, c) for c in (0, 1, 2)] == [0, 1, 0]  # tiers[c % 2]
+    calls: list[tuple[int, int]] = []  # (client being personalized, block run)
+    current = [0]
+    for i, block in enumerate(model.blocks):
+        block.register_forward_hook(lambda *_, i=i: calls.append((current[0], i)))
+    tuned: list[dict] = []
+
+    def on_client(result, s):
+        tuned.append(s)
+        current[0] += 1
+
+    results = personalize(
+        model,
+        state,
+        toy_data(120),
+        shards,
+        get_adapter("accumulator", options).trainable_keys(model),
+        PersonalizeConfig(local=LocalConfig(local_epochs=1, batch_size=10), lr=0.05),
+        on_client=on_client,
+    )
+    # client 0 (tier 0) never runs block 1: not in tuning, not in testing (before or after)
+    assert {b for c, b in calls if c == 0} == {0}
+    assert {b for c, b in calls if c == 1} == {0, 1}
+    plan = model.exit_plan
+    assert (plan.forced, plan.exit) == (None, None)  # restored
+    # before and after are the accuracies at the client's exit, evaluated apart
+    for r, s in zip(results, tuned, strict=True):
+        own, rows = personal_test_split(
+            toy_data(120), shards[r.client], r.client, r.severity, 0, 0.5
+        )
+        plan.exit = client_exit(model, r.client)
+        assert r.accuracy_before == pytest.approx(independent_accuracy(model, state, own, rows))
+        assert r.accuracy_after == pytest.approx(independent_accuracy(model, s, own, rows))
+    plan.exit = None
 
 
 def test_client_token_scope_needs_an_accumulator():

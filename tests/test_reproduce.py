@@ -291,6 +291,20 @@ def test_bad_profile_is_one_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_revalidate_with_report_or_rerun_stale_is_one_line(tmp_path):
+    for other in ("--report", "--rerun-stale"):
+        res = CliRunner().invoke(
+            app,
+            ["reproduce", "--profile", "ci", "--revalidate", other, "--out", str(tmp_path / "o")]
+            + ["--set", f"experiment.reports_dir={tmp_path}"],
+        )
+        assert res.exit_code == 2, res.output
+        assert res.output.strip() == (
+            f"fedapt: error: --revalidate checks stale records; it does not go with {other}"
+        )
+    assert not any(tmp_path.iterdir())
+
+
 def test_plan_lists_without_running(tmp_path):
     res = CliRunner().invoke(
         app,

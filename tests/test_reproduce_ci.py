@@ -130,11 +130,15 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         assert "Traceback" not in res.output and "ci-label-skew-m1" not in res.output
         rec = json.loads((root / "records" / "ci-label-skew-m1.json").read_text())
         assert rec["revalidated"][0]["from"] == "0123456789ab" and rec["code"] != "0123456789ab"
+        other.unlink()  # the report says which numbers an older code computed
+        assert CliRunner().invoke(app, [*args, "--report"]).exit_code == 0
+        line = next(x for x in (root / "reproduction.md").read_text().splitlines() if "m1`" in x)
+        assert "computed by code 0123456789ab, revalidated at " in line, line
     again = {it.experiment.name: (it.dir / runs.STAMP).stat().st_mtime_ns for it in items}
     changed = sorted(n for n in stamps if stamps[n] != again[n])
     assert changed == ["fednilo-fedavg"]  # the checks ran in folders of their own
     assert sorted(it.experiment.name for it in items if runs.status(it) != "done") == [
-        "label-skew-m3"
+        "label-skew-m3"  # its record deleted after its revalidation failed
     ]
 
 

@@ -150,6 +150,20 @@ def _experiments_table(items: Sequence[Planned]) -> tuple[str, float]:
     return "\n".join(rows), total
 
 
+def _revalidated(item: Planned) -> str:
+    """Where an experiment's numbers come from an older code version whose first rounds this
+    one reproduced (``--revalidate``): the codes and what was checked."""
+    rec = records.read_record(item.record) or {}
+    checks = rec.get("revalidated") or []
+    if not checks:
+        return ""
+    first, last = checks[0], checks[-1]
+    return (
+        f"; computed by code {first['from']}, revalidated at {last['to']}: seed 0's first "
+        f"{last['rounds']} rounds identical"
+    )
+
+
 def markdown(
     profile: str,
     claims: Sequence[Claim],
@@ -212,7 +226,8 @@ def markdown(
             took = _minutes(res.seconds if res else None)
             command = " \\\n  ".join(["fedapt run", *(f"--set '{s}'" for s in it.overrides)])
             lines += [
-                f"- `{it.params.experiment.name}` ({status(it)}, {took} min): <details>"
+                f"- `{it.params.experiment.name}` ({status(it)}, {took} min{_revalidated(it)}): "
+                "<details>"
                 f"<summary>the same run alone</summary>\n\n```bash\n{command}\n```\n</details>"
             ]
         for exp_name in claim.needs_all():
