@@ -187,7 +187,7 @@ def revalidate_flow(
                     f"{item.params.runtime.numerics}: rerun it with --rerun-stale"
                 )
                 continue
-            check = revalidate.check_item(item, rounds, params_file, root)
+            check = runs.check_item(item, rounds, params_file, root)
             shutil.rmtree(check.dir, ignore_errors=True)  # a check never reuses an older one's
             runs.share_base(check, root / revalidate.REVALIDATE)
             log.info(

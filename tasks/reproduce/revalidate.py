@@ -18,17 +18,13 @@ the first, and what runs after training (personalization: switched off in the ch
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.config import load_params, resolved
 from tasks.io import atomic_write_json
 from tasks.reproduce import records
-from tasks.reproduce.runs import Planned
-from tasks.reproduce.spec import dedupe
 
 REVALIDATE = "revalidate"  # under <reports_dir>/reproduce/<profile>: the check runs' folders
 ROUNDS = 2  # rounds of seed 0 each check reruns, by default
@@ -48,16 +44,6 @@ def check_sets(record: Mapping[str, Any], rounds: int, total: int, root: Path) -
     if record.get("params", {}).get("experiment.seeds") is not None:
         sets.append("experiment.seeds=[0]")
     return sets
-
-
-def check_item(item: Planned, rounds: int, params_file: str | Path | None, root: Path) -> Planned:
-    """``item``'s check: its configuration, seed 0's first ``rounds`` rounds, in
-    ``<root>/revalidate/<experiment>``."""
-    rec = records.read_record(item.record) or {}
-    sets = check_sets(rec, rounds, item.params.federation.rounds, root)
-    full = tuple(dedupe([*item.overrides, *sets]))
-    params = resolved(load_params(params_file, list(full)), "portable")
-    return dataclasses.replace(item, params=params, overrides=full)
 
 
 def _timing(key: str) -> bool:

@@ -11,6 +11,7 @@ cannot change a cell's numbers). ``reproduce.json`` beside it records how long t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,6 +151,18 @@ def replan(
     """``item`` planned again, now that its tuning runs may have their records."""
     again = plan(claims, profile, params_file, overrides, out)
     return next(it for it in again if it.experiment.name == item.experiment.name)
+
+
+def check_item(item: Planned, rounds: int, params_file: str | Path | None, root: Path) -> Planned:
+    """``item``'s revalidation check (``tasks.reproduce.revalidate``): its configuration, seed
+    0's first ``rounds`` rounds, in ``<root>/revalidate/<experiment>``."""
+    from tasks.reproduce import revalidate
+
+    rec = records.read_record(item.record) or {}
+    sets = revalidate.check_sets(rec, rounds, item.params.federation.rounds, root)
+    full = tuple(dedupe([*item.overrides, *sets]))
+    params = resolved(load_params(params_file, list(full)), "portable")
+    return dataclasses.replace(item, params=params, overrides=full)
 
 
 def finished_seeds(directory: Path) -> dict[str, Any] | None:
