@@ -66,6 +66,11 @@ class _OnDevice(Callback):
 
 
 def cohort_on(device: str, algorithm: str, engine: str):
+    sim, where = cohort_on_unrun(device, algorithm, engine)
+    return sim, sim.run(), where
+
+
+def cohort_on_unrun(device: str, algorithm: str, engine: str):
     sim = Simulation(
         model_fn=tiny_layered,
         algorithm=build_algorithm(algorithm),
@@ -82,7 +87,7 @@ def cohort_on(device: str, algorithm: str, engine: str):
     )
     where = _OnDevice(sim)
     sim.callbacks.append(where)
-    return sim, sim.run(), where
+    return sim, where
 
 
 @pytest.mark.gpu
@@ -116,3 +121,33 @@ def test_cuda_cohort_is_deterministic():
     assert [r.to_dict() | {"seconds": 0} for r in a.rounds] == [
         r.to_dict() | {"seconds": 0} for r in b.rounds
     ]
+
+
+@pytest.mark.gpu
+def test_cuda_cohort_fedadam_resumes_byte_identical():
+    """A checkpoint loads FedAdam's moments on the CPU; the cohort engine keeps the model on
+    the GPU: the resumed run moves them there and ends where the uninterrupted one does."""
+    import io
+
+    from tests.test_resume import Crash, CrashAfter
+
+    def sim():
+        return cohort_on_unrun("cuda", "fedadam", "cohort")[0]
+
+    ref = sim()
+    want = ref.run()
+    first = sim()
+    crash = CrashAfter(first, 2)
+    first.callbacks.append(crash)
+    with pytest.raises(Crash):
+        first.run()
+    again = sim()
+    state = torch.load(io.BytesIO(crash.saved), weights_only=True)
+    assert all(v.device.type == "cpu" for v in state["algorithm"]["m"].values())
+    again.load_state_dict(state)
+    got = again.run()
+    assert [r.to_dict() | {"seconds": 0} for r in got.rounds] == [
+        r.to_dict() | {"seconds": 0} for r in want.rounds
+    ]
+    for k, v in ref.global_state.items():
+        assert torch.equal(v.cpu(), again.global_state[k].cpu()), k
