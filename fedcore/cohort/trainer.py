@@ -202,7 +202,6 @@ class CohortTrainer:
         # Whole groups gathered at once (fixed-shape samples, no per-client noise); else one
         # batch per client (text batches are cut to their longest row; noise is drawn per
         # client from its generator).
-        source = cache if cache is not None else data
         gathered = cache is not None or (
             not getattr(data, "ragged", False) and all(c.noise_var == 0.0 for c in clients)
         )
@@ -229,7 +228,8 @@ class CohortTrainer:
         for s, groups in enumerate(layout.steps):
             for grp in groups:
                 if gathered:
-                    x, y = source.batch(layout.indices(grp))
+                    idx = layout.indices(grp)
+                    x, y = data.batch(idx, device=dev) if cache is None else cache.batch(idx)
                     x = x.view(len(grp.rows), grp.size, *x.shape[1:])
                     y = y.view(len(grp.rows), grp.size, *y.shape[1:])
                     if history:
