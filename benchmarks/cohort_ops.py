@@ -68,9 +68,7 @@ def count(rounds: int, algorithm: str) -> collections.Counter:
     sim = simulation(rounds, algorithm=algorithm)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         sim.run()
-    return collections.Counter(
-        e.name for e in prof.events() if e.name.startswith("aten::")
-    )
+    return collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
 
 
 def seconds_per_round(rounds: int) -> list[float]:
