@@ -167,7 +167,6 @@ class Simulation:
         self.noise_var = list(noise_var) if noise_var is not None else [0.0] * len(self.shards)
         self.local, self.schedule, self.cfg = local, lr_schedule, federation
         self.device = device
-        deterministic(device)
         # CUDA runs clients sequentially in-process; CPU fans out to single-thread workers.
         # The cohort engine trains in this process with every core (one batched computation).
         self.workers = 0 if device != "cpu" or engine == "cohort" else max(0, workers)
@@ -362,7 +361,12 @@ class Simulation:
 
     def run(self) -> History:
         """Run the remaining rounds: all of them, or those after a checkpoint given to
-        :meth:`load_state_dict` (the resumed run's outputs equal an uninterrupted run's)."""
+        :meth:`load_state_dict` (the resumed run's outputs equal an uninterrupted run's).
+        On CUDA, under deterministic settings for the run only (``fedcore.device``)."""
+        with deterministic(self.device):
+            return self._run()
+
+    def _run(self) -> History:
         history = History(last_rounds=self.cfg.last_rounds, base_bytes=self.base_bytes)
         self._base_holders.clear()
         if self._resume is not None:
@@ -496,11 +500,13 @@ class Simulation:
                 + (() if outcomes[i].max_steps is None else (outcomes[i].max_steps,))
                 for i in train
             ]
-            trained = [
-                None if res is None else
-                (res[0], payload.decode(res[1]), len(res[1]), *res[2:])
-                for res in self._map(client_job, worker_client_job, jobs, what="client")
-            ]  # fmt: skip
+            trained = []
+            for res in self._map(client_job, worker_client_job, jobs, what="client"):
+                if res is None:
+                    trained.append(None)
+                    continue
+                state = payload.decode(res[1])
+                trained.append((res[0], state, len(res[1]), *res[2:], payload.is_finite(state)))
         for i, res in zip(train, trained, strict=True):
             if res is None:  # its worker died twice (_map_pool): counted as dropped
                 outcomes[i] = Outcome("crashed")
@@ -516,9 +522,8 @@ class Simulation:
                 )  # fmt: skip
                 self._emit("on_client_end", record)
                 continue
-            cid, state, up_bytes, n, steps, loss, secs = res
+            cid, state, up_bytes, n, steps, loss, secs, ok = res
             up += up_bytes
-            ok = payload.is_finite(state)
             if ok:
                 updates.append(ClientUpdate(cid, state, n, steps, loss, up_bytes))
             else:

@@ -35,16 +35,17 @@ def encode(state: Mapping[str, torch.Tensor]) -> bytes:
 _SIZES: dict[tuple, int] = {}
 
 
-def _structure(state: Mapping[str, torch.Tensor]) -> tuple:
+def _structure(state: Mapping[str, torch.Tensor], fresh: bool = False) -> tuple:
     """What ``encode`` writes, less the values: per key the dtype and shape, and the storage
     the tensor is saved from (its size, the tensor's offset in it, which earlier key shares
     it). A CPU view is saved with its whole storage; a tensor on another device is copied
-    to a storage of its own first, exactly as ``encode`` does."""
+    to a storage of its own first, exactly as ``encode`` does. ``fresh``: as if every tensor
+    were a copy of its own (what a client that owns its tensors sends)."""
     owners: dict[int, int] = {}
     out: list[tuple] = []
     for k, v in state.items():
         t = v.detach()
-        if t.device.type != "cpu" or not t.is_contiguous():
+        if fresh or t.device.type != "cpu" or not t.is_contiguous():
             where: tuple = (t.numel() * t.element_size(), 0, -1)  # a fresh contiguous copy
         else:
             storage = t.untyped_storage()
@@ -55,15 +56,35 @@ def _structure(state: Mapping[str, torch.Tensor]) -> tuple:
     return tuple(out)
 
 
-def encoded_size(state: Mapping[str, torch.Tensor]) -> int:
+def encoded_size(state: Mapping[str, torch.Tensor], *, fresh: bool = False) -> int:
     """``len(encode(state))`` without serializing the values (the tensors may stay on their
     device): the size is a function of the structure alone, encoded for real once per
-    structure and remembered."""
-    key = _structure(state)
+    structure and remembered. ``fresh``: the size of ``encode`` of own copies of the tensors
+    (a row of a cohort's stacked states is a view of the whole stack)."""
+    key = _structure(state, fresh)
     size = _SIZES.get(key)
     if size is None:
-        size = _SIZES[key] = len(encode(state))
+        sent = {k: v.detach().clone() for k, v in state.items()} if fresh else state
+        size = _SIZES[key] = len(encode(sent))
     return size
+
+
+class Row(Mapping[str, torch.Tensor]):
+    """Row ``i`` of stacked states (``stack[key]``: (n, ...), one row per client), read as
+    one client's state dict; ``fedcore.aggregate`` reduces rows of one stack in one call per
+    tensor instead of one per client."""
+
+    def __init__(self, stack: Mapping[str, torch.Tensor], i: int) -> None:
+        self.stack, self.i = stack, i
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.stack[key][self.i]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.stack)
+
+    def __len__(self) -> int:
+        return len(self.stack)
 
 
 def decode(data: bytes) -> StateDict:
@@ -80,8 +101,12 @@ def tensor_nbytes(state: Mapping[str, torch.Tensor]) -> int:
 
 
 def is_finite(state: Mapping[str, torch.Tensor]) -> bool:
-    """True when every floating-point tensor is free of NaN and Inf."""
-    return all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point())
+    """True when every floating-point tensor is free of NaN and Inf, read back once.
+
+    A float64 sum is finite exactly when every summed element is (float32 and float64 model
+    values stay far below float64's range; NaN and Inf propagate, +Inf and -Inf give NaN)."""
+    sums = [t.sum(dtype=torch.float64) for t in state.values() if t.is_floating_point()]
+    return not sums or bool(torch.isfinite(torch.stack(sums).sum()))
 
 
 def mib(nbytes: int | float) -> float:

@@ -242,3 +242,63 @@ def test_yogi_second_branch_v_above_delta_squared():
     v = 9.0 - 0.01 * 4.0  # Adam would give 0.99 * 9 + 0.04 = 8.95, the other branch 9.04
     assert _server_step(algo, 1.0, 3.0) == pytest.approx(1.0 + 0.1 * 0.2 / (v**0.5 + 3.0))
     assert algo.state_dict()["v"]["w"].item() == pytest.approx(v)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [3, 1]])
+def test_aggregation_from_a_stack_equals_client_by_client(rows):
+    """A cohort's uploads are rows of one stack (payload.Row): FedAvg's and FedNova's
+    aggregation reduce the stack in one call per tensor, equal to the per-client sums."""
+    from fedcore.aggregate import weighted_average
+    from fedcore.payload import Row
+
+    g = torch.Generator().manual_seed(0)
+    stack = {
+        "w": torch.randn(4, 6, 3, generator=g, dtype=torch.float64),
+        "b": torch.randn(4, 3, generator=g).float(),
+        "n": torch.tensor([3, 9, 4, 1]),
+    }
+    stacked = [Row(stack, i) for i in rows]
+    own = [{k: v[i].clone() for k, v in stack.items()} for i in rows]
+    weights = [5.0, 2.0, 7.0, 1.0][: len(rows)]
+    a, b = weighted_average(stacked, weights), weighted_average(own, weights)
+    assert a.keys() == b.keys() and a["n"] == b["n"] and a["b"].dtype == torch.float32
+    for k in ("w", "b"):
+        assert torch.allclose(a[k], b[k], rtol=0, atol=1e-12 if k == "w" else 1e-7), k
+    glob = {k: v[0].clone() + 0.5 for k, v in stack.items() if k != "n"} | {"n": stack["n"][0]}
+    norms = [3.0, 0.0, 5.0, 2.0][: len(rows)]  # a client without steps contributes nothing
+    a = normalized_average(glob, stacked, weights, norms, ["w", "b"])
+    b = normalized_average(glob, own, weights, norms, ["w", "b"])
+    for k in ("w", "b"):
+        assert torch.allclose(a[k], b[k], rtol=0, atol=1e-12 if k == "w" else 1e-6), k
+
+
+@pytest.mark.parametrize(
+    ("name", "opts"),
+    [
+        ("fedavgm", {}),
+        ("fedadagrad", {}),
+        ("fedadam", {}),
+        ("fedyogi", {}),
+        ("fedadagrad", {"form": "seed002"}),
+        ("fedadam", {"form": "seed002"}),
+    ],
+)
+def test_server_moments_follow_the_model_to_its_device_after_a_resume(name, opts):
+    """A checkpoint loads the moments on the CPU while the cohort engine keeps the model on
+    its device (here the meta device stands in for CUDA): the first step after the resume
+    moves them there instead of failing on mixed devices."""
+    a = build_algorithm(name, **opts)
+    for x, t in ((0.0, 1.0), (0.4, 0.2)):
+        one_step(a, x, t)
+    saved = a.state_dict()
+    assert all(
+        v.device.type == "cpu" and v is not a.server[k][key]
+        for k in ("m", "v")
+        for key, v in saved[k].items()
+    )  # copies on the CPU
+    b = build_algorithm(name, **opts)
+    b.load_state_dict(saved)
+    on_meta = {"w": torch.tensor([0.5], device="meta")}
+    out = b.server_update(on_meta, {"w": torch.tensor([0.9], device="meta")}, 3)
+    assert out["w"].device.type == "meta"
+    assert {v.device.type for k in ("m", "v") for v in b.server.get(k, {}).values()} == {"meta"}

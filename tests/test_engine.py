@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -218,3 +220,48 @@ def test_stop_after_trains_the_first_rounds_of_the_run_exactly():
     assert make_sim(shards, rounds=2, stop_after=2).run().stop_reason == "rounds"
     with pytest.raises(ConfigError, match=r"federation.stop_after must be in \[1, rounds=2\]"):
         FederationConfig(rounds=2, clients_per_round=1, stop_after=3)
+
+
+def test_cuda_determinism_is_scoped_to_the_run(monkeypatch):
+    """The CUDA settings hold for a run only and come back after it (a CPU run later in the
+    process is unaffected); cuBLAS's workspace is set before its first call, a user's kept."""
+    from fedcore.device import CUBLAS_WORKSPACE, deterministic
+
+    det = torch.utils.deterministic
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory,
+              torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)  # fmt: skip
+    with deterministic("cpu"):
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    with deterministic("cuda:0"):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert not det.fill_uninitialized_memory
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
+    after = (torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory,
+             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)  # fmt: skip
+    assert after == before
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    with deterministic("cuda"):
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_cuda_device_that_is_not_there_is_one_line(monkeypatch):
+    from fedcore.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name in ("cuda", "cuda:3"):
+        with pytest.raises(ConfigError, match=f"runtime.device: '{name}' requested but no CUDA"):
+            resolve_device(name)
+    assert resolve_device("auto") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == "cuda:1" and resolve_device("cuda") == "cuda"
+    with pytest.raises(ConfigError, match=r"'cuda:3' requested but this machine has 2 CUDA"):
+        resolve_device("cuda:3")
+    with pytest.raises(ConfigError, match="not one of auto, cpu, cuda, cuda:N"):
+        resolve_device("gpu")

@@ -65,14 +65,19 @@ class _OnDevice(Callback):
         self.devices |= {v.device.type for v in self.sim.global_state.values()}
 
 
-def cohort_on(device: str, algorithm: str, engine: str):
+def cohort_on(device: str, algorithm: str, engine: str, noise: bool = True):
+    sim, where = cohort_on_unrun(device, algorithm, engine, noise)
+    return sim, sim.run(), where
+
+
+def cohort_on_unrun(device: str, algorithm: str, engine: str, noise: bool = True):
     sim = Simulation(
         model_fn=tiny_layered,
         algorithm=build_algorithm(algorithm),
         train=toy_data(400),
         test=toy_data(200, seed=1),
         shards=[np.arange(0, 30), np.arange(30, 150), np.arange(150, 400)],  # ragged
-        noise_var=[0.0, 0.01, 0.02],
+        noise_var=[0.0, 0.01, 0.02] if noise else None,  # noise: batches client by client
         local=LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
         lr_schedule=LRSchedule(kind="exponential", lr=0.05, decay=0.9),
         federation=FederationConfig(rounds=3, clients_per_round=3, seed=7),
@@ -82,17 +87,21 @@ def cohort_on(device: str, algorithm: str, engine: str):
     )
     where = _OnDevice(sim)
     sim.callbacks.append(where)
-    return sim, sim.run(), where
+    return sim, where
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "fednova"])
-def test_cuda_cohort_matches_cpu_sequential(algorithm):
+@pytest.mark.parametrize(
+    ("algorithm", "noise"),
+    [("fedavg", True), ("fedprox", True), ("fednova", True), ("fedavg", False)],
+)
+def test_cuda_cohort_matches_cpu_sequential(algorithm, noise):
     """The cohort engine on CUDA (data, global model and aggregation on the device) ends
-    where the sequential reference on the CPU does; bytes are identical."""
+    where the sequential reference on the CPU does; bytes are identical. Without noise a
+    step's batches are one gather on the device."""
     assert torch.cuda.is_available()
-    cpu, h_cpu, _ = cohort_on("cpu", algorithm, "sequential")
-    gpu, h_gpu, where = cohort_on("cuda", algorithm, "cohort")
+    cpu, h_cpu, _ = cohort_on("cpu", algorithm, "sequential", noise)
+    gpu, h_gpu, where = cohort_on("cuda", algorithm, "cohort", noise)
     assert where.devices == {"cuda"}  # the global model stayed on the device all run
     assert gpu._cohort is not None
     for attr in ("clients", "download_bytes", "upload_bytes"):
@@ -116,3 +125,33 @@ def test_cuda_cohort_is_deterministic():
     assert [r.to_dict() | {"seconds": 0} for r in a.rounds] == [
         r.to_dict() | {"seconds": 0} for r in b.rounds
     ]
+
+
+@pytest.mark.gpu
+def test_cuda_cohort_fedadam_resumes_byte_identical():
+    """A checkpoint loads FedAdam's moments on the CPU; the cohort engine keeps the model on
+    the GPU: the resumed run moves them there and ends where the uninterrupted one does."""
+    import io
+
+    from tests.test_resume import Crash, CrashAfter
+
+    def sim():
+        return cohort_on_unrun("cuda", "fedadam", "cohort")[0]
+
+    ref = sim()
+    want = ref.run()
+    first = sim()
+    crash = CrashAfter(first, 2)
+    first.callbacks.append(crash)
+    with pytest.raises(Crash):
+        first.run()
+    again = sim()
+    state = torch.load(io.BytesIO(crash.saved), weights_only=True)
+    assert all(v.device.type == "cpu" for v in state["algorithm"]["m"].values())
+    again.load_state_dict(state)
+    got = again.run()
+    assert [r.to_dict() | {"seconds": 0} for r in got.rounds] == [
+        r.to_dict() | {"seconds": 0} for r in want.rounds
+    ]
+    for k, v in ref.global_state.items():
+        assert torch.equal(v.cpu(), again.global_state[k].cpu()), k

@@ -78,3 +78,24 @@ def test_device_resident_images_keep_every_tensor_on_their_device():
     x, y = meta.batch(torch.tensor([3, 1, 4]), noise_var=0.1, generator=g, device="meta")
     assert x.device.type == y.device.type == "meta"
     assert tuple(x.shape) == (3, 3, 8, 8) and tuple(y.shape) == (3,)
+
+
+def test_is_finite_reads_back_once_and_finds_every_kind_of_bad_value():
+    big = torch.full((1000,), 3.0e38)  # finite float32 whose float32 sum would overflow
+    assert payload.is_finite({"w": big, "n": torch.tensor(3)})
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        w = big.clone()
+        w[7] = bad
+        assert not payload.is_finite({"ok": torch.ones(3), "w": w})
+    mixed = torch.tensor([float("inf"), -float("inf"), 1.0])  # +Inf + -Inf: NaN, still caught
+    assert not payload.is_finite({"w": mixed})
+    assert payload.is_finite({"i": torch.arange(4)})  # no float tensor: nothing to reject
+
+
+def test_fresh_size_of_a_row_of_a_stack_is_the_size_of_its_own_copy():
+    stack = {"w": torch.randn(5, 30, 4), "b": torch.randn(5, 4).double()}
+    row = payload.Row(stack, 3)
+    own = {k: v.clone() for k, v in row.items()}
+    assert payload.encoded_size(row, fresh=True) == len(payload.encode(own))
+    assert len(payload.encode(dict(row))) > len(payload.encode(own))  # a view saves the stack
+    assert torch.equal(row["w"], stack["w"][3]) and list(row) == ["w", "b"] and len(row) == 2

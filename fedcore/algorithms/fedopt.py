@@ -58,6 +58,7 @@ class _ServerOptimizer(FederatedAlgorithm):
         self, global_state: StateDict, aggregated: StateDict, round_: int
     ) -> StateDict:
         out = dict(aggregated)
+        self._moments_to(next(iter(global_state.values())).device)
         for key in sorted(self.param_keys(aggregated)):
             x = global_state[key].to(torch.float64)
             delta = aggregated[key].to(torch.float64) - x  # Delta_t = -pseudo-gradient
@@ -65,11 +66,22 @@ class _ServerOptimizer(FederatedAlgorithm):
         self.server["step"] = self.server.get("step", 0) + 1
         return out
 
+    def _moments_to(self, device: torch.device) -> None:
+        """The moments where the global model is (a resumed run loads them on the CPU, and
+        the cohort engine keeps the model on its device)."""
+        for name in ("m", "v"):
+            moments = self.server.get(name)
+            if moments and next(iter(moments.values())).device != device:
+                self.server[name] = {k: v.to(device) for k, v in moments.items()}
+
     def state_dict(self) -> dict[str, Any]:
+        """The server state with its tensors on the CPU (copies)."""
         return {
             "step": self.server.get("step", 0),
             **{
-                name: {k: v.clone() for k, v in self.server.get(name, {}).items()}
+                name: {
+                    k: v.detach().to("cpu", copy=True) for k, v in self.server.get(name, {}).items()
+                }
                 for name in ("m", "v")
             },
         }

@@ -3,45 +3,49 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
-def sgd_step(k, p, g, sel, n, lr, cfg, mom, started) -> None:
-    """torch.optim.sgd's single-tensor update on stacked clients (p updated in place)."""
+def sgd_step(k, p, g, sel, host_sel, n, lr, cfg, mom, started) -> None:
+    """torch.optim.sgd's single-tensor update on stacked clients (p updated in place).
+    ``sel``: the clients' rows on the device (None: all), ``host_sel`` the same on the host,
+    where which clients have optimiser state is kept (bookkeeping read without a wait)."""
     d_p = g if cfg.weight_decay == 0 else g.add(p, alpha=cfg.weight_decay)
     if cfg.momentum != 0:
         if k not in mom:
             mom[k] = torch.zeros((n, *p.shape[1:]), dtype=p.dtype, device=p.device)
-            # On the host: which clients have a momentum buffer is bookkeeping, and a
-            # device tensor here would make every step wait for the device.
-            started[k] = torch.zeros(n, dtype=torch.bool)
+            started[k] = np.zeros(n, dtype=bool)
         buf = mom[k] if sel is None else mom[k].index_select(0, sel)
-        was = started[k] if sel is None else started[k].index_select(0, sel.cpu())
-        new = buf.mul(cfg.momentum).add_(d_p)  # buf * momentum + (1 - dampening) * d_p
-        if not bool(was.all()):  # first step of a client: buf = d_p
-            shape = (-1,) + (1,) * (p.dim() - 1)
-            new = torch.where(was.view(shape).to(p.device), new, d_p)
+        was = started[k] if host_sel is None else started[k][host_sel]
+        if not was.any():  # every client's first step: buf = d_p
+            new = d_p.clone()
+        else:
+            new = buf.mul(cfg.momentum).add_(d_p)  # buf * momentum + (1 - dampening) * d_p
+            if not was.all():  # some clients' first step: buf = d_p
+                shape = (-1,) + (1,) * (p.dim() - 1)
+                new = torch.where(torch.from_numpy(was).view(shape).to(p.device), new, d_p)
         if sel is None:
             mom[k] = new
-            started[k].fill_(True)
+            started[k][:] = True
         else:
             mom[k].index_copy_(0, sel, new)
-            started[k].index_fill_(0, sel.cpu(), True)
+            started[k][host_sel] = True
         d_p = new
     p.add_(d_p, alpha=-lr)
 
 
-def adam_step(k, p, g, sel, n, lr, cfg, started, exp_avg, exp_avg_sq, adam_steps) -> None:
+def adam_step(k, p, g, sel, host_sel, n, lr, cfg, started, exp_avg, exp_avg_sq, adam_steps) -> None:
     """torch.optim.adam's single-tensor update (decoupled weight decay, betas 0.9/0.999,
     eps 1e-8) on stacked clients; each client's step count is its own."""
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     if k not in exp_avg:
         exp_avg[k] = torch.zeros((n, *p.shape[1:]), dtype=p.dtype, device=p.device)
         exp_avg_sq[k] = torch.zeros_like(exp_avg[k])
-        adam_steps[k] = torch.zeros(n, dtype=torch.float32)
+        adam_steps[k] = np.zeros(n, dtype=np.float32)
     m = exp_avg[k] if sel is None else exp_avg[k].index_select(0, sel)
     v = exp_avg_sq[k] if sel is None else exp_avg_sq[k].index_select(0, sel)
-    st = adam_steps[k] if sel is None else adam_steps[k].index_select(0, sel.cpu())
+    st = adam_steps[k] if host_sel is None else adam_steps[k][host_sel]
     if cfg.weight_decay != 0:
         p.mul_(1 - lr * cfg.weight_decay)
     m.lerp_(g, 1 - beta1)
@@ -49,7 +53,7 @@ def adam_step(k, p, g, sel, n, lr, cfg, started, exp_avg, exp_avg_sq, adam_steps
     st = st + 1
     shape = (-1,) + (1,) * (p.dim() - 1)
     # Per client: bias corrections of its own step (Python floats in torch.optim.adam).
-    steps_list = [float(t) for t in st]
+    steps_list = [float(t) for t in st.tolist()]
     if len(set(steps_list)) == 1:
         step = steps_list[0]
         step_size = lr / (1 - beta1**step)
@@ -70,4 +74,4 @@ def adam_step(k, p, g, sel, n, lr, cfg, started, exp_avg, exp_avg_sq, adam_steps
     else:
         exp_avg[k].index_copy_(0, sel, m)
         exp_avg_sq[k].index_copy_(0, sel, v)
-        adam_steps[k].index_copy_(0, sel.cpu(), st)
+        adam_steps[k][host_sel] = st

@@ -16,8 +16,9 @@ from fedcore.cohort.plan import CohortClient, shared_objective
 from fedcore.cohort.trainer import CohortTrainer
 from fedcore.payload import StateDict
 
-# (client, upload, upload bytes, samples, steps, loss, seconds), as fedcore.jobs.client_job
-Result = tuple[int, StateDict, int, int, int, float, float]
+# (client, upload, upload bytes, samples, steps, loss, seconds, upload finite): as
+# fedcore.jobs.client_job, with the finite check of the upload
+Result = tuple[int, StateDict, int, int, int, float, float, bool]
 
 
 def cohort_round(
@@ -40,7 +41,10 @@ def cohort_round(
     Every client starts from the global model (what it downloads plus what it holds is the
     global state), so a cohort shares one start state. Clients with a different plan (trained
     or uploaded keys: FedNILO) train in separate cohorts. Upload bytes are
-    ``len(payload.encode(upload))`` of each client's upload (``payload.encoded_size``).
+    ``len(payload.encode(upload))`` of each client's upload (``payload.encoded_size``). An
+    upload is a row of its cohort's stacked states (``payload.Row``, not copied), which
+    ``fedcore.aggregate`` reduces in one call per tensor; losses and finite flags are read
+    back from the device once per cohort.
     ``max_steps``: per task, a straggler's cut (None: the configured local training); clients
     with different cuts train in separate cohorts, each with its own step cap.
     """
@@ -66,7 +70,7 @@ def cohort_round(
         size = trainer.cohort_size(global_state, data, clients, cfg, trainable)
         for lo in range(0, len(members), size):
             part = slice(lo, lo + size)
-            results = trainer.train(
+            res = trainer.train_stacked(
                 global_state,
                 data,
                 clients[part],
@@ -75,14 +79,13 @@ def cohort_round(
                 fn=fn,
                 ctxs=ctxs[part],
                 trainable=trainable,
+                check=upload_keys,
             )
-            for i, res in zip(members[part], results, strict=True):
-                up = res.state if upload_keys is None else {k: res.state[k] for k in upload_keys}
-                # Own copies, on the device: a view into the stacked cohort tensors would keep
-                # the whole stack alive (and on the host serialise all of it).
-                up = {k: v.detach().clone() for k, v in up.items()}
+            sent = res.states if upload_keys is None else {k: res.states[k] for k in upload_keys}
+            nbytes = payload.encoded_size(payload.Row(sent, 0), fresh=True)
+            for j, i in enumerate(members[part]):
                 out[i] = (
-                    tasks[i].client_id, up, payload.encoded_size(up), res.num_samples,
-                    res.num_steps, res.train_loss, res.seconds,
+                    tasks[i].client_id, payload.Row(sent, j), nbytes, res.num_samples[j],
+                    res.num_steps[j], res.train_loss[j], res.client_seconds(j), res.finite[j],
                 )  # fmt: skip
     return out

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
@@ -17,7 +19,6 @@ from fedcore.client import (
     LocalConfig,
     LocalResult,
     ObjectiveFn,
-    batch_order,
     split_state,
 )
 from fedcore.cohort.features import FeatureCaches
@@ -136,6 +137,27 @@ class CohortTrainer:
     ) -> list[LocalResult]:
         """Local training of ``clients`` from the same ``state`` (the global model they
         downloaded); the i-th result equals ``train_locally`` of client i."""
+        res = self.train_stacked(
+            state, data, clients, lr=lr, cfg=cfg, fn=fn, ctxs=ctxs, trainable=trainable
+        )
+        return [res.result(i) for i in range(len(clients))]
+
+    def train_stacked(
+        self,
+        state: StateDict,
+        data: Any,
+        clients: Sequence[CohortClient],
+        *,
+        lr: float,
+        cfg: LocalConfig,
+        fn: ObjectiveFn,
+        ctxs: Sequence[Mapping[str, torch.Tensor]],
+        trainable: frozenset[str] | None = None,
+        check: Sequence[str] | None = None,
+    ) -> CohortResult:
+        """:meth:`train`, with the clients' states left stacked (row i: client i) and one
+        read-back from the device for the whole cohort: the losses, and per client whether
+        the tensors named in ``check`` (None: every tensor) are finite."""
         if cfg.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"optimizer must be one of {', '.join(OPTIMIZERS)} (got {cfg.optimizer!r})"
@@ -150,9 +172,10 @@ class CohortTrainer:
         frozen = {k: v for k, v in params.items() if k not in set(train_keys)}
         n = len(clients)
         gens = [torch.Generator().manual_seed(c.seed) for c in clients]
-        shards = [torch.as_tensor(c.indices, dtype=torch.int64) for c in clients]
-        orders = [batch_order(len(s), cfg, g) for s, g in zip(shards, gens, strict=True)]
-        steps = [len(o) for o in orders]
+        orders = [
+            step_positions(len(c.indices), cfg, g) for c, g in zip(clients, gens, strict=True)
+        ]
+        steps = [len(o[1]) for o in orders]
         plan = exit_plan(model)
         exits = (
             None
@@ -169,12 +192,20 @@ class CohortTrainer:
         history = False  # early exits whose heads read cached CLS states (lw_linear, lw_mlp)
         heads = exit_heads(model)
         if all(c.noise_var == 0.0 for c in clients):
+            shards = [torch.as_tensor(c.indices, dtype=torch.int64) for c in clients]
             if exits is None:
                 cache = self.caches.features(work, train_keys, frozen, buffers, data, shards)
             else:
                 cache = self.caches.history(work, train_keys, frozen, buffers, data, shards)
                 history = cache is not None
         target, prefix = (model, "") if cache is None else (cache.module, cache.prefix)
+        # Whole groups gathered at once (fixed-shape samples, no per-client noise); else one
+        # batch per client (text batches are cut to their longest row; noise is drawn per
+        # client from its generator).
+        gathered = cache is not None or (
+            not getattr(data, "ragged", False) and all(c.noise_var == 0.0 for c in clients)
+        )
+        layout = RoundLayout.build(clients, orders, exits, dev, gathered)
 
         def stack(v: torch.Tensor) -> torch.Tensor:
             return v.unsqueeze(0).expand(n, *v.shape).clone()
@@ -186,93 +217,92 @@ class CohortTrainer:
         }
         adam = cfg.optimizer == "adamw"
         mom: dict[str, torch.Tensor] = {}  # SGD momentum buffers (n, ...)
-        started: dict[str, torch.Tensor] = {}  # (n,) bool: momentum/Adam state exists
+        started: dict[str, np.ndarray] = {}  # (n,) bool on the host: optimiser state exists
         exp_avg: dict[str, torch.Tensor] = {}
         exp_avg_sq: dict[str, torch.Tensor] = {}
-        adam_steps: dict[str, torch.Tensor] = {}  # (n,) float steps per client
-        losses: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        seen = [0] * n
+        adam_steps: dict[str, np.ndarray] = {}  # (n,) float steps per client, on the host
+        losses: list[torch.Tensor] = []  # per group step, (g,): the layout's loss order
 
-        for s in range(max(steps, default=0)):
-            batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-            groups: dict[tuple, list[int]] = {}
-            for i in range(n):
-                if s >= steps[i]:
-                    continue
-                pos = orders[i][s]
-                if cache is None:
-                    x, y = data.batch(
-                        shards[i][pos],
-                        noise_var=clients[i].noise_var,
-                        generator=gens[i],
-                        device=dev,
-                    )
-                else:
-                    x, y = cache.batch(shards[i][pos])
+        steps_fns: dict[tuple, Any] = {}  # the vmapped step functions of this cohort
+        loss_rows: list[tuple[int, ...]] = []  # the rows of each entry of losses
+        for s, groups in enumerate(layout.steps):
+            for grp in groups:
+                if gathered:
+                    idx = layout.indices(grp)
+                    x, y = data.batch(idx, device=dev) if cache is None else cache.batch(idx)
+                    x = x.view(len(grp.rows), grp.size, *x.shape[1:])
+                    y = y.view(len(grp.rows), grp.size, *y.shape[1:])
                     if history:
-                        assert exits is not None
-                        x = x[:, int(exits[i][s])]  # the CLS state its exit reads
-                batches[i] = (x, y)
-                seen[i] += len(pos)
-                at = -1 if exits is None else int(exits[i][s])
-                groups.setdefault((tuple(x.shape), tuple(y.shape), at), []).append(i)
-            for (xshape, _, exit_k), idx in groups.items():
+                        x = x[:, :, grp.exit]  # the CLS state its exit reads
+                    parts = [(grp, x, y)]
+                else:
+                    parts = self._client_batches(grp, s, layout, data, clients, gens, dev)
                 if history:  # this exit's head alone, on the cached CLS states
                     assert heads is not None
-                    path = heads[exit_k]
+                    path = heads[grp.exit]
                     target, prefix = model.get_submodule(path), path + "."
-                self._group_step(
-                    idx, n, batches, exit_k, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,
-                    lr, cfg, adam, mom, started, exp_avg, exp_avg_sq, adam_steps, losses,
-                    tuple(train_keys), xshape, target, prefix,
-                )  # fmt: skip
-        seconds = time.perf_counter() - start
-        total_seen = max(1, sum(seen))
-        results = []
-        for i in range(n):
-            out = dict(work)
-            for k in train_keys:
-                out[k] = P[k][i]
-            for k, v in B.items():
-                out[k] = v[i]
-            out = {k: out[k].detach().contiguous() for k in work}  # the state dict's order
-            mean_loss = float(torch.stack(losses[i]).mean()) if losses[i] else float("nan")
-            results.append(
-                LocalResult(
-                    state=out,
-                    num_samples=len(shards[i]),
-                    num_steps=steps[i],
-                    samples_seen=seen[i],
-                    train_loss=mean_loss,
-                    seconds=seconds * seen[i] / total_seen,  # the cohort's time, by samples
-                )
-            )
-        return results
+                for part, x, y in parts:
+                    losses.append(
+                        self._group_step(
+                            part, n, x, y, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,
+                            lr, cfg, adam, mom, started, exp_avg, exp_avg_sq, adam_steps,
+                            tuple(train_keys), target, prefix, layout, steps_fns,
+                        )
+                    )  # fmt: skip
+                    loss_rows.append(part.rows)
+        states: dict[str, torch.Tensor] = {}
+        for k, v in work.items():  # the state dict's order
+            if k in P:
+                states[k] = P[k].detach()
+            elif k in B:
+                states[k] = B[k]
+            else:  # the global value, shared by every client (not copied)
+                states[k] = v.unsqueeze(0).expand(n, *v.shape)
+        keys = list(states) if check is None else [k for k in check if k in states]
+        flags = finite_rows({k: states[k] for k in keys}, n)
+        # The one read-back of the cohort: every step's losses and the finite flags.
+        flat = torch.cat([*(t.detach().reshape(-1) for t in losses), flags.to(torch.float64)])
+        values = flat.tolist()
+        per_client: list[list[float]] = [[] for _ in range(n)]
+        pos = 0
+        for rows in loss_rows:
+            for i in rows:
+                per_client[i].append(values[pos])
+                pos += 1
+        dtype = losses[0].dtype if losses else torch.float32
+        train_loss = mean_losses(per_client, dtype)
+        return CohortResult(
+            states=states,
+            num_samples=[len(c.indices) for c in clients],
+            num_steps=steps,
+            samples_seen=[sum(o[1]) for o in orders],
+            train_loss=train_loss,
+            finite=[bool(f) for f in values[pos:]],
+            seconds=time.perf_counter() - start,
+        )
 
     def _group_step(
-        self, idx, n, batches, exit_k, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked,
-        lr, cfg, adam, mom, started, exp_avg, exp_avg_sq, adam_steps, losses, train_keys, xshape,
-        target, prefix,
-    ) -> None:  # fmt: skip
-        whole = len(idx) == n and idx == list(range(n))
-        sel = (
-            None
-            if whole
-            else torch.as_tensor(idx, device=P[train_keys[0]].device if train_keys else "cpu")
-        )
-        x = torch.stack([batches[i][0] for i in idx])
-        y = torch.stack([batches[i][1] for i in idx])
+        self, grp, n, x, y, plan, P, B, frozen, buffers, fn, ctxs, ctx_stacked, lr, cfg, adam,
+        mom, started, exp_avg, exp_avg_sq, adam_steps, train_keys, target, prefix, layout,
+        steps_fns,
+    ) -> torch.Tensor:  # fmt: skip
+        """One local step of the group's clients (``x``, ``y``: (g, batch, ...)); returns
+        their losses (g,), left on the device."""
+        idx = grp.rows
+        whole = len(idx) == n and grp.whole
+        sel = None if whole else layout.rows(grp)  # on the device
+        host_sel = None if whole else np.asarray(idx)
         saved_forced = None
         if plan is not None:
             saved_forced = plan.forced
-            plan.forced = exit_k
+            plan.forced = grp.exit
         try:
             i0 = idx[0]
             first_params = {k: P[k][i0] for k in train_keys}
             first_bufs = {k: (B[k][i0] if k in B else v) for k, v in buffers.items()}
             probe = self._probe(
-                (train_keys, exit_k, xshape, prefix), target, prefix, first_params, frozen,
-                first_bufs, batches[i0][0], batches[i0][1], fn, ctxs[i0],
+                (train_keys, grp.exit, tuple(x.shape[1:]), prefix), target, prefix,
+                first_params, frozen, first_bufs, x[0], y[0], fn, ctxs[i0],
             )  # fmt: skip
             for k in probe.changing:
                 if k not in B:
@@ -288,18 +318,10 @@ class CohortTrainer:
                 for k in train_keys
                 if k not in set(used)
             }
-
-            fixed = _under(frozen, prefix) | _under(shared_bufs, prefix)
-
-            def loss_of(p, idle_p, bufs, xb, yb, ctx):
-                own = _under(p, prefix) | _under(idle_p, prefix) | _under(bufs, prefix)
-                logits = functional_call(target, (own, fixed), (xb,))
-                return fn(logits, yb, {**p, **idle_p}, ctx)
-
-            def step(p, idle_p, bufs, xb, yb, ctx):
-                return grad_and_value(loss_of)(p, idle_p, bufs, xb, yb, ctx)
-
-            grads, loss = vmap(step, randomness="error")(Pg, idle, Bg, x, y, Cg)
+            key = (id(target), prefix, frozenset(shared_bufs))
+            if key not in steps_fns:
+                steps_fns[key] = _vmapped(target, prefix, fn, frozen, shared_bufs)
+            grads, loss = steps_fns[key](Pg, idle, Bg, x, y, Cg)
         finally:
             if plan is not None:
                 plan.forced = saved_forced
@@ -307,13 +329,209 @@ class CohortTrainer:
             for k in used:
                 p, g = Pg[k], grads[k]
                 if adam:
-                    adam_step(k, p, g, sel, n, lr, cfg, started, exp_avg, exp_avg_sq, adam_steps)
+                    adam_step(
+                        k, p, g, sel, host_sel, n, lr, cfg, started, exp_avg, exp_avg_sq,
+                        adam_steps,
+                    )  # fmt: skip
                 else:
-                    sgd_step(k, p, g, sel, n, lr, cfg, mom, started)
+                    sgd_step(k, p, g, sel, host_sel, n, lr, cfg, mom, started)
                 if not whole:
                     P[k].index_copy_(0, sel, p)
             if not whole:
                 for k, v in Bg.items():
                     B[k].index_copy_(0, sel, v)
-        for j, i in enumerate(idx):
-            losses[i].append(loss[j].detach())
+        return loss.detach()
+
+    @staticmethod
+    def _client_batches(grp, s, layout, data, clients, gens, dev):  # type: ignore[no-untyped-def]
+        """The group's batches drawn client by client (text: cut to the batch's longest
+        row; Gaussian noise: from the client's generator), split by their shapes into the
+        groups one vmapped call can take."""
+        shaped: dict[tuple, list] = {}
+        for i in grp.rows:
+            x, y = data.batch(
+                layout.client_batch(i, s),
+                noise_var=clients[i].noise_var,
+                generator=gens[i],
+                device=dev,
+            )
+            shaped.setdefault((tuple(x.shape), tuple(y.shape)), []).append((i, x, y))
+        out = []
+        for members in shaped.values():
+            rows = tuple(m[0] for m in members)
+            part = dataclasses.replace(grp, rows=rows, whole=rows == tuple(range(len(clients))))
+            out.append(
+                (part, torch.stack([m[1] for m in members]), torch.stack([m[2] for m in members]))
+            )
+        return out
+
+
+def _vmapped(target, prefix, fn, frozen, shared_bufs):  # type: ignore[no-untyped-def]
+    """One local step of stacked clients: vmap over grad_and_value of the objective, built
+    once per cohort and step configuration, reused every step."""
+    fixed = _under(frozen, prefix) | _under(shared_bufs, prefix)
+
+    def loss_of(p, idle_p, bufs, xb, yb, ctx):  # type: ignore[no-untyped-def]
+        own = _under(p, prefix) | _under(idle_p, prefix) | _under(bufs, prefix)
+        logits = functional_call(target, (own, fixed), (xb,))
+        return fn(logits, yb, {**p, **idle_p}, ctx)
+
+    return vmap(grad_and_value(loss_of), randomness="error")
+
+
+def step_positions(
+    num_samples: int, cfg: LocalConfig, generator: torch.Generator
+) -> tuple[np.ndarray, list[int]]:
+    """``fedcore.client.batch_order`` as (the positions into the shard in the order the steps
+    read them, each step's batch size): the same draws from ``generator``."""
+    perms: list[np.ndarray] = []
+    sizes: list[int] = []
+    b = cfg.batch_size
+    for _ in range(cfg.local_epochs):
+        perms.append(torch.randperm(num_samples, generator=generator).numpy())
+        sizes.extend([b] * (num_samples // b) + ([num_samples % b] if num_samples % b else []))
+    if cfg.max_steps is not None:
+        sizes = sizes[: cfg.max_steps]
+    pos = np.concatenate(perms) if perms else np.zeros(0, dtype=np.int64)
+    return pos[: sum(sizes)], sizes
+
+
+def mean_losses(per_client: Sequence[Sequence[float]], dtype: torch.dtype) -> list[float]:
+    """Each client's mean step loss, as ``train_locally`` takes it (``torch.mean`` of its
+    losses in their dtype): one row-wise mean per distinct step count (a row's mean equals
+    the mean of the row alone; tests/test_cohort.py checks it); NaN for a client without
+    steps."""
+    out = [float("nan")] * len(per_client)
+    by_steps: dict[int, list[int]] = {}
+    for i, v in enumerate(per_client):
+        if v:
+            by_steps.setdefault(len(v), []).append(i)
+    for rows in by_steps.values():
+        means = torch.tensor([per_client[i] for i in rows], dtype=dtype).mean(1).tolist()
+        for i, m in zip(rows, means, strict=True):
+            out[i] = m
+    return out
+
+
+@dataclass(frozen=True)
+class Group:
+    """The clients (rows of the cohort) that take step ``step`` with one batch shape."""
+
+    step: int
+    rows: tuple[int, ...]
+    size: int  # their batch size
+    exit: int  # the early exit they train (-1: none)
+    whole: bool  # rows == 0..n-1
+    at: int  # offset of its sample indices (g x size) in the layout's flat tensor
+    rows_at: int  # offset of its rows (g) in the layout's flat tensor
+
+
+class RoundLayout:
+    """Every step's groups, and the dataset indices of every group's batches, computed on
+    the host from the clients' draws and sent to the device in one pinned, non-blocking copy
+    (``gathered``; else per-client batches, read by :meth:`client_batch`)."""
+
+    def __init__(self, steps, flat, seqs, starts, device) -> None:  # type: ignore[no-untyped-def]
+        self.steps: list[list[Group]] = steps
+        self.device = device
+        self.flat: torch.Tensor | None = flat
+        self._seqs, self._starts = seqs, starts
+
+    @classmethod
+    def build(cls, clients, orders, exits, device, gathered) -> RoundLayout:  # type: ignore[no-untyped-def]
+        seqs = [
+            np.asarray(c.indices, dtype=np.int64)[pos]
+            for c, (pos, _) in zip(clients, orders, strict=True)
+        ]
+        starts = [np.concatenate([[0], np.cumsum(sizes)]) for _, sizes in orders]
+        n = len(clients)
+        chunks: list[np.ndarray] = []
+        at = 0
+        steps: list[list[Group]] = []
+        for s in range(max((len(o[1]) for o in orders), default=0)):
+            keyed: dict[tuple[int, int], list[int]] = {}
+            for i, (_, sizes) in enumerate(orders):
+                if s < len(sizes):
+                    ex = -1 if exits is None else int(exits[i][s])
+                    keyed.setdefault((sizes[s], ex), []).append(i)
+            groups = []
+            for (size, ex), rows in keyed.items():
+                whole = rows == list(range(n))
+                idx_at = at
+                if gathered:
+                    chunks.append(
+                        np.concatenate([seqs[i][starts[i][s] : starts[i][s] + size] for i in rows])
+                    )
+                    at += len(rows) * size
+                rows_at = at
+                if gathered and not whole:
+                    chunks.append(np.asarray(rows, dtype=np.int64))
+                    at += len(rows)
+                groups.append(Group(s, tuple(rows), size, ex, whole, idx_at, rows_at))
+            steps.append(groups)
+        flat = None
+        if gathered:
+            host = torch.from_numpy(np.concatenate(chunks) if chunks else np.zeros(0, np.int64))
+            if torch.device(device).type == "cuda":
+                host = host.pin_memory()
+            flat = host.to(device, non_blocking=True)
+        return cls(steps, flat, seqs, starts, device)
+
+    def indices(self, grp: Group) -> torch.Tensor:
+        """The group's dataset indices, (g x size,) on the device, client by client."""
+        assert self.flat is not None
+        return self.flat[grp.at : grp.at + len(grp.rows) * grp.size]
+
+    def rows(self, grp: Group) -> torch.Tensor:
+        """The group's rows of the cohort, (g,), on the device."""
+        if self.flat is None or grp.rows_at < 0:
+            return torch.as_tensor(grp.rows, dtype=torch.int64, device=self.device)
+        return self.flat[grp.rows_at : grp.rows_at + len(grp.rows)]
+
+    def client_batch(self, i: int, s: int) -> torch.Tensor:
+        """Client ``i``'s dataset indices at step ``s`` (on the host)."""
+        lo, hi = self._starts[i][s], self._starts[i][s + 1]
+        return torch.from_numpy(self._seqs[i][lo:hi])
+
+
+def finite_rows(states: Mapping[str, torch.Tensor], n: int) -> torch.Tensor:
+    """(n,) bool: row i of every floating-point tensor of ``states`` is free of NaN and Inf.
+
+    A float64 sum of a row is finite exactly when every element is (float32 magnitudes stay
+    far from float64's range; NaN and Inf propagate, +Inf and -Inf give NaN): one reduction
+    per tensor, no host read."""
+    sums = [v.reshape(n, -1).sum(1, dtype=torch.float64) for v in states.values()
+            if v.is_floating_point()]  # fmt: skip
+    if not sums:
+        return torch.ones(n, dtype=torch.bool)
+    return torch.isfinite(torch.stack(sums).sum(0))
+
+
+@dataclass
+class CohortResult:
+    """A cohort's local training: the clients' states stacked (row i: client i; a tensor
+    no client changes is the global value, expanded without a copy) and, per client, what
+    ``fedcore.client.LocalResult`` holds, read back from the device once."""
+
+    states: dict[str, torch.Tensor]
+    num_samples: list[int]
+    num_steps: list[int]
+    samples_seen: list[int]
+    train_loss: list[float]
+    finite: list[bool]  # the checked tensors of the row are free of NaN and Inf
+    seconds: float  # the cohort's time
+
+    def client_seconds(self, i: int) -> float:
+        """The cohort's time, shared by samples seen."""
+        return self.seconds * self.samples_seen[i] / max(1, sum(self.samples_seen))
+
+    def result(self, i: int) -> LocalResult:
+        """Client ``i``'s result as ``train_locally`` returns it (own, contiguous tensors)."""
+        return LocalResult(
+            state={k: v[i].detach().clone() for k, v in self.states.items()},
+            num_samples=self.num_samples[i],
+            num_steps=self.num_steps[i],
+            samples_seen=self.samples_seen[i],
+            train_loss=self.train_loss[i],
+            seconds=self.client_seconds(i),
+        )

@@ -36,9 +36,13 @@ OFFLINE_DEFAULTS = {
 
 
 def offline_defaults() -> None:
-    """Every command: the environment defaults above, where the user set none."""
+    """Every command: the environment defaults above, where the user set none, and what
+    CUDA libraries read at their first call (``fedcore.device.prepare_cuda``)."""
+    from fedcore.device import prepare_cuda
+
     for key, value in OFFLINE_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    prepare_cuda()
 
 
 P = ParamSpec("P")
