@@ -250,6 +250,23 @@ def test_cuda_determinism_is_scoped_to_the_run(monkeypatch):
     assert not torch.are_deterministic_algorithms_enabled()
 
 
+def test_every_command_sets_the_cublas_workspace_before_cuda_without_importing_torch():
+    import subprocess
+    import sys
+
+    from fedcore.device import CUBLAS_WORKSPACE
+
+    code = (
+        "import os, sys\n"
+        "os.environ.pop('CUBLAS_WORKSPACE_CONFIG', None)\n"
+        "from flows.cli.common import offline_defaults\n"
+        "offline_defaults()\n"
+        "print(os.environ['CUBLAS_WORKSPACE_CONFIG'], 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [CUBLAS_WORKSPACE, "False"]
+
+
 def test_a_cuda_device_that_is_not_there_is_one_line(monkeypatch):
     from fedcore.device import resolve_device
 

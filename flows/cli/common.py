@@ -35,14 +35,17 @@ OFFLINE_DEFAULTS = {
 }
 
 
+# cuBLAS reads its workspace size once, at its first call, and its deterministic mode needs
+# this one: set before any CUDA work (fedcore.device.CUBLAS_WORKSPACE, which
+# tests/test_engine.py keeps equal; not imported here, it would import torch for every command).
+CUBLAS_WORKSPACE = ":4096:8"
+
+
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
-    CUDA libraries read at their first call (``fedcore.device.prepare_cuda``)."""
-    from fedcore.device import prepare_cuda
-
-    for key, value in OFFLINE_DEFAULTS.items():
+    CUDA libraries read at their first call."""
+    for key, value in {**OFFLINE_DEFAULTS, "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}.items():
         os.environ.setdefault(key, value)
-    prepare_cuda()
 
 
 P = ParamSpec("P")
