@@ -395,7 +395,7 @@ def test_cached_cls_history_for_early_exits(adapter, options, cached, monkeypatc
 def test_mean_losses_equal_each_clients_own_mean():
     """The cohort reads its losses back once and takes each client's mean row-wise: equal,
     bit for bit, to torch.mean of the client's own losses (what train_locally reports)."""
-    from fedcore.cohort.trainer import mean_losses
+    from fedcore.cohort.layout import mean_losses
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):
