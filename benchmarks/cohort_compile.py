@@ -15,7 +15,6 @@ Run:  .venv/bin/python benchmarks/cohort_compile.py [--rounds 4] [--repeats 3]
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -29,17 +28,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run_mode(mode: str, rounds: int, out: Path) -> None:
-    import numpy as np
     import torch
 
     import fedcore.cohort.trainer as trainer
-    from fedcore.algorithms import build_algorithm
-    from fedcore.client import ImageData, LocalConfig
-    from fedcore.datasets import load_dataset
-    from fedcore.engine import FederationConfig, Simulation
+    from benchmarks.cohort_round_time import pfl_simulation
     from fedcore.events import Callback
-    from fedcore.schedules import LRSchedule
-    from models import get_model
 
     if mode == "compile":
         eager = trainer._vmapped
@@ -57,24 +50,7 @@ def run_mode(mode: str, rounds: int, out: Path) -> None:
         def on_round_end(self, record: object) -> None:  # type: ignore[override]
             seconds.append(time.perf_counter() - self.t)
 
-    tr = load_dataset("fashion_mnist", Path.cwd() / "data/raw", "train", download=False)
-    rows = np.random.default_rng(0).permutation(len(tr.labels))[:50_000]
-    train = ImageData(tr.images, tr.labels, tr.info.mean, tr.info.std)
-    sim = Simulation(
-        model_fn=functools.partial(
-            get_model, "cifar_cnn", num_classes=10, in_channels=1, input_size=28
-        ),
-        algorithm=build_algorithm("fedavg"),
-        train=train,
-        test=train,
-        shards=np.array_split(rows, 1000),
-        local=LocalConfig(batch_size=10),
-        lr_schedule=LRSchedule(lr=0.1),
-        federation=FederationConfig(rounds=rounds, clients_per_round=50, eval_every=0),
-        workers=0,
-        engine="cohort",
-        callbacks=[Clock()],
-    )
+    sim = pfl_simulation(rounds, [Clock()])
     sim.run()
     state = {k: v.detach().double() for k, v in sim.global_state.items()}
     torch.save(state, out.with_suffix(".pt"))

@@ -21,16 +21,17 @@ from fedcore.algorithms import build_algorithm  # noqa: E402
 from fedcore.client import ImageData, LocalConfig  # noqa: E402
 from fedcore.datasets import load_dataset  # noqa: E402
 from fedcore.engine import FederationConfig, Simulation  # noqa: E402
+from fedcore.events import Callback  # noqa: E402
 from fedcore.schedules import LRSchedule  # noqa: E402
 from models import get_model  # noqa: E402
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+def pfl_simulation(rounds: int, callbacks: list[Callback] | None = None) -> Simulation:
+    """The pfl-research shape as a cohort-engine Simulation (also benchmarks/cohort_compile.py)."""
     tr = load_dataset("fashion_mnist", Path.cwd() / "data/raw", "train", download=False)
     rows = np.random.default_rng(0).permutation(len(tr.labels))[:50_000]
     train = ImageData(tr.images, tr.labels, tr.info.mean, tr.info.std)
-    Simulation(
+    return Simulation(
         model_fn=functools.partial(
             get_model, "cifar_cnn", num_classes=10, in_channels=1, input_size=28
         ),
@@ -43,7 +44,12 @@ def main() -> None:
         federation=FederationConfig(rounds=rounds, clients_per_round=50, eval_every=0),
         workers=0,
         engine="cohort",
-    ).run()
+        callbacks=callbacks or [],
+    )
+
+
+def main() -> None:
+    pfl_simulation(int(sys.argv[1]) if len(sys.argv) > 1 else 4).run()
 
 
 if __name__ == "__main__":
