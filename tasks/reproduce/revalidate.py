@@ -111,8 +111,8 @@ def restamp(path: Path, record: Mapping[str, Any], rounds: int, cells: Sequence[
 
 
 def check_item(item: Planned, rounds: int, params_file: str | Path | None, root: Path) -> Planned:
-    """``item``'s revalidation check (``tasks.reproduce.revalidate``): its configuration, seed
-    0's first ``rounds`` rounds, in ``<root>/revalidate/<experiment>``."""
+    """``item``'s revalidation check: its configuration, seed 0's first ``rounds`` rounds, in
+    ``<root>/revalidate/<experiment>``."""
     rec = records.read_record(item.record) or {}
     sets = check_sets(rec, rounds, item.params.federation.rounds, root)
     full = tuple(dedupe([*item.overrides, *sets]))
