@@ -13,10 +13,10 @@ downloads once, the first time it is sampled. That one-time download is counted 
 payload: uploads hold nothing else, so their aggregation and server steps act on it alone.
 
 Parallelism comes from worker processes (each one model, one thread): on 2 CPU cores two
-single-thread clients outrun one two-thread client (DESIGN.md, CPU facts). On CUDA the clients
-run one after another in this process. With ``engine="cohort"`` the round's clients instead
-train together in this process as one batched computation per step (``fedcore.cohort``); the
-downloads, uploads, byte counts, aggregation and events are the same.
+single-thread clients outrun one two-thread client. On CUDA the clients run one after another
+in this process. With ``engine="cohort"`` the round's clients instead train together in this
+process as one batched computation per step (``fedcore.cohort``); the downloads, uploads, byte
+counts, aggregation and events are the same.
 """
 
 from __future__ import annotations
