@@ -36,9 +36,10 @@ from tasks.cell import (
     require_base,
 )
 from tasks.config import Params
-from tasks.data import ExperimentData, load_experiment_data, load_partition
+from tasks.data import ExperimentData, load_experiment_data
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.origin import Origin
+from tasks.partitioning import load_partition
 from tasks.progress import GridSlot, GridTracker, PrefectProgress, RichProgress, labelled
 
 _err = Console(stderr=True)

@@ -15,14 +15,11 @@ from fedcore.errors import ConfigError
 from tasks import checkpoint
 from tasks.cell import build_simulation, cell_lr
 from tasks.config import load_params
-from tasks.data import (
+from tasks.data import dataset_card, load_experiment_data, subset_indices, validation_split
+from tasks.partitioning import (
     build_partition,
     check_partition_data,
     data_selection,
-    dataset_card,
-    load_experiment_data,
-    subset_indices,
-    validation_split,
     write_partition,
 )
 
