@@ -123,7 +123,8 @@ def test_defaults_add_nothing():
 
 
 def test_evaluation_measures_the_validation_rows(tmp_path):
-    from tasks.train import eval_set_sha256, registers, train_cell
+    from tasks.registration import eval_set_sha256, registers
+    from tasks.train import train_cell
     from tests.test_accuracy_bookkeeping import independent_eval
 
     p = params(*VAL, "data.evaluate=validation")
