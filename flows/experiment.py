@@ -26,16 +26,10 @@ from flows.runners import cell_params, grid_parallelism, grid_task_runner
 from tasks import checkpoint, tracking
 from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, in_force, load_params
-from tasks.data import (
-    build_partition,
-    check_partition_data,
-    dataset_num_classes,
-    load_experiment_data,
-    load_partition,
-    partition_task,
-)
+from tasks.data import dataset_num_classes, load_experiment_data
 from tasks.io import check_writable
 from tasks.origin import Origin, check_results, origin, prefect_run
+from tasks.partitioning import build_partition, check_partition_data, load_partition, partition_task
 from tasks.pretrain import check_source, log_base_task, pretrain_task
 from tasks.progress import end_grid, start_grid
 from tasks.report import (

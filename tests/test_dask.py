@@ -20,7 +20,8 @@ def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
 
     from flows.experiment import experiment_flow, grid_task_runner
     from tasks.config import experiment_dir
-    from tasks.data import load_experiment_data, load_partition
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import load_partition
     from tasks.train import train_cell
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
