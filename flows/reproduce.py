@@ -172,6 +172,9 @@ def revalidate_flow(
     log = get_run_logger()
     failed = []
     with services.run_lock(root, "fedapt reproduce"):
+        # Checks share a frozen base only with checks of this run (this code): an earlier
+        # revalidation's folders hold bases an older pretrain code trained.
+        shutil.rmtree(root / revalidate.REVALIDATE, ignore_errors=True)
         for k, item in enumerate(items, 1):
             name = f"record {k} of {len(items)}: {item.params.experiment.name}"
             if runs.status(item) == "tuning":  # its tuning runs' records, revalidated above
@@ -187,7 +190,7 @@ def revalidate_flow(
                     f"{item.params.runtime.numerics}: rerun it with --rerun-stale"
                 )
                 continue
-            check = runs.check_item(item, rounds, params_file, root)
+            check = revalidate.check_item(item, rounds, params_file, root)
             shutil.rmtree(check.dir, ignore_errors=True)  # a check never reuses an older one's
             runs.share_base(check, root / revalidate.REVALIDATE)
             log.info(

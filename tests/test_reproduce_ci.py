@@ -124,7 +124,11 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         rec["code"] = "0123456789ab"
         rec["seeds"]["0"]["cells"]["fedavg-full"]["rounds"][0]["train_loss"] += 1e-9
         other.write_text(json.dumps(rec))
+        # an earlier revalidation's check folders (bases an older code trained) are not reused
+        stale_base = work / "revalidate" / "old" / "pretrain"
+        stale_base.mkdir(parents=True, exist_ok=True)
         res = CliRunner().invoke(app, [*args, "-c", "label-skew", "--revalidate", "--rounds", "1"])
+        assert not stale_base.exists()
         assert res.exit_code == 1, res.output
         assert "ci-label-skew-m3.json: fedavg-full round 1 train_loss: " in res.output
         assert "Traceback" not in res.output and "ci-label-skew-m1" not in res.output

@@ -59,6 +59,9 @@ class RuntimeSection(Section):
     ray_workers: int = Field(
         2, ge=1, le=MAX_PROCESSES
     )  # local Ray: CPUs, so cells trained at once (one CPU each)
+    # GPUs each training task requests on Ray (Ray shows a task only the GPUs it requested);
+    # auto: 1 when the cells may use one (device cuda or auto) and a node has one, else 0.
+    ray_gpus: float | Literal["auto"] = "auto"
     # Round checkpoints (tasks/checkpoint.py): every N rounds, 0 never, auto: after any round
     # that ends 5 s or more after the last checkpoint (so every round of a slow run).
     checkpoint_every: int | Literal["auto"] = "auto"
@@ -89,6 +92,13 @@ class RuntimeSection(Section):
         if not isinstance(v, str) and (v < least or (most is not None and v > most)):
             within = f">= {least}" if most is None else f"in [{least}, {most}]"
             raise ValueError(f"{info.field_name} is auto or a number of {what} {within}")
+        return v
+
+    @field_validator("ray_gpus")
+    @classmethod
+    def _gpus(cls, v: float | str) -> float | str:
+        if not isinstance(v, str) and v < 0:
+            raise ValueError("ray_gpus is auto or a number of GPUs >= 0 (0.5: two cells share one)")
         return v
 
     @field_validator("checkpoint_every")

@@ -18,13 +18,19 @@ the first, and what runs after training (personalization: switched off in the ch
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tasks.config import load_params, resolved
 from tasks.io import atomic_write_json
 from tasks.reproduce import records
+from tasks.reproduce.spec import dedupe
+
+if TYPE_CHECKING:
+    from tasks.reproduce.runs import Planned
 
 REVALIDATE = "revalidate"  # under <reports_dir>/reproduce/<profile>: the check runs' folders
 ROUNDS = 2  # rounds of seed 0 each check reruns, by default
@@ -102,3 +108,13 @@ def restamp(path: Path, record: Mapping[str, Any], rounds: int, cells: Sequence[
     new["code"] = records.loaded_code_version()
     new["revalidated"] = [*record.get("revalidated", []), checked]
     return atomic_write_json(path, new)
+
+
+def check_item(item: Planned, rounds: int, params_file: str | Path | None, root: Path) -> Planned:
+    """``item``'s revalidation check (``tasks.reproduce.revalidate``): its configuration, seed
+    0's first ``rounds`` rounds, in ``<root>/revalidate/<experiment>``."""
+    rec = records.read_record(item.record) or {}
+    sets = check_sets(rec, rounds, item.params.federation.rounds, root)
+    full = tuple(dedupe([*item.overrides, *sets]))
+    params = resolved(load_params(params_file, list(full)), "portable")
+    return dataclasses.replace(item, params=params, overrides=full)

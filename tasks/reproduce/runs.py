@@ -11,7 +11,6 @@ cannot change a cell's numbers). ``reproduce.json`` beside it records how long t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,8 @@ from tasks.config import Params, experiment_dir, load_params, resolved
 from tasks.io import atomic_write_bytes, atomic_write_json
 from tasks.reproduce import records
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
-from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, Tune, dedupe
+from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, dedupe
+from tasks.reproduce.tuning import chosen_sets, tuning_sets
 
 STAMP = "reproduce.json"
 REPORT = "reproduction.md"
@@ -153,59 +153,11 @@ def replan(
     return next(it for it in again if it.experiment.name == item.experiment.name)
 
 
-def check_item(item: Planned, rounds: int, params_file: str | Path | None, root: Path) -> Planned:
-    """``item``'s revalidation check (``tasks.reproduce.revalidate``): its configuration, seed
-    0's first ``rounds`` rounds, in ``<root>/revalidate/<experiment>``."""
-    from tasks.reproduce import revalidate
-
-    rec = records.read_record(item.record) or {}
-    sets = revalidate.check_sets(rec, rounds, item.params.federation.rounds, root)
-    full = tuple(dedupe([*item.overrides, *sets]))
-    params = resolved(load_params(params_file, list(full)), "portable")
-    return dataclasses.replace(item, params=params, overrides=full)
-
-
 def finished_seeds(directory: Path) -> dict[str, Any] | None:
     """Per seed, the cells' summary and round records of a finished experiment folder
     (``records.collect``); None when it has not finished."""
     summary = _summary(directory)
     return None if summary is None else records.collect(directory, summary)
-
-
-def server_optimisers(algorithms: Sequence[str]) -> list[str]:
-    """The algorithms of ``algorithms`` with a server lr (FedOpt's)."""
-    from fedcore.algorithms import ALGORITHMS
-
-    return [a for a in algorithms if hasattr(ALGORITHMS[a], "server_lr")]
-
-
-def tuning_sets(tune: Tune, lr: float, algorithms: Sequence[str]) -> list[str]:
-    """A tuning run's overrides: seed 0 alone, the validation share held out and evaluated,
-    every cell at ``lr`` (the client lr, or the server lr of the grid's server optimisers,
-    which then make the tuning run's grid)."""
-    sets = [
-        "experiment.seeds=null",
-        "experiment.seed=0",
-        f"data.validation={tune.validation}",
-        "data.evaluate=validation",
-    ]
-    if tune.key == "server_lr":
-        algs = server_optimisers(algorithms)
-        sets.append(f"grid.algorithms=[{','.join(algs)}]")
-        return sets + [f"grid.algorithm_options.{a}.server_lr={lr}" for a in algs]
-    return [*sets, f"client.lr={lr}", "grid.client_lr={}"]
-
-
-def chosen_sets(tune: Tune, lrs: dict[str, float]) -> list[str]:
-    """The experiment's overrides for the chosen lr of each cell (``lrs``)."""
-    if not lrs:
-        return []
-    if tune.key == "server_lr":
-        return [
-            f"grid.algorithm_options.{cell.split('-', 1)[0]}.server_lr={lr}"
-            for cell, lr in lrs.items()
-        ]
-    return [f"grid.client_lr={json.dumps(lrs)}"]
 
 
 def chosen_lrs(probes: Sequence[Planned]) -> dict[str, float] | None:
