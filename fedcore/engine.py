@@ -51,11 +51,13 @@ from fedcore.device import deterministic
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord, History, RoundRecord
 from fedcore.jobs import (
+    ClientResult,
     Context,
     client_job,
     eval_job,
     eval_state,
     init_pool_worker,
+    receive,
     worker_client_job,
     worker_eval_job,
 )
@@ -485,28 +487,23 @@ class Simulation:
             for slot, t in enumerate(tasks)
         ]
         train = [i for i, o in enumerate(outcomes) if o.trains]
-        results: list[Any] = [None] * len(tasks)
-        trained: list[Any]
+        results: list[ClientResult | None] = [None] * len(tasks)
+        trained: list[ClientResult | None]
         if self._cohort is not None:
-            trained = cohort_round(
+            trained = list(cohort_round(
                 self._cohort, self.algorithm, self.global_state, self._train_dev,
                 self.train.labels, self.shards, self.noise_var, self.local,
                 [tasks[i] for i in train], lr, [seeds[i] for i in train],
                 [outcomes[i].max_steps for i in train],
-            )  # fmt: skip
+            ))  # fmt: skip
         else:
             jobs: list[tuple[Any, ...]] = [
                 (tasks[i], lr, seeds[i], *payloads[i][:2])
                 + (() if outcomes[i].max_steps is None else (outcomes[i].max_steps,))
                 for i in train
             ]
-            trained = []
-            for res in self._map(client_job, worker_client_job, jobs, what="client"):
-                if res is None:
-                    trained.append(None)
-                    continue
-                state = payload.decode(res[1])
-                trained.append((res[0], state, len(res[1]), *res[2:], payload.is_finite(state)))
+            wire = self._map(client_job, worker_client_job, jobs, what="client")
+            trained = [None if res is None else receive(res) for res in wire]
         for i, res in zip(train, trained, strict=True):
             if res is None:  # its worker died twice (_map_pool): counted as dropped
                 outcomes[i] = Outcome("crashed")
@@ -522,16 +519,18 @@ class Simulation:
                 )  # fmt: skip
                 self._emit("on_client_end", record)
                 continue
-            cid, state, up_bytes, n, steps, loss, secs, ok = res
-            up += up_bytes
-            if ok:
-                updates.append(ClientUpdate(cid, state, n, steps, loss, up_bytes))
+            up += res.upload_bytes
+            if res.finite:
+                updates.append(res.update())
             else:
                 rejected += 1  # a NaN/Inf update never reaches the global model
             self._emit(
                 "on_client_end",
-                ClientRecord(r, cid, n, steps, loss, down_bytes, up_bytes, secs, ok, o.status),
-            )
+                ClientRecord(
+                    r, res.client_id, res.num_samples, res.num_steps, res.train_loss, down_bytes,
+                    res.upload_bytes, res.seconds, res.finite, o.status,
+                ),
+            )  # fmt: skip
         dropped = tuple(t.client_id for t, res in zip(tasks, results, strict=True) if res is None)
         extra: dict[str, float] = {}
         if dropout_active(self.cfg) or dropped:
