@@ -68,7 +68,7 @@ def cohort_round(
         size = trainer.cohort_size(global_state, data, clients, cfg, trainable)
         for lo in range(0, len(members), size):
             part = slice(lo, lo + size)
-            res = trainer.train_stacked(
+            res = trainer.train(
                 global_state,
                 data,
                 clients[part],
