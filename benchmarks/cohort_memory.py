@@ -32,7 +32,7 @@ def child(engine: str, clients: int) -> None:
     from fedcore.algorithms import FedAvg
     from fedcore.client import ImageData, LocalConfig
     from fedcore.datasets import load_dataset
-    from fedcore.engine import FederationConfig, Simulation
+    from fedcore.engine import CohortBackend, FederationConfig, Simulation
     from fedcore.schedules import LRSchedule
     from models import get_model
 
@@ -58,13 +58,14 @@ def child(engine: str, clients: int) -> None:
     wall = time.perf_counter() - t0
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # worker processes
+    cohort = sim.backend.trainer if isinstance(sim.backend, CohortBackend) else None
     out = {
         "engine": engine,
         "clients": clients,
         "round_seconds": wall,
         "peak_rss_mib": peak_kib / 1024,
         "peak_worker_rss_mib": kids_kib / 1024,
-        "largest_cohort": sim._cohort.peak_clients if sim._cohort is not None else None,
+        "largest_cohort": cohort.peak_clients if cohort is not None else None,
     }
     print("MEM-RESULT " + json.dumps(out))
 

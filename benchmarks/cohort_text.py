@@ -39,7 +39,8 @@ SETTINGS = [
 def child(adapter: str, engine: str) -> None:
     from benchmarks.engine_throughput import RoundClock
     from tasks.config import load_params
-    from tasks.data import build_partition, load_experiment_data
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition
     from tasks.train import train_cell
 
     params = load_params(

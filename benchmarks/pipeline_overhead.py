@@ -53,7 +53,8 @@ def main() -> None:
         import flows.experiment as fx
         from tasks.cell import build_simulation
         from tasks.config import load_params
-        from tasks.data import build_partition, load_experiment_data
+        from tasks.data import load_experiment_data
+        from tasks.partitioning import build_partition
 
         import_seconds = time.perf_counter() - t
         p = load_params(

@@ -2,7 +2,8 @@
 
 A job decodes what it receives, runs, and encodes what it sends back: the wire on both sides.
 A worker process builds its model once (``init_worker``) and serves every client after it,
-and dies with the process that started it (``init_pool_worker``).
+and dies with the process that started it (``init_pool_worker``). What the server makes of a
+client's upload, whichever engine trained it, is a :class:`ClientResult`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from fedcore import numerics, payload
-from fedcore.algorithms.base import ClientTask, ClientView, FederatedAlgorithm
+from fedcore.algorithms.base import ClientTask, ClientUpdate, ClientView, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.exits import begin_client, evaluate_exits, num_exits
 from fedcore.payload import StateDict
@@ -43,6 +44,55 @@ class Context:
 
 
 WORKER: Context | None = None
+
+# What a client job sends back (:func:`client_job`): (client, encoded upload, samples, steps,
+# loss, seconds). Bytes on the wire, decoded by the server (:func:`receive`).
+Wire = tuple[int, bytes, int, int, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientResult:
+    """One client's round as the server receives it, whichever engine trained it: the
+    sequential and process-pool engines decode a :data:`Wire` (:func:`receive`), the cohort
+    engine reads its cohort's stacked states (``fedcore.cohort.round``). Picklable."""
+
+    client_id: int
+    # The uploaded tensors (every key, or the plan's upload_keys); from the cohort engine a
+    # ``payload.Row`` of its cohort's stacked states (read-only, read like a state dict).
+    upload: StateDict
+    upload_bytes: int  # len(payload.encode(upload)): the bytes on the wire
+    num_samples: int
+    num_steps: int
+    train_loss: float
+    seconds: float  # the client's local training time
+    finite: bool  # no NaN/Inf in the upload (else the server rejects it)
+
+    def update(self) -> ClientUpdate:
+        """What the algorithm aggregates (an accepted upload's)."""
+        return ClientUpdate(
+            self.client_id,
+            self.upload,
+            self.num_samples,
+            self.num_steps,
+            self.train_loss,
+            self.upload_bytes,
+        )
+
+
+def receive(wire: Wire) -> ClientResult:
+    """The server's side of a client job: its upload decoded, counted and checked finite."""
+    client_id, upload, num_samples, num_steps, train_loss, seconds = wire
+    state = payload.decode(upload)
+    return ClientResult(
+        client_id,
+        state,
+        len(upload),
+        num_samples,
+        num_steps,
+        train_loss,
+        seconds,
+        payload.is_finite(state),
+    )
 
 
 def init_worker(model_fn: Callable[[], nn.Module], *args: Any) -> None:
@@ -93,7 +143,7 @@ def client_job(
     download: bytes,
     held: bytes | None,
     max_steps: int | None = None,
-) -> tuple[int, bytes, int, int, float, float]:
+) -> Wire:
     """Decode the download, train locally, encode the upload: the wire on both sides.
 
     ``held`` is what the client already holds from earlier rounds (FedNILO's frozen layers):
@@ -147,7 +197,7 @@ def eval_state(
     return (*evaluate(ctx.model, state, ctx.test, indices, device=ctx.device), ())
 
 
-def worker_client_job(*args: Any) -> tuple[int, bytes, int, int, float, float]:
+def worker_client_job(*args: Any) -> Wire:
     assert WORKER is not None
     return client_job(WORKER, *args)
 

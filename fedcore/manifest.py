@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fedcore.errors import ConfigError
-from fedcore.partition import MANIFEST_HEADER, Partition, _as_labels, _check
+from fedcore.partition import MANIFEST_HEADER, Partition, as_labels, check
 
 
 def _atomic_write_text(path: str | Path, text: str) -> None:
@@ -39,7 +39,7 @@ def _atomic_write_text(path: str | Path, text: str) -> None:
 
 def write_manifest(partition: Partition, labels: np.ndarray, path: str | Path) -> None:
     """CSV ``client_id,sample_index,label``, rows sorted by (client_id, sample_index)."""
-    labels = _as_labels(labels)
+    labels = as_labels(labels)
     rows = [MANIFEST_HEADER]
     for c, ix in enumerate(partition.client_indices):
         rows.extend(f"{c},{i},{y}" for i, y in zip(ix.tolist(), labels[ix].tolist(), strict=True))
@@ -63,7 +63,7 @@ def read_manifest(
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise ConfigError(f"{path}: cannot read the manifest ({reason})") from None
     header, _, body = text.partition("\n")
-    _check(
+    check(
         header.strip() == MANIFEST_HEADER,
         f"{path}: not a partition manifest (first line {header[:60]!r}, expected {MANIFEST_HEADER!r})",
     )
@@ -72,18 +72,18 @@ def read_manifest(
     data = np.empty((len(lines), 3), dtype=np.int64)
     for r, line in enumerate(lines):
         cells = line.split(",")
-        _check(
+        check(
             len(cells) == 3,
             f"{path}: row {r + 2} has {len(cells)} cells, expected 3 ({MANIFEST_HEADER})",
         )
         for c, cell in enumerate(cells):
             cell = cell.strip()
-            _check(
+            check(
                 cell.isascii() and cell.isdigit(),
                 f"{path}: row {r + 2}, column {columns[c]}: {cell[:40]!r} is not an integer >= 0",
             )
             value = int(cell)
-            _check(
+            check(
                 value <= _INT64_MAX,
                 f"{path}: row {r + 2}, column {columns[c]}: {cell[:40]} is too large "
                 f"(at most {_INT64_MAX})",
@@ -91,7 +91,7 @@ def read_manifest(
             data[r, c] = value
     if num_samples is not None and len(data):
         r = int(np.argmax(data[:, 1]))
-        _check(
+        check(
             int(data[r, 1]) < num_samples,
             f"{path}: row {r + 2}, column sample_index: {int(data[r, 1])} is out of range for "
             f"a train split of {num_samples} samples (0..{num_samples - 1})",
@@ -100,7 +100,7 @@ def read_manifest(
             bad = np.flatnonzero(np.asarray(labels)[data[:, 1]] != data[:, 2])
             if len(bad):
                 r = int(bad[0])
-                _check(
+                check(
                     False,
                     f"{path}: row {r + 2}, column label: {int(data[r, 2])} but sample "
                     f"{int(data[r, 1])} has label {int(np.asarray(labels)[data[r, 1]])}",
@@ -118,7 +118,7 @@ def partition_stats(partition: Partition, labels: np.ndarray, num_classes: int) 
     """JSON-ready summary: scheme, params, content hash, per-client sizes/labels/noise, totals
     (per-class counts only up to ``LABEL_COUNTS_MAX_CLASSES`` classes)."""
     if num_classes > LABEL_COUNTS_MAX_CLASSES:
-        return _compact_stats(partition, _as_labels(labels), num_classes)
+        return _compact_stats(partition, as_labels(labels), num_classes)
     counts = partition.label_counts(labels, num_classes)
     sizes = counts.sum(axis=1)
     return {

@@ -22,20 +22,20 @@ from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from flows import services
-from flows.runners import cell_params, grid_parallelism, grid_task_runner
+from flows.runners import (
+    cell_params,
+    cell_resources,
+    check_gpus,
+    grid_parallelism,
+    grid_task_runner,
+)
 from tasks import checkpoint, tracking
 from tasks.cell import check_cell, model_factory
 from tasks.config import Params, experiment_dir, in_force, load_params
-from tasks.data import (
-    build_partition,
-    check_partition_data,
-    dataset_num_classes,
-    load_experiment_data,
-    load_partition,
-    partition_task,
-)
+from tasks.data import dataset_num_classes, load_experiment_data
 from tasks.io import check_writable
 from tasks.origin import Origin, check_results, origin, prefect_run
+from tasks.partitioning import build_partition, check_partition_data, load_partition, partition_task
 from tasks.pretrain import check_source, log_base_task, pretrain_task
 from tasks.progress import end_grid, start_grid
 from tasks.report import (
@@ -70,6 +70,7 @@ def check_names(params: Params) -> None:
         for algorithm in params.grid.algorithms:
             check_cell(params, algorithm, adapter)  # the algorithm's own rules (check hook)
     resolve_device(params.runtime.device)
+    check_gpus(params)  # a local Ray without the GPUs the cells would request
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
 
 
@@ -196,21 +197,22 @@ def train_grid_flow(
         params.experiment.name,
         grid_parallelism(params),
     )
-    futures = [
-        train_task.submit(
-            params,
-            partition_dir,
-            algorithm,
-            adapter,
-            runs_dir,
-            parent_run_id,
-            base_path,
-            checkpoint_dir,
-            run_origin=run_origin,
-            slot=slot,
-        )
-        for (algorithm, adapter), slot in zip(cells, slots, strict=True)
-    ]
+    with cell_resources(params):  # on Ray: each task's GPUs
+        futures = [
+            train_task.submit(
+                params,
+                partition_dir,
+                algorithm,
+                adapter,
+                runs_dir,
+                parent_run_id,
+                base_path,
+                checkpoint_dir,
+                run_origin=run_origin,
+                slot=slot,
+            )
+            for (algorithm, adapter), slot in zip(cells, slots, strict=True)
+        ]
     records = [f.result() for f in futures]  # in grid order, whatever order they finish in
     end_grid(slots)
     return records
@@ -242,26 +244,27 @@ def train_sweep_flow(
     )
     slot = iter(slots)  # (seed, cell) in order: seed-major, as the folders
     futures = []
-    for seed, part_dir, base in zip(seeds, partition_dirs, bases, strict=True):
-        ps, out = seed_params(params, seed), seed_dir(experiment_dir, seed)
-        futures.append(
-            [
-                train_task.with_options(task_run_name=f"train-{a}-{d}-seed-{seed}").submit(
-                    ps,
-                    part_dir,
-                    a,
-                    d,
-                    str(out / "runs"),
-                    parent_run_id,
-                    base,
-                    str(out / "checkpoints"),
-                    seed,
-                    run_origin,
-                    slot=next(slot),
-                )  # fmt: skip
-                for a, d in cells
-            ]
-        )
+    with cell_resources(params):  # on Ray: each task's GPUs
+        for seed, part_dir, base in zip(seeds, partition_dirs, bases, strict=True):
+            ps, out = seed_params(params, seed), seed_dir(experiment_dir, seed)
+            futures.append(
+                [
+                    train_task.with_options(task_run_name=f"train-{a}-{d}-seed-{seed}").submit(
+                        ps,
+                        part_dir,
+                        a,
+                        d,
+                        str(out / "runs"),
+                        parent_run_id,
+                        base,
+                        str(out / "checkpoints"),
+                        seed,
+                        run_origin,
+                        slot=next(slot),
+                    )  # fmt: skip
+                    for a, d in cells
+                ]
+            )
     records = [[f.result() for f in per_seed] for per_seed in futures]
     end_grid(slots)
     return records

@@ -1,17 +1,26 @@
 """Where the grid's training tasks run (``runtime.task_runner``): one after another in this
-process, on a Dask cluster (prefect-dask) or on Ray (prefect-ray), and the params each cell
-gets there."""
+process, on a Dask cluster (prefect-dask) or on Ray (prefect-ray), the params each cell gets
+there, and which GPU a cell sees.
+
+GPUs: a local Dask cluster gives each worker process one visible GPU (``CUDA_VISIBLE_DEVICES``,
+round robin over this machine's), so the cells that train at once use different GPUs; a Ray
+training task requests ``runtime.ray_gpus`` GPUs (Ray then shows it those alone; a task that
+requests none sees no GPU at all, so ``device: auto`` would train on the CPU unasked).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from fedcore.errors import ConfigError
 from tasks.config import Params
 
 
@@ -38,16 +47,31 @@ def grid_task_runner(params: Params) -> Any:
     logging.getLogger("prefect.task_runner.dask").addFilter(_NoDashboardLine())
     # One single-thread worker process per cell; the nanny must not be a daemon, because a
     # cell may itself fan clients out to worker processes (runtime.workers).
-    return DaskTaskRunner(
-        cluster_class="distributed.LocalCluster",
-        cluster_kwargs={
-            "n_workers": rt.dask_workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "dashboard_address": None,
-            "host": "127.0.0.1",
-        },
-    )
+    kwargs: dict[str, Any] = {
+        "n_workers": rt.dask_workers,
+        "threads_per_worker": 1,
+        "processes": True,
+        "dashboard_address": None,
+        "host": "127.0.0.1",
+    }
+    if rt.device != "cpu" and (gpus := visible_gpus()):
+        gpu_kwargs = {**kwargs, "gpus": gpus}
+        return DaskTaskRunner(
+            cluster_class="flows.gpu_cluster.GPUCluster", cluster_kwargs=gpu_kwargs
+        )
+    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs)
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process can use, named as ``CUDA_VISIBLE_DEVICES`` names them
+    (its entries when it is set, else 0..n-1); empty without CUDA."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return [str(i) for i in range(n)]
+    return [d.strip() for d in given.split(",") if d.strip()][:n]
 
 
 class _NoDashboardLine(logging.Filter):
@@ -71,6 +95,7 @@ def ray_task_runner(params: Params) -> Any:
     return RayTaskRunner(
         init_kwargs={
             "num_cpus": rt.ray_workers,
+            "num_gpus": 0 if rt.device == "cpu" else len(visible_gpus()),
             "include_dashboard": False,
             "_node_ip_address": "127.0.0.1",
             "log_to_driver": True,
@@ -105,3 +130,64 @@ def cell_params(params: Params) -> Params:
         runtime = rt.model_copy(update={"workers": share if share > 1 else 0})
         return params.model_copy(update={"runtime": runtime})
     return params
+
+
+def ray_gpus(params: Params, node_gpus: Sequence[float]) -> float:
+    """The GPUs each training task requests on Ray (``runtime.ray_gpus``; auto: one when the
+    cells may use a GPU, ``device`` cuda or auto, and some node of the cluster has one).
+    ``node_gpus``: the GPUs of each node. A request no node can meet, or ``device: cuda``
+    with none requested (Ray would hide every GPU from the task), is one line."""
+    rt = params.runtime
+    most = max(node_gpus, default=0.0)
+    if rt.ray_gpus == "auto":
+        asked = 1.0 if rt.device != "cpu" and most > 0 else 0.0
+        if rt.device == "cuda" and most == 0:
+            asked = 1.0  # refused just below, naming the device setting
+    else:
+        asked = float(rt.ray_gpus)
+    where = f"the Ray cluster at {rt.ray_address}" if rt.ray_address else "the local Ray"
+    if asked > most:
+        setting = "runtime.device: cuda" if rt.ray_gpus == "auto" else "runtime.ray_gpus"
+        raise ConfigError(
+            f"{setting}: {asked:g} GPU per cell asked, but no node of {where} has "
+            f"{'any' if most == 0 else f'more than {most:g}'}; set runtime.device: cpu "
+            f"(or runtime.ray_gpus at most {most:g})"
+        )
+    if rt.device == "cuda" and asked == 0:
+        raise ConfigError(
+            "runtime.ray_gpus: 0 with runtime.device: cuda: Ray hides the GPUs from a task "
+            "that requests none; set runtime.ray_gpus to auto, 1 or a fraction such as 0.5"
+        )
+    return asked
+
+
+def local_node_gpus(params: Params) -> list[float]:
+    """The local Ray's GPUs (the one node ``ray_task_runner`` starts): known before it starts."""
+    return [0.0 if params.runtime.device == "cpu" else float(len(visible_gpus()))]
+
+
+def check_gpus(params: Params) -> None:
+    """Preflight: a local Ray that cannot meet the cells' GPU request -> one line, before
+    anything runs (a cluster at an address is asked when the grid starts)."""
+    rt = params.runtime
+    if rt.task_runner == "ray" and not rt.ray_address:
+        ray_gpus(params, local_node_gpus(params))
+
+
+@contextlib.contextmanager
+def cell_resources(params: Params) -> Iterator[None]:
+    """Around the grid's submissions: on Ray, each training task requests its GPUs
+    (``ray_gpus`` against the nodes of the running cluster); elsewhere nothing."""
+    if params.runtime.task_runner != "ray":
+        yield
+        return
+    import ray
+    from prefect_ray.context import remote_options
+
+    nodes = [float(n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+    gpus = ray_gpus(params, nodes)
+    if gpus == 0:
+        yield
+        return
+    with remote_options(num_gpus=gpus):
+        yield

@@ -25,6 +25,7 @@ os.environ.pop("PREFECT_API_URL", None)
 import tasks.backbone as tb  # noqa: E402
 import tasks.cell as tc  # noqa: E402
 import tasks.data as td  # noqa: E402
+import tasks.partitioning as tp  # noqa: E402
 
 COUNTS: collections.Counter[str] = collections.Counter()
 
@@ -42,7 +43,7 @@ def count(module: Any, name: str, label: str) -> None:
 
 def main() -> None:
     count(tb, "get_model", "backbone builds")
-    count(td, "make_partition", "partition draws")
+    count(tp, "make_partition", "partition draws")
     count(td, "load_dataset", "dataset splits read from disk")
     count(tc, "build_simulation", "cells built")
     from prefect.testing.utilities import prefect_test_harness

@@ -23,7 +23,8 @@ from fedcore.schedules import LRSchedule
 from models.adapters import AdapterMethod
 from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
-from tasks.data import ExperimentData, shards_of
+from tasks.data import ExperimentData
+from tasks.partitioning import shards_of
 
 
 def clients_per_round(params: Params) -> int:

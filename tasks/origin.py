@@ -13,7 +13,7 @@ Prefect deployment, a DVC stage, ``fedapt reproduce``), its ``--set`` overrides,
 deployment and flow run, the DVC experiment; as MLflow tags (``fedapt.entry``, ...) and in the
 summary. A *smoke* run, one with fewer rounds or training rows than its params file says, or
 one inside ``dvc exp run``, is tracked but does not enter the model registry under
-``tracking.register: auto`` (``tasks.train.registers``).
+``tracking.register: auto`` (``tasks.registration.registers``).
 """
 
 from __future__ import annotations

@@ -146,15 +146,6 @@ def upload_tree(local_dir: str | Path, bucket: str, prefix: str) -> list[str]:
     return keys
 
 
-def list_keys(bucket: str, prefix: str = "") -> list[str]:
-    client = s3_client()
-    try:
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return [o["Key"] for page in pages for o in page.get("Contents", [])]
-    except Exception as exc:  # noqa: BLE001
-        raise _explain(exc, bucket) from None
-
-
 def read_json(bucket: str, key: str) -> Any | None:
     """The JSON object at s3://bucket/key; None when the bucket or the key does not exist."""
     import json

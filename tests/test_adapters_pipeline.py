@@ -44,7 +44,8 @@ def small_params(tmp_path: Path, *extra: str):
 
 @pytest.mark.parametrize("adapter", [pytest.param("full", marks=pytest.mark.slow), "residual"])
 def test_cell_traffic_is_the_payload(tmp_path, adapter):
-    from tasks.data import build_partition, load_experiment_data
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition
     from tasks.train import train_cell
 
     p = small_params(tmp_path)
@@ -90,7 +91,8 @@ def test_cell_traffic_is_the_payload(tmp_path, adapter):
 def test_cell_personalization(tmp_path):
     """Personalization after FL: every client's before/after accuracy in the cell's record and
     metrics.json, on its own corrupted rows (seed 001 Table 4)."""
-    from tasks.data import build_partition, load_experiment_data
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition
     from tasks.train import train_cell
 
     p = small_params(
@@ -144,7 +146,8 @@ def test_cell_personalization(tmp_path):
 def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
     import mlflow.pytorch
 
-    from tasks.data import build_partition, load_experiment_data, write_partition
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition, write_partition
     from tasks.train import run_cell
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -80,6 +80,12 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
         (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
         (["--set", "runtime.workers=100000"], "runtime.workers: workers is auto or a number of"),
         (["--set", "runtime.dask_workers=100000"], "runtime.dask_workers: must be less than or"),
+        # GPUs on Ray (issue 31): a request the local Ray cannot meet, before anything runs
+        (["--set", "runtime.ray_gpus=-1"], "runtime.ray_gpus: ray_gpus is auto or a number"),
+        (
+            ["--set", "runtime.task_runner=ray", "--set", "runtime.ray_gpus=1"],
+            "runtime.ray_gpus: 1 GPU per cell asked, but no node of the local Ray has any",
+        ),
         # tuning (issue 29): a validation split to evaluate on, cells of the grid
         (["--set", "data.evaluate=validation"], "data.evaluate: validation needs a validation "),
         (["--set", "data.validation=0.5"], "data.validation: must be less than 0.5 (got 0.5)"),

@@ -256,11 +256,11 @@ def test_upload_bytes_are_the_real_encoding():
     fn, ctxs = shared_objective("fedavg", [cross_entropy] * 3)
     results = trainer.train(
         state, data, clients, lr=0.1, cfg=LocalConfig(batch_size=4), fn=fn, ctxs=ctxs
-    )
+    ).result
     sequential = simulate("sequential", "fedavg", "full", rounds=1)[2]
     cohort = simulate("cohort", "fedavg", "full", rounds=1)[2]
     assert [r.upload_bytes for r in cohort] == [r.upload_bytes for r in sequential]
-    one = {k: v.clone() for k, v in results[0].state.items()}
+    one = {k: v.clone() for k, v in results(0).state.items()}
     assert len(payload.encode(one)) == sequential[0].upload_bytes
 
 

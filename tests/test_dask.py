@@ -20,7 +20,8 @@ def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
 
     from flows.experiment import experiment_flow, grid_task_runner
     from tasks.config import experiment_dir
-    from tasks.data import load_experiment_data, load_partition
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import load_partition
     from tasks.train import train_cell
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
@@ -72,3 +73,20 @@ def test_thread_runner_is_the_default():
     p = load_params(REPO / "params.yaml")
     assert p.runtime.task_runner == "thread"
     assert isinstance(grid_task_runner(p), ThreadPoolTaskRunner)
+
+
+def test_gpu_cluster_gives_each_worker_its_own_gpu():
+    """One worker process per GPU, each started with its own CUDA_VISIBLE_DEVICES (real
+    worker processes; no GPU is needed to see the variable), round robin past the last."""
+    from distributed import Client
+
+    from flows.gpu_cluster import GPUCluster
+
+    kw = {"threads_per_worker": 1, "processes": True, "dashboard_address": None}
+    with (
+        GPUCluster(gpus=["3", "5"], n_workers=3, host="127.0.0.1", **kw) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(3, timeout=120)
+        seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+    assert sorted(seen.values()) == ["3", "3", "5"]

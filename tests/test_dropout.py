@@ -383,9 +383,9 @@ PARENT = textwrap.dedent(
         lr_schedule=LRSchedule(lr=0.05),
         federation=FederationConfig(rounds=1, clients_per_round=2), workers=2, eval_chunk=25,
     )
-    sim._start()
+    sim.backend.start(sim.global_state)
     sim.evaluate()  # 4 jobs: the pool starts its workers
-    print(" ".join(str(p) for p in sim._pool._processes), flush=True)
+    print(" ".join(str(p) for p in sim.backend.pool._processes), flush=True)
     time.sleep(600)
     """
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -14,9 +16,17 @@ from fedcore.aggregate import weighted_average
 from fedcore.algorithms import FedAvg, build_algorithm
 from fedcore.algorithms.base import ClientUpdate
 from fedcore.client import LocalConfig, batch_order
-from fedcore.engine import FederationConfig, Simulation, derive_seed, sample_clients
+from fedcore.engine import (
+    ClientResult,
+    FederationConfig,
+    Simulation,
+    WireBackend,
+    derive_seed,
+    sample_clients,
+)
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.events import Callback
+from fedcore.jobs import receive
 from fedcore.schedules import LRSchedule
 from tests.helpers import tiny_cnn, toy_data
 
@@ -144,6 +154,73 @@ def test_deterministic_across_workers_and_order():
     b = make_sim(shards, rounds=2, m=3, workers=2)
     hb = b.run()
     assert [r.accuracy for r in ha.rounds] == [r.accuracy for r in hb.rounds]
+    for k in a.global_state:
+        assert torch.equal(a.global_state[k], b.global_state[k]), k
+
+
+def test_a_client_result_is_the_decoded_upload_and_pickles():
+    """The server's side of a client job: the upload decoded, its wire bytes counted, its
+    finiteness checked; frozen, and picklable (it may cross a process pool)."""
+    state = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
+    blob = payload.encode(state)
+    res = receive((3, blob, 10, 2, 0.25, 0.5))
+    assert isinstance(res, ClientResult) and res.finite
+    assert (res.client_id, res.upload_bytes, res.num_samples, res.num_steps) == (
+        3,
+        len(blob),
+        10,
+        2,
+    )
+    assert (res.train_loss, res.seconds) == (0.25, 0.5)
+    assert all(torch.equal(res.upload[k], state[k]) for k in state)
+    back = pickle.loads(pickle.dumps(res))
+    assert list(back.upload) == list(state) and torch.equal(back.upload["w"], state["w"])
+    assert dataclasses.replace(back, upload={}) == dataclasses.replace(res, upload={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.finite = False  # type: ignore[misc]
+    update = res.update()
+    assert (update.client_id, update.num_samples, update.upload_bytes) == (3, 10, len(blob))
+    assert not receive(
+        (3, payload.encode({"w": torch.tensor([float("nan")])}), 1, 1, 0.0, 0.0)
+    ).finite
+
+
+class ReversedBackend(WireBackend):
+    """A backend in one class: the jobs run in this process last to first (as a pool may
+    complete them), single-threaded; results are handed back in task order."""
+
+    def __init__(self, work):
+        self.work, self.ctx, self.jobs = work, None, 0
+
+    def start(self, global_state):
+        self.ctx = self.work.context()
+        return global_state
+
+    def _map(self, fn_local, fn_worker, jobs, *, what="job"):
+        self.jobs += len(jobs)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            done = [fn_local(self.ctx, *job) for job in reversed(jobs)]
+        finally:
+            torch.set_num_threads(threads)
+        return done[::-1]
+
+    def close(self):
+        pass
+
+
+def test_a_new_backend_is_one_class_and_changes_no_number():
+    shards = np.array_split(np.arange(400), 4)
+    a = make_sim(shards, rounds=2, m=3)
+    ha = a.run()
+    b = make_sim(shards, rounds=2, m=3)
+    b.backend = ReversedBackend(b.backend.work)
+    hb = b.run()
+    assert b.backend.jobs == 2 * 3 + 2 * 1  # per round: 3 clients, 1 evaluation (100 images)
+    assert [r.to_dict() | {"seconds": 0} for r in ha.rounds] == [
+        r.to_dict() | {"seconds": 0} for r in hb.rounds
+    ]
     for k in a.global_state:
         assert torch.equal(a.global_state[k], b.global_state[k]), k
 

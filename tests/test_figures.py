@@ -70,7 +70,8 @@ def test_a_cell_run_has_its_files_figures_and_partition_in_mlflow(tmp_path, monk
     from mlflow import MlflowClient
 
     from tasks.config import load_params
-    from tasks.data import build_partition, load_experiment_data, write_partition
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition, write_partition
     from tasks.train import run_cell
 
     repo = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import torch
 
 from fedcore.algorithms import build_algorithm
 from fedcore.client import LocalConfig
-from fedcore.engine import FederationConfig, Simulation
+from fedcore.engine import CohortBackend, FederationConfig, Simulation
 from fedcore.events import Callback
 from fedcore.schedules import LRSchedule
 from tests.helpers import tiny_layered, toy_data
@@ -103,7 +103,7 @@ def test_cuda_cohort_matches_cpu_sequential(algorithm, noise):
     cpu, h_cpu, _ = cohort_on("cpu", algorithm, "sequential", noise)
     gpu, h_gpu, where = cohort_on("cuda", algorithm, "cohort", noise)
     assert where.devices == {"cuda"}  # the global model stayed on the device all run
-    assert gpu._cohort is not None
+    assert isinstance(gpu.backend, CohortBackend)
     for attr in ("clients", "download_bytes", "upload_bytes"):
         assert [getattr(r, attr) for r in h_cpu.rounds] == [getattr(r, attr) for r in h_gpu.rounds]
     for k, v in cpu.global_state.items():

@@ -272,7 +272,8 @@ def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
     from models.adapters import adapted_model
     from tasks.backbone import model_input
     from tasks.config import load_params
-    from tasks.data import build_partition, load_experiment_data, write_partition
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition, write_partition
     from tasks.train import run_cell
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -17,14 +17,13 @@ import torch
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.manifest import partition_stats, read_manifest, write_manifest, write_stats
-from fedcore.options import dump
+from fedcore.options import dump, option_names
 from fedcore.partition import (
+    PARTITIONERS,
     Partition,
     client_sizes,
     dirichlet_classwise,
-    list_partitioners,
     make_partition,
-    scheme_options,
     scheme_options_type,
 )
 from tests.helpers import toy_data
@@ -50,13 +49,13 @@ def part(scheme: str, num_clients: int = 10, seed: int = 0, labels=LABELS, **opt
 
 
 def test_every_scheme_has_test_options():
-    assert sorted(OPTIONS) == list_partitioners()
+    assert sorted(OPTIONS) == sorted(PARTITIONERS)
 
 
 # ---- invariants of every scheme --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheme", list_partitioners())
+@pytest.mark.parametrize("scheme", sorted(PARTITIONERS))
 def test_disjoint_covering_sorted_deterministic(scheme):
     p = part(scheme, seed=1, **OPTIONS[scheme])
     assert p.num_clients == 10 and len(p.noise_var) == 10
@@ -70,21 +69,24 @@ def test_disjoint_covering_sorted_deterministic(scheme):
     assert part(scheme, seed=2, **OPTIONS[scheme]).content_hash() != p.content_hash()
 
 
-@pytest.mark.parametrize("scheme", list_partitioners())
+@pytest.mark.parametrize("scheme", sorted(PARTITIONERS))
 def test_params_record_every_option_and_survive_json(scheme):
     p = part(scheme, seed=3, **OPTIONS[scheme])
     assert {"num_clients": 10, "seed": 3}.items() <= p.params.items()
-    assert set(scheme_options(scheme)) <= set(p.params)  # defaults recorded too
+    assert set(option_names(scheme_options_type(scheme))) <= set(p.params)  # defaults too
     # load_partition rebuilds a Partition from stats.json: the hash must not change.
     back = Partition(p.scheme, json.loads(json.dumps(p.params)), p.client_indices, p.noise_var)
     assert back.content_hash() == p.content_hash()
 
 
 def test_scheme_options():
-    assert scheme_options("iid") == []
-    assert scheme_options("dirichlet_classwise") == ["beta", "min_size"]
-    assert scheme_options("dirichlet_clientwise") == ["alpha", "sizes", "size_rel_std", "size_beta"]
-    assert scheme_options("labels_per_client") == ["m"]
+    def names(scheme: str) -> list[str]:
+        return option_names(scheme_options_type(scheme))
+
+    assert names("iid") == []
+    assert names("dirichlet_classwise") == ["beta", "min_size"]
+    assert names("dirichlet_clientwise") == ["alpha", "sizes", "size_rel_std", "size_beta"]
+    assert names("labels_per_client") == ["m"]
 
 
 def test_content_hash_is_the_documented_encoding():
@@ -325,10 +327,10 @@ def test_direct_calls_validate_options_like_make_partition():
     assert direct.params["beta"] == 1.0 and type(direct.params["beta"]) is float  # int -> float
 
 
-@pytest.mark.parametrize("scheme", list_partitioners())
+@pytest.mark.parametrize("scheme", sorted(PARTITIONERS))
 def test_options_type_is_derived_from_the_signature_and_pickles(scheme):
     cls = scheme_options_type(scheme)
-    assert list(dump(cls())) == scheme_options(scheme)
+    assert list(dump(cls())) == option_names(cls)
     assert cls.__qualname__ == f"{scheme}.Options"
     assert pickle.loads(pickle.dumps(cls())) == cls()
 

@@ -32,6 +32,49 @@ def test_ray_runner_is_built_from_params():
     assert cell_params(remote).runtime.workers == "auto"  # a cluster's own cores
 
 
+def test_ray_tasks_request_gpus_a_node_has():
+    """runtime.ray_gpus: auto asks one GPU per cell where a node has one (a task that asks none
+    sees no GPU under Ray); a request no node meets, or device cuda with none, is one line."""
+    from fedcore.errors import ConfigError
+    from flows.runners import ray_gpus
+    from tasks.config import load_params
+
+    def params(*sets: str):
+        return load_params(REPO / "params.yaml", ["runtime.task_runner=ray", *sets])
+
+    assert ray_gpus(params(), [0.0, 0.0]) == 0.0  # auto on CPU nodes: the CPU, as asked
+    assert ray_gpus(params(), [0.0, 4.0]) == 1.0  # auto where a node has GPUs
+    assert ray_gpus(params("runtime.device=cpu"), [4.0]) == 0.0
+    assert ray_gpus(params("runtime.ray_gpus=0.5"), [1.0]) == 0.5  # two cells share one GPU
+    with pytest.raises(ConfigError, match=r"^runtime.device: cuda: 1 GPU per cell asked, but no "):
+        ray_gpus(params("runtime.device=cuda"), [0.0])
+    with pytest.raises(ConfigError, match="the Ray cluster at auto has more than 1;"):
+        ray_gpus(params("runtime.ray_gpus=2", "runtime.ray_address=auto"), [1.0, 1.0])
+    with pytest.raises(ConfigError, match="Ray hides the GPUs from a task that requests none"):
+        ray_gpus(params("runtime.device=cuda", "runtime.ray_gpus=0"), [2.0])
+
+
+def test_local_ray_and_dask_see_this_machines_gpus(monkeypatch):
+    """A local Ray gets this machine's GPUs unless device is cpu; a local Dask cluster gives
+    each worker its own GPU when there are some (flows.gpu_cluster)."""
+    import flows.runners as runners
+    from tasks.config import load_params
+
+    monkeypatch.setattr(runners, "visible_gpus", lambda: ["0", "1"])
+    ray = load_params(REPO / "params.yaml", ["runtime.task_runner=ray"])
+    assert runners.grid_task_runner(ray).init_kwargs["num_gpus"] == 2
+    cpu = load_params(REPO / "params.yaml", ["runtime.task_runner=ray", "runtime.device=cpu"])
+    assert runners.grid_task_runner(cpu).init_kwargs["num_gpus"] == 0
+    dask = runners.grid_task_runner(load_params(REPO / "params.yaml", ["runtime.task_runner=dask"]))
+    assert dask.cluster_class == "flows.gpu_cluster.GPUCluster"
+    assert dask.cluster_kwargs["gpus"] == ["0", "1"] and dask.cluster_kwargs["n_workers"] == 2
+    monkeypatch.setattr(runners, "visible_gpus", lambda: [])
+    plain = runners.grid_task_runner(
+        load_params(REPO / "params.yaml", ["runtime.task_runner=dask"])
+    )
+    assert plain.cluster_class == "distributed.LocalCluster"
+
+
 @pytest.mark.slow
 def test_two_cells_train_in_parallel_ray_workers(tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client

@@ -152,7 +152,8 @@ def cell_files(cell_dir: Path) -> dict[str, bytes]:
 
 
 def test_cell_resumes_from_its_checkpoint_file(tmp_path):
-    from tasks.data import build_partition, load_experiment_data
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
 
     p = cell_params(tmp_path)
@@ -198,7 +199,8 @@ def test_cell_resumes_from_its_checkpoint_file(tmp_path):
 
 
 def test_checkpoint_of_another_configuration_is_refused_naming_the_keys(tmp_path):
-    from tasks.data import build_partition, load_experiment_data
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
 
     p = cell_params(tmp_path, "federation.rounds=1")
@@ -228,7 +230,8 @@ def test_checkpoint_of_another_configuration_is_refused_naming_the_keys(tmp_path
 
 
 def test_diverged_cell_is_recorded(tmp_path):
-    from tasks.data import build_partition, load_experiment_data
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
 
     p = cell_params(tmp_path, "federation.rounds=2", "client.lr=1e30")
@@ -246,7 +249,8 @@ _CHILD = """
 import sys
 from pathlib import Path
 from tasks.config import load_params
-from tasks.data import build_partition, load_experiment_data
+from tasks.data import load_experiment_data
+from tasks.partitioning import build_partition
 from tasks.train import train_cell_model
 tmp, out, ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, {repo!r})
@@ -320,7 +324,8 @@ def _checkpoint_round(path: Path) -> int:
 def test_preflight_refuses_a_foreign_checkpoint_before_anything_runs(tmp_path):
     from flows.experiment import check_checkpoints
     from tasks.config import experiment_dir
-    from tasks.data import build_partition, load_experiment_data
+    from tasks.data import load_experiment_data
+    from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
 
     p = cell_params(tmp_path, "federation.rounds=1")

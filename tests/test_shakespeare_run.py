@@ -10,13 +10,8 @@ import pytest
 from fedcore.errors import ConfigError
 from tasks.cell import build_simulation
 from tasks.config import load_params
-from tasks.data import (
-    build_partition,
-    dataset_card,
-    dataset_num_classes,
-    load_experiment_data,
-    write_partition,
-)
+from tasks.data import dataset_card, dataset_num_classes, load_experiment_data
+from tasks.partitioning import build_partition, write_partition
 from tasks.pretrain import check_source, run_pretrain
 
 TINY = "{vocab_size: 512, layers: 1, hidden: 16, heads: 2, context: 8, stride: 8}"

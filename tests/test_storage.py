@@ -13,8 +13,10 @@ def test_upload_tree_round_trip(tmp_path, s3_env):
     (tmp_path / "summary.json").write_text("{}\n")
     keys = storage.upload_tree(tmp_path, "fedapt-artifacts", "exp1")
     assert keys == ["exp1/partition/manifest.csv", "exp1/summary.json"]
-    assert storage.list_keys("fedapt-artifacts", "exp1/") == keys
-    body = storage.s3_client().get_object(Bucket="fedapt-artifacts", Key=keys[0])["Body"].read()
+    client = storage.s3_client()
+    listed = client.list_objects_v2(Bucket="fedapt-artifacts", Prefix="exp1/")["Contents"]
+    assert [o["Key"] for o in listed] == keys
+    body = client.get_object(Bucket="fedapt-artifacts", Key=keys[0])["Body"].read()
     assert body.startswith(b"client_id")
 
 

@@ -72,7 +72,7 @@ def test_which_runs_register(tmp_path):
     import numpy as np
 
     from tasks.config import load_params
-    from tasks.train import eval_set_sha256, registers
+    from tasks.registration import eval_set_sha256, registers
 
     class Split:
         labels = np.arange(10) % 3

@@ -15,14 +15,11 @@ from fedcore.errors import ConfigError
 from tasks import checkpoint
 from tasks.cell import build_simulation, cell_lr
 from tasks.config import load_params
-from tasks.data import (
+from tasks.data import dataset_card, load_experiment_data, subset_indices, validation_split
+from tasks.partitioning import (
     build_partition,
     check_partition_data,
     data_selection,
-    dataset_card,
-    load_experiment_data,
-    subset_indices,
-    validation_split,
     write_partition,
 )
 
@@ -126,7 +123,8 @@ def test_defaults_add_nothing():
 
 
 def test_evaluation_measures_the_validation_rows(tmp_path):
-    from tasks.train import eval_set_sha256, registers, train_cell
+    from tasks.registration import eval_set_sha256, registers
+    from tasks.train import train_cell
     from tests.test_accuracy_bookkeeping import independent_eval
 
     p = params(*VAL, "data.evaluate=validation")

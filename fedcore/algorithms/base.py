@@ -11,7 +11,7 @@ one pydantic path. An algorithm object can be pickled to worker processes. Serve
 FedNILO's holder map) lives in ``self.server``, a dict of the main process: it is reset by
 ``setup``, saved by ``state_dict`` and never pickled, so workers see hyper-parameters only.
 
-Hook call order in one round (engine.Simulation._round):
+Hook call order in one round (fedcore.engine.round.play_round):
   main:   select_clients -> plan_round (client_indices, server_message) -> encode downloads
   worker: client_objective(global_state, ClientView) -> local SGD -> encode upload
   main:   aggregate -> server_update -> round_extra -> stop_reason

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import cast
 
 import numpy as np
 import torch
@@ -14,11 +14,8 @@ from fedcore.algorithms.base import ClientTask, ClientView, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig
 from fedcore.cohort.plan import CohortClient, shared_objective
 from fedcore.cohort.trainer import CohortTrainer
+from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
-
-# (client, upload, upload bytes, samples, steps, loss, seconds, upload finite): as
-# fedcore.jobs.client_job, with the finite check of the upload
-Result = tuple[int, StateDict, int, int, int, float, float, bool]
 
 
 def cohort_round(
@@ -34,9 +31,10 @@ def cohort_round(
     lr: float,
     seeds: list[int],
     max_steps: Sequence[int | None] | None = None,
-) -> list[Result]:
+) -> list[ClientResult]:
     """The round's ``tasks`` trained as cohorts on ``data`` (device-resident; ``labels`` the
-    host copy of its labels): one result per task, in task order, as ``client_job`` returns it.
+    host copy of its labels): one result per task, in task order, as the server receives a
+    client job's (``fedcore.jobs.receive``).
 
     Every client starts from the global model (what it downloads plus what it holds is the
     global state), so a cohort shares one start state. Clients with a different plan (trained
@@ -52,7 +50,7 @@ def cohort_round(
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tasks):
         groups.setdefault((t.trainable, t.upload_keys, caps[i]), []).append(i)
-    out: list[Any] = [None] * len(tasks)
+    out: list[ClientResult | None] = [None] * len(tasks)
     for (trainable, upload_keys, cap), members in groups.items():
         cfg = local
         if cap is not None:
@@ -70,7 +68,7 @@ def cohort_round(
         size = trainer.cohort_size(global_state, data, clients, cfg, trainable)
         for lo in range(0, len(members), size):
             part = slice(lo, lo + size)
-            res = trainer.train_stacked(
+            res = trainer.train(
                 global_state,
                 data,
                 clients[part],
@@ -84,8 +82,15 @@ def cohort_round(
             sent = res.states if upload_keys is None else {k: res.states[k] for k in upload_keys}
             nbytes = payload.encoded_size(payload.Row(sent, 0), fresh=True)
             for j, i in enumerate(members[part]):
-                out[i] = (
-                    tasks[i].client_id, payload.Row(sent, j), nbytes, res.num_samples[j],
-                    res.num_steps[j], res.train_loss[j], res.client_seconds(j), res.finite[j],
-                )  # fmt: skip
-    return out
+                out[i] = ClientResult(
+                    client_id=tasks[i].client_id,
+                    upload=cast(StateDict, payload.Row(sent, j)),  # a view, not a copy
+                    upload_bytes=nbytes,
+                    num_samples=res.num_samples[j],
+                    num_steps=res.num_steps[j],
+                    train_loss=res.train_loss[j],
+                    seconds=res.client_seconds(j),
+                    finite=res.finite[j],
+                )
+    assert all(r is not None for r in out), "every task belongs to a cohort"
+    return cast(list[ClientResult], out)

@@ -17,7 +17,6 @@ from torch.func import functional_call, grad_and_value, vmap
 from fedcore.client import (
     OPTIMIZERS,
     LocalConfig,
-    LocalResult,
     ObjectiveFn,
     split_state,
 )
@@ -141,28 +140,11 @@ class CohortTrainer:
         fn: ObjectiveFn,
         ctxs: Sequence[Mapping[str, torch.Tensor]],
         trainable: frozenset[str] | None = None,
-    ) -> list[LocalResult]:
-        """Local training of ``clients`` from the same ``state`` (the global model they
-        downloaded); the i-th result equals ``train_locally`` of client i."""
-        res = self.train_stacked(
-            state, data, clients, lr=lr, cfg=cfg, fn=fn, ctxs=ctxs, trainable=trainable
-        )
-        return [res.result(i) for i in range(len(clients))]
-
-    def train_stacked(
-        self,
-        state: StateDict,
-        data: Any,
-        clients: Sequence[CohortClient],
-        *,
-        lr: float,
-        cfg: LocalConfig,
-        fn: ObjectiveFn,
-        ctxs: Sequence[Mapping[str, torch.Tensor]],
-        trainable: frozenset[str] | None = None,
         check: Sequence[str] | None = None,
     ) -> CohortResult:
-        """:meth:`train`, with the clients' states left stacked (row i: client i) and one
+        """Local training of ``clients`` from the same ``state`` (the global model they
+        downloaded): row i of the result equals ``train_locally`` of client i
+        (``CohortResult.result(i)``). The clients' states are left stacked, with one
         read-back from the device for the whole cohort: the losses, and per client whether
         the tensors named in ``check`` (None: every tensor) are finite."""
         if cfg.optimizer not in OPTIMIZERS:

@@ -187,13 +187,9 @@ def partition(
     """Partition the dataset; write manifest.csv + stats.json and print a label histogram."""
 
     from tasks.config import experiment_dir
-    from tasks.data import (
-        build_partition,
-        data_sources,
-        load_experiment_data,
-        write_partition,
-    )
+    from tasks.data import data_sources, load_experiment_data
     from tasks.io import check_writable
+    from tasks.partitioning import build_partition, write_partition
 
     p = load(params, set_, numerics="portable")  # a DVC stage (numpy draws, no kernels)
     target = out_dir or experiment_dir(p) / "partition"

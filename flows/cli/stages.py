@@ -62,7 +62,8 @@ def validate(
 ) -> None:
     """Check the client shards (pandera + great-expectations); exit 2 with the report on failure."""
 
-    from tasks.data import dataset_num_classes, load_partition
+    from tasks.data import dataset_num_classes
+    from tasks.partitioning import load_partition
     from tasks.validate import validate_partition
 
     p = load(params, set_, numerics="portable")

@@ -50,13 +50,6 @@ ADAPTER_METHODS: dict[str, type[AdapterMethod]] = {
 }
 
 
-def register_adapter(cls: type[AdapterMethod]) -> type[AdapterMethod]:
-    if cls.name in ADAPTER_METHODS:
-        raise ValueError(f"adapter method {cls.name!r} is already registered")
-    ADAPTER_METHODS[cls.name] = cls
-    return cls
-
-
 def list_adapters() -> list[str]:
     return sorted(ADAPTER_METHODS)
 
@@ -118,5 +111,4 @@ __all__ = [
     "check_adapter",
     "get_adapter",
     "list_adapters",
-    "register_adapter",
 ]

@@ -1,0 +1,275 @@
+"""Where a round's clients train and where the global model is evaluated: the backends.
+
+* :class:`SequentialBackend`: in this process, one client after another (on CUDA, or on the
+  CPU with ``workers=0``), each single-threaded on the CPU: the arithmetic of a worker.
+* :class:`PoolBackend`: a pool of worker processes, each one model, one thread. On this
+  project's 2-core CPU two single-thread clients side by side outrun one client on two
+  threads, so the CPU fans out to single-thread workers.
+* :class:`CohortBackend`: the round's clients train together in this process as one batched
+  computation per step (``fedcore.cohort``), with every core.
+
+The first two run ``fedcore.jobs``' client and evaluation jobs, bytes in and bytes out
+(:class:`WireBackend`); another backend of that kind (say, a cluster of remote workers) is a
+subclass that says how it maps jobs (``_map``) and how it starts and stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedcore import payload
+from fedcore.algorithms.base import ClientTask, FederatedAlgorithm
+from fedcore.client import ImageData, LocalConfig
+from fedcore.cohort import CohortTrainer, check_batchable
+from fedcore.cohort.round import cohort_round
+from fedcore.jobs import (
+    ClientResult,
+    Context,
+    client_job,
+    eval_job,
+    eval_state,
+    receive,
+    worker_client_job,
+    worker_eval_job,
+)
+from fedcore.payload import StateDict
+
+# A client's download as ``fedcore.wire.downloads`` gives it: (download, held, download bytes).
+Download = tuple[bytes | None, bytes | None, int]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every backend trains and evaluates: the run's model and data, fixed for the run."""
+
+    model_fn: Callable[[], nn.Module]  # builds a worker process's own model
+    model: nn.Module  # the initial global model: the one model instance of this process
+    algorithm: FederatedAlgorithm
+    train: ImageData
+    test: ImageData
+    shards: Sequence[np.ndarray]
+    noise_var: Sequence[float]
+    local: LocalConfig
+    device: str
+
+    def context_args(self) -> tuple[Any, ...]:
+        """``fedcore.jobs.Context``'s fields after the model."""
+        return (
+            self.algorithm,
+            self.train,
+            self.test,
+            self.shards,
+            self.noise_var,
+            self.local,
+            self.device,
+        )
+
+    def context(self) -> Context:
+        """This process's clients' context: the initial model, on the device, trains them."""
+        return Context(self.model.to(self.device), *self.context_args())
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The global model on the test set: totals over its samples."""
+
+    correct: int
+    loss: float  # summed over the samples
+    samples: int
+    exit_correct: Sequence[int]  # correct per early exit (empty without exits)
+
+    @classmethod
+    def total(cls, parts: Sequence[tuple[int, float, int, tuple[int, ...]]]) -> Evaluation:
+        """The sums of evaluation jobs' results (``fedcore.jobs.eval_job``), in job order."""
+        return cls(
+            correct=sum(p[0] for p in parts),
+            loss=sum(p[1] for p in parts),
+            samples=sum(p[2] for p in parts),
+            exit_correct=[sum(c) for c in zip(*(p[3] for p in parts), strict=True)],
+        )
+
+
+class Backend(ABC):
+    """Trains a round's clients and evaluates the global model for ``Simulation``.
+
+    Called in this order: :meth:`start` once before the first round, then :meth:`train` and
+    :meth:`evaluate` any number of times, then :meth:`close`. Whatever the backend, the
+    results are those of the sequential reference: every random choice comes with the task
+    (its seed), results come back in task order, never in completion order.
+    """
+
+    # The downloads are encoded for the clients to decode (the wire); False: the clients read
+    # the global model in place and only the download bytes are counted (``wire.downloads``).
+    encodes: ClassVar[bool] = True
+
+    def start(self, global_state: StateDict) -> StateDict:
+        """Get ready to train; the global state where the backend keeps it for the run."""
+        return global_state
+
+    @abstractmethod
+    def train(
+        self,
+        global_state: StateDict,
+        tasks: Sequence[ClientTask],
+        *,
+        lr: float,
+        seeds: Sequence[int],
+        max_steps: Sequence[int | None],
+        downloads: Sequence[Download],
+    ) -> list[ClientResult | None]:
+        """Train ``tasks`` (the round's clients that train, in sampling order) from the
+        global model: per task its seed, its step cap (a straggler's partial update; None:
+        the configured local training) and its download. One result per task, in task
+        order; None: the client was lost (its worker died twice), counted as crashed."""
+
+    @abstractmethod
+    def evaluate(self, global_state: StateDict, chunks: Sequence[np.ndarray]) -> Evaluation:
+        """The global model on the test set, ``chunks`` the test indices in evaluation jobs."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what :meth:`start` took (worker processes, device copies)."""
+
+
+class WireBackend(Backend):
+    """Clients and evaluators run ``fedcore.jobs``' jobs: they decode what they receive and
+    encode what they send back, and the server decodes the uploads (``fedcore.jobs.receive``)."""
+
+    @abstractmethod
+    def _map(
+        self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple], *, what: str = "job"
+    ) -> list:
+        """The jobs' results in submission order: ``fn_local(context, *job)`` in this process,
+        ``fn_worker(*job)`` in a worker. ``what`` "client": a lost job's result may be None."""
+
+    def train(
+        self,
+        global_state: StateDict,
+        tasks: Sequence[ClientTask],
+        *,
+        lr: float,
+        seeds: Sequence[int],
+        max_steps: Sequence[int | None],
+        downloads: Sequence[Download],
+    ) -> list[ClientResult | None]:
+        jobs: list[tuple[Any, ...]] = [
+            (task, lr, seed, *down[:2]) + (() if cap is None else (cap,))
+            for task, seed, cap, down in zip(tasks, seeds, max_steps, downloads, strict=True)
+        ]
+        wire = self._map(client_job, worker_client_job, jobs, what="client")
+        return [None if res is None else receive(res) for res in wire]
+
+    def evaluate(self, global_state: StateDict, chunks: Sequence[np.ndarray]) -> Evaluation:
+        blob = payload.encode(global_state)
+        return Evaluation.total(self._map(eval_job, worker_eval_job, [(blob, c) for c in chunks]))
+
+
+class SequentialBackend(WireBackend):
+    """In this process, one client after another; on the CPU single-threaded, the same
+    arithmetic as a single-thread worker."""
+
+    def __init__(self, work: Workload) -> None:
+        self.work = work
+        self.ctx: Context | None = None
+
+    def start(self, global_state: StateDict) -> StateDict:
+        self.ctx = self.work.context()  # the initial model trains the clients in turn
+        return global_state
+
+    def _map(
+        self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple], *, what: str = "job"
+    ) -> list:
+        assert self.ctx is not None, "start() first"
+        threads = torch.get_num_threads()
+        if self.work.device == "cpu":
+            torch.set_num_threads(1)  # the same arithmetic as a single-thread worker
+        try:
+            return [fn_local(self.ctx, *job) for job in jobs]
+        finally:
+            torch.set_num_threads(threads)
+
+    def close(self) -> None:
+        """Nothing to release: the model is this process's (it stays usable)."""
+
+
+class CohortBackend(Backend):
+    """The round's clients train as cohorts in this process (``fedcore.cohort``).
+
+    Device-resident: uint8 images and labels are moved once; batches are gathered, converted
+    and normalised on the device, the global model stays there and aggregation and server
+    optimisers run there. Nothing crosses to the host per round but byte counts
+    (``payload.encoded_size``) and metrics.
+    """
+
+    encodes = False
+
+    def __init__(
+        self,
+        work: Workload,
+        max_clients: int | None = None,
+        trainable: frozenset[str] | None = None,
+    ) -> None:
+        check_batchable(work.model)
+        self.work = work
+        self.max_clients = max_clients  # clients per cohort (None: as many as memory allows)
+        self.trainable = trainable  # the adapter's trainable keys (None: every parameter)
+        self.ctx: Context | None = None
+        self.trainer: CohortTrainer | None = None
+        self.train_data: ImageData = work.train
+        self.test_data: ImageData = work.test
+
+    def start(self, global_state: StateDict) -> StateDict:
+        work = self.work
+        self.ctx = work.context()
+        self.trainer = CohortTrainer(
+            self.ctx.model, device=work.device, max_clients=self.max_clients
+        )
+        to = getattr(work.train, "to", None)
+        self.train_data = work.train.to(work.device) if to else work.train
+        to = getattr(work.test, "to", None)
+        self.test_data = work.test.to(work.device) if to else work.test
+        return {k: v.to(work.device) for k, v in global_state.items()}
+
+    def train(
+        self,
+        global_state: StateDict,
+        tasks: Sequence[ClientTask],
+        *,
+        lr: float,
+        seeds: Sequence[int],
+        max_steps: Sequence[int | None],
+        downloads: Sequence[Download],
+    ) -> list[ClientResult | None]:
+        assert self.trainer is not None, "start() first"
+        work = self.work
+        return list(
+            cohort_round(
+                self.trainer, work.algorithm, global_state, self.train_data, work.train.labels,
+                work.shards, work.noise_var, work.local, list(tasks), lr, list(seeds),
+                list(max_steps),
+            )
+        )  # fmt: skip
+
+    def evaluate(self, global_state: StateDict, chunks: Sequence[np.ndarray]) -> Evaluation:
+        assert self.trainer is not None and self.ctx is not None, "start() first"
+        # Cached frozen features of the test set (head; the CLS history of lw_linear/lw_mlp).
+        res = self.trainer.caches.evaluate(
+            global_state, self.test_data, np.arange(len(self.work.test)), self.trainable
+        )
+        if res is not None:
+            correct, loss, n, per_exit = res
+            return Evaluation(correct, loss, n, per_exit)
+        # in this process, on the device-resident test set
+        ctx = dataclasses.replace(self.ctx, test=self.test_data)
+        return Evaluation.total([eval_state(ctx, global_state, c) for c in chunks])
+
+    def close(self) -> None:
+        self.train_data, self.test_data = self.work.train, self.work.test

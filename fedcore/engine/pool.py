@@ -1,0 +1,110 @@
+"""The process-pool backend: each client trains in a worker process, one model, one thread.
+
+Workers are spawned, build their model once (``fedcore.jobs.init_pool_worker``) and die with
+this process, even when it is killed -9 (``fedcore.jobs.die_with_parent``). A job lost to a
+dead worker is retried once, alone, on a restarted pool.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from fedcore.engine.backends import WireBackend, Workload
+from fedcore.jobs import init_pool_worker
+from fedcore.payload import StateDict
+
+
+class PoolBackend(WireBackend):
+    """``workers`` worker processes (spawned), each serving clients one after another."""
+
+    def __init__(self, work: Workload, workers: int) -> None:
+        self.work = work
+        self.workers = workers
+        self.pool: cf.ProcessPoolExecutor | None = None
+        self._lost_streak = 0  # client jobs lost in a row (each retried once)
+
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        # Workers die with this process (jobs.die_with_parent), even when it is killed -9.
+        return cf.ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=mp.get_context("spawn"),
+            initializer=init_pool_worker,
+            initargs=(os.getpid(), self.work.model_fn, *self.work.context_args()),
+        )
+
+    def start(self, global_state: StateDict) -> StateDict:
+        self._lost_streak = 0
+        self.work.train.share_memory_()
+        self.work.test.share_memory_()
+        self.pool = self._new_pool()
+        return global_state
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+
+    def _restart_pool(self) -> None:
+        assert self.pool is not None
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = self._new_pool()
+
+    def _map(
+        self, fn_local: Callable, fn_worker: Callable, jobs: list[tuple], *, what: str = "job"
+    ) -> list:
+        """The jobs' results in submission order. A job lost to a dead worker (the pool
+        broken: killed, out of memory, a crash in native code) is run again once, alone, on a
+        restarted pool; lost again, its result is None (``what`` "client": the engine counts
+        it as dropped) or, for other jobs, an error."""
+        assert self.pool is not None, "start() first"
+        futures: list[cf.Future | None] = []
+        for job in jobs:
+            try:
+                futures.append(self.pool.submit(fn_worker, *job))
+            except cf.process.BrokenProcessPool:
+                futures.append(None)  # broken while submitting: lost, retried below
+        out: list[Any] = [None] * len(jobs)
+        lost: list[int] = []
+        for i, f in enumerate(futures):
+            try:
+                if f is None:
+                    raise cf.process.BrokenProcessPool
+                out[i] = f.result()
+                self._lost_streak = 0
+            except cf.process.BrokenProcessPool:
+                lost.append(i)
+        if not lost:
+            return out
+        print(
+            f"fedapt: a worker process died; {len(lost)} {what} job(s) lost, the pool "
+            f"restarted and each retried once, alone",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._restart_pool()
+        for i in lost:
+            try:
+                out[i] = self.pool.submit(fn_worker, *jobs[i]).result()
+                self._lost_streak = 0
+                continue
+            except cf.process.BrokenProcessPool:
+                self._restart_pool()
+            self._lost_streak += 1
+            # A worker that cannot start (its initializer fails) loses every job: stop then.
+            if what != "client" or self._lost_streak >= 3:
+                raise RuntimeError(
+                    f"worker processes died on {self._lost_streak} {what} job(s) in a row, "
+                    f"each retried once: giving up (a worker's own error, if any, is above)"
+                )
+            client = getattr(jobs[i][0], "client_id", "?")
+            print(
+                f"fedapt: client {client} dropped: its worker process died again on the retry",
+                file=sys.stderr,
+                flush=True,
+            )
+        return out

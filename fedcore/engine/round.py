@@ -1,0 +1,188 @@
+"""One round: sampling, the downloads, who reports, training on the backend, the uploads,
+aggregation, evaluation and the round's record.
+
+The algorithm's hooks are called in the order ``fedcore.algorithms.base`` documents:
+``select_clients`` -> ``plan_round`` -> (the clients train) -> ``aggregate`` ->
+``server_update`` -> ``round_extra``. Updates are aggregated in the order the server sampled
+the clients, never in completion order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedcore import payload
+from fedcore.algorithms.base import ClientTask, ClientUpdate, FederatedAlgorithm
+from fedcore.client import LocalConfig
+from fedcore.engine.backends import Backend, Download
+from fedcore.events import ClientRecord, RoundRecord
+from fedcore.jobs import ClientResult
+from fedcore.payload import StateDict
+from fedcore.sampling import CLIENT_STREAM, Outcome, derive_seed, dropout_active, round_outcomes
+from fedcore.wire import downloads, restrict
+
+if TYPE_CHECKING:
+    from fedcore.engine.simulation import Simulation
+
+
+def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundRecord:
+    """Round ``r`` of ``sim``: its global model and server state move on; its record back
+    (``cum_down``, ``cum_up``: the bytes of the rounds before it)."""
+    t0 = time.perf_counter()
+    cfg = sim.cfg
+    lr = sim.schedule.at(r)
+    clients = sim.algorithm.select_clients(cfg, [len(s) for s in sim.shards], r)
+    sim.emit("on_round_start", r, clients, lr)
+    tasks = [
+        restrict(t, sim.payload_keys, sim.trainable)
+        for t in sim.algorithm.plan_round(r, clients, sim.shards, cfg.seed)
+    ]
+    if sim.payload_keys is not None:
+        sim.base_holders.update(t.client_id for t in tasks)  # first time: base download
+    payloads = downloads(
+        sim.global_state,
+        tasks,
+        encode=sim.backend.encodes,
+        # the frozen base of an adapter never changes: encoded once per run
+        base_cache=sim.base_cache if sim.payload_keys is not None else None,
+    )
+    # Who reports (fedcore.sampling.round_outcomes), decided before anything trains from
+    # (seed, round, client, slot): a client that does not report still downloaded.
+    outcomes = round_outcomes(
+        cfg, r, [t.client_id for t in tasks], [planned_steps(sim.local, t) for t in tasks]
+    )
+    seeds = [
+        derive_seed(cfg.seed, CLIENT_STREAM, r, t.client_id, slot) for slot, t in enumerate(tasks)
+    ]
+    results = dispatch(sim.backend, sim.global_state, tasks, outcomes, lr, seeds, payloads)
+    updates, rejected, up = receive_uploads(sim.emit, r, tasks, outcomes, results, payloads)
+    dropped = tuple(t.client_id for t, res in zip(tasks, results, strict=True) if res is None)
+    extra: dict[str, float] = {}
+    if dropout_active(cfg) or dropped:
+        # Only for runs that configure dropout or lose a worker: other records unchanged.
+        for status in ("reported", "partial", "dropped", "straggler", "crashed"):
+            extra[f"clients_{status}"] = float(sum(o.status == status for o in outcomes))
+        if len(dropped) == len(tasks):
+            extra["no_client_reported"] = 1.0  # the model and server state are unchanged
+    if updates:  # else the model and any server optimiser state stay as they were
+        merged = server_step(sim.algorithm, sim.global_state, updates, r)
+        if merged is not None:
+            sim.global_state = merged
+        else:
+            extra["nonfinite_global_rejected"] = 1.0
+    extra.update(sim.algorithm.round_extra(r, updates))
+    down = sum(p[2] for p in payloads)  # every sampled client downloaded
+    acc = test_loss = None
+    if cfg.eval_every and (r % cfg.eval_every == 0 or r == cfg.rounds):
+        acc, test_loss = sim.evaluate()
+        extra.update({f"test_accuracy_exit_{k}": a for k, a in enumerate(sim.exit_accuracy)})
+    weights = [u.num_samples for u in updates]
+    train_loss = (
+        float(np.average([u.train_loss for u in updates], weights=weights))
+        if updates
+        else float("nan")
+    )
+    return RoundRecord(
+        round=r,
+        lr=lr,
+        clients=clients,
+        download_bytes=down,
+        upload_bytes=up,
+        cum_download_bytes=cum_down + down,
+        cum_upload_bytes=cum_up + up,
+        train_loss=train_loss,
+        accuracy=acc,
+        test_loss=test_loss,
+        rejected=rejected,
+        seconds=time.perf_counter() - t0,
+        extra=extra,
+        dropped=dropped,
+    )
+
+
+def planned_steps(local: LocalConfig, task: ClientTask) -> int:
+    """The local steps ``task``'s client would take (fedcore.client.batch_order)."""
+    per_epoch = -(-len(task.indices) // local.batch_size)
+    steps = local.local_epochs * per_epoch
+    return steps if local.max_steps is None else min(steps, local.max_steps)
+
+
+def dispatch(
+    backend: Backend,
+    global_state: StateDict,
+    tasks: list[ClientTask],
+    outcomes: list[Outcome],
+    lr: float,
+    seeds: list[int],
+    payloads: Sequence[Download],
+) -> list[ClientResult | None]:
+    """The clients that train (``outcomes``) trained on ``backend``: one result per task,
+    None for a client with no upload (dropped, straggler, or crashed: its worker died twice,
+    which ``outcomes`` records)."""
+    train = [i for i, o in enumerate(outcomes) if o.trains]
+    results: list[ClientResult | None] = [None] * len(tasks)
+    trained = backend.train(
+        global_state,
+        [tasks[i] for i in train],
+        lr=lr,
+        seeds=[seeds[i] for i in train],
+        max_steps=[outcomes[i].max_steps for i in train],
+        downloads=[payloads[i] for i in train],
+    )
+    for i, res in zip(train, trained, strict=True):
+        if res is None:  # its worker died twice (PoolBackend): counted as dropped
+            outcomes[i] = Outcome("crashed")
+        results[i] = res
+    return results
+
+
+def receive_uploads(
+    emit: Callable[..., Any],
+    r: int,
+    tasks: list[ClientTask],
+    outcomes: list[Outcome],
+    results: list[ClientResult | None],
+    payloads: Sequence[Download],
+) -> tuple[list[ClientUpdate], int, int]:
+    """(the accepted updates, in sampling order; how many were rejected: a NaN/Inf update
+    never reaches the global model; the upload bytes), one ``on_client_end`` per client."""
+    updates: list[ClientUpdate] = []
+    rejected = 0
+    up = 0
+    for t, o, res, (_, _, down_bytes) in zip(tasks, outcomes, results, payloads, strict=True):
+        if res is None:  # no upload: dropped, straggler or crashed
+            record = ClientRecord(
+                r, t.client_id, len(t.indices), 0, math.nan, down_bytes, 0, 0.0, False,
+                o.status,
+            )  # fmt: skip
+            emit("on_client_end", record)
+            continue
+        up += res.upload_bytes
+        if res.finite:
+            updates.append(res.update())
+        else:
+            rejected += 1
+        emit(
+            "on_client_end",
+            ClientRecord(
+                r, res.client_id, res.num_samples, res.num_steps, res.train_loss, down_bytes,
+                res.upload_bytes, res.seconds, res.finite, o.status,
+            ),
+        )  # fmt: skip
+    return updates, rejected, up
+
+
+def server_step(
+    algorithm: FederatedAlgorithm, global_state: StateDict, updates: list[ClientUpdate], r: int
+) -> StateDict | None:
+    """The next global model from the round's updates; None where it is not finite (the
+    caller keeps the model it has)."""
+    aggregated = algorithm.aggregate(global_state, updates)
+    new = algorithm.server_update(global_state, aggregated, r)
+    merged = {**global_state, **new}  # layers nobody uploaded keep their value
+    return merged if payload.is_finite(merged) else None

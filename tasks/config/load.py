@@ -1,0 +1,66 @@
+"""Loading: params.yaml and ``--set`` overrides (or a flat view) validated into ``Params``;
+a refusal is one line naming the file, the YAML line, the dotted key and what is allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from fedcore.errors import ConfigError
+from fedcore.options import describe, fields_at, location
+from models.registry import list_models, model_options_type
+from tasks.config.params import Params
+from tasks.config.registered import ModelSection
+from tasks.yamlfile import apply_overrides, read_mapping, where
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]) -> str:
+    """fedcore.options' one error line, prefixed with the file and the YAML line."""
+
+    def sections(loc: tuple[Any, ...]) -> list[str]:
+        if loc[:2] == ("model", "options"):  # typed by model.name, at run time
+            name = (data.get("model") or {}).get("name", ModelSection().name)
+            return fields_at(model_options_type(name), loc[2:]) if name in list_models() else []
+        return fields_at(Params, loc)
+
+    place = where(source, text, location(err.errors()[0]))
+    return f"{place}: {describe(err, Params, sections=sections)}"
+
+
+def from_flat(flat: Mapping[str, Any]) -> Params | None:
+    """The Params of a flat view (``Params.flat``, e.g. a summary's ``params``); None when it
+    does not validate (written by another fedapt version)."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                return None
+        node[last] = value
+    try:
+        return Params.model_validate(nested)
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
+def load_params(path: str | Path | None = None, overrides: list[str] | None = None) -> Params:
+    """Read params.yaml (or only defaults when ``path`` is None and none exists)."""
+    source = str(path or DEFAULT_PARAMS)
+    text, raw = "", {}
+    if path is not None or Path(source).exists():
+        if not Path(source).exists():
+            raise ConfigError(f"params file {source} not found")
+        text, raw = read_mapping(source)
+    data = apply_overrides(raw, overrides or [], Params.model_fields)
+    try:
+        return Params.model_validate(data)
+    except ValidationError as err:
+        label = source if not overrides else f"{source} (with --set)"
+        raise ConfigError(_one_line(err, label, text, data)) from None
