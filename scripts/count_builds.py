@@ -1,9 +1,12 @@
-"""How often one run builds each thing: preflight, then the experiment flow, in this process
-(a temporary Prefect server; tracking and S3 off), for a two-cell grid (full, head).
+"""How often one run builds and checks each thing: ``prepare`` (what `fedapt run` does before
+the flow starts), then the experiment flow with its plan, in this process (a temporary
+Prefect server; tracking and S3 off), for a two-cell grid (full, head).
 
-Counts backbone builds (``get_model`` from tasks.backbone), partition draws, dataset splits read
-from disk and cells built. Worker processes build their own model copy; run with
-``runtime.workers=0`` (set below) so that every build is counted here.
+Counts backbone builds (``get_model`` from tasks.backbone), partition draws, dataset splits
+read from disk, cells built and the checks (each cell against its algorithm, the results
+and checkpoints of the experiment folder, the seed-sweep rule). Worker processes build
+their own model copy; run with ``runtime.workers=0`` (set below) so that every build is
+counted here.
 Run:  .venv/bin/python scripts/count_builds.py
 """
 
@@ -22,8 +25,10 @@ sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)
 os.environ.pop("PREFECT_API_URL", None)
 
+import flows.plan as fp  # noqa: E402
 import tasks.backbone as tb  # noqa: E402
 import tasks.cell as tc  # noqa: E402
+import tasks.checkpoint as tk  # noqa: E402
 import tasks.data as td  # noqa: E402
 import tasks.partitioning as tp  # noqa: E402
 
@@ -46,9 +51,14 @@ def main() -> None:
     count(tp, "make_partition", "partition draws")
     count(td, "load_dataset", "dataset splits read from disk")
     count(tc, "build_simulation", "cells built")
+    count(fp, "check_cell", "check: a cell against its algorithm")
+    count(fp, "check_results", "check: other params' results")
+    count(tk, "check_cells", "check: checkpoints of a rerun")
+    count(fp, "check_sweep", "check: sweep and --partition")
+    count(fp, "prepare", "plans prepared")
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.experiment import check_names, experiment_flow, preflight
+    from flows.experiment import experiment_flow
     from tasks.config import load_params
 
     out = tempfile.mkdtemp(prefix="count-builds-")
@@ -63,13 +73,19 @@ def main() -> None:
         "grid.adapters=[full,head]",
     ]
     params = load_params("params.yaml", overrides)
-    check_names(params)
-    preflight(params, None, storage=False)
-    after_preflight = dict(COUNTS)
+    plan = fp.prepare(params, storage=False)
+    before = dict(COUNTS)
     with prefect_test_harness(server_startup_timeout=180):
-        experiment_flow(params=params)
+        experiment_flow(params=params, plan=plan)
     for label in sorted(COUNTS):
-        print(f"{label}: {COUNTS[label]} ({after_preflight.get(label, 0)} in preflight)")
+        print(f"{label}: {COUNTS[label]} ({before.get(label, 0)} in prepare)")
+    caches = [
+        name
+        for module in (td, tp, tc, tb)
+        for name, value in vars(module).items()
+        if hasattr(value, "cache_info") or (name.isupper() and isinstance(value, dict) and value)
+    ]
+    print(f"process-level caches in tasks.data, partitioning, cell, backbone: {caches or 'none'}")
 
 
 if __name__ == "__main__":

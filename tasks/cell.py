@@ -105,6 +105,32 @@ def local_config(params: Params) -> LocalConfig:
     )
 
 
+def federation_config(params: Params) -> FederationConfig:
+    """The engine's federation settings of ``params`` (typed and checked by ``tasks.config``)."""
+    f = params.federation
+    return FederationConfig(
+        rounds=f.rounds,
+        clients_per_round=clients_per_round(params),
+        sampling=f.sampling,
+        eval_every=f.eval_every,
+        last_rounds=f.last_rounds,
+        seed=params.experiment.seed,
+        dropout=f.dropout,
+        availability_concentration=f.availability_concentration,
+        deadline_steps=f.deadline_steps,
+        speed_spread=f.speed_spread,
+        stragglers=f.stragglers,
+        stop_after=f.stop_after,
+    )
+
+
+def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn.Module:
+    """A cell's initial global model as ``build_simulation`` builds it (seeded by the run's
+    seed), without a pretrain base: built ahead by ``flows.plan.prepare``, which checks the
+    adapter with it and hands it to the cell (``model.base`` other than pretrain)."""
+    return initial_model(model_factory(params, data, adapter), federation_config(params))
+
+
 def build_simulation(
     params: Params,
     data: ExperimentData,
@@ -113,10 +139,12 @@ def build_simulation(
     adapter: str = "full",
     base_path: str | Path | None = None,
     callbacks: Sequence[Callback] = (),
+    model: nn.Module | None = None,
 ) -> Cell:
     """The Simulation of one (algorithm, adapter) cell on ``part``, configured from ``params``
     (client optimiser, LR schedule at the cell's lr, federation, device, workers, engine,
-    cohort size); it is evaluated on data.evaluate's split."""
+    cohort size); it is evaluated on data.evaluate's split. ``model``: the cell's initial
+    model when already built (``initial_cell_model``), else built here."""
     method = params.grid.adapter(adapter)
     base = require_base(params, base_path)
     algo = params.grid.algorithm(algorithm)
@@ -125,23 +153,11 @@ def build_simulation(
     s = params.lr_schedule
     model_fn = model_factory(params, data, adapter, base)
     inp = model_input(params, data.train.info)
-    federation = FederationConfig(
-        rounds=params.federation.rounds,
-        clients_per_round=m,
-        sampling=params.federation.sampling,
-        eval_every=params.federation.eval_every,
-        last_rounds=params.federation.last_rounds,
-        seed=params.experiment.seed,
-        dropout=params.federation.dropout,
-        availability_concentration=params.federation.availability_concentration,
-        deadline_steps=params.federation.deadline_steps,
-        speed_spread=params.federation.speed_spread,
-        stragglers=params.federation.stragglers,
-        stop_after=params.federation.stop_after,
-    )
+    federation = federation_config(params)
     # The cell's one model in this process: the Simulation's initial global model, its
-    # in-process clients' model, and (trained state loaded) what registration logs.
-    adapted = initial_model(model_fn, federation)
+    # in-process clients' model, and (trained state loaded) what registration logs. Given
+    # (``model``): the one ``flows.plan.prepare`` built; it must be this cell's.
+    adapted = initial_model(model_fn, federation) if model is None else model
     whole = adapter == "full"  # the whole model travels: the engine's default path
     sim = Simulation(
         model_fn=model_fn,

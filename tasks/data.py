@@ -5,7 +5,6 @@ dataset card (IO lives here, math in fedcore). The client partition drawn from i
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,47 +191,26 @@ def text_tokenizer_for(params: Params, dataset: Any) -> Any:
     return text_tokenizer(name, params.model.options) if text else None
 
 
-_TOKENIZERS: dict[tuple[Any, ...], Any] = {}  # the tokenizer behind each cached LM split
-
-
-def _tokenizer_key(tokenizer: Any) -> tuple[Any, ...] | None:
-    """What a next-token split depends on: the tokenizer's name, vocabulary, context, stride."""
-    if tokenizer is None:
-        return None
-    key = (tokenizer.name, tokenizer.vocab_size, tokenizer.max_length, tokenizer.stride)
-    _TOKENIZERS.setdefault(key, tokenizer)
-    return key
-
-
-@functools.lru_cache(maxsize=4)
-def _split(name: str, root: Path, split: str, download: bool, tok: Any = None) -> Any:
-    tokenizer = None if tok is None else _TOKENIZERS[tok]
-    return load_dataset(name, root, split, download=download, tokenizer=tokenizer)
-
-
-def data_sources(params: Params) -> str:
+def data_sources(data: ExperimentData) -> str:
     """The files the experiment's splits were read from, e.g. the embedded copy (one line;
-    empty for text datasets). Reuses the splits this process already read."""
-    d = params.data
-    root = Path(d.root).resolve()
-    tok = _tokenizer_key(lm_tokenizer_for(params))
-    got = [
-        getattr(_split(d.dataset, root, s, d.download, tok), "source", "")
-        for s in ("train", "test")
-    ]
+    empty for text datasets)."""
+    got = [getattr(ds, "source", "") for ds in (data.train, data.test)]
     return "; ".join(dict.fromkeys(s for s in got if s))  # once when both splits share it
 
 
-def load_experiment_data(params: Params) -> ExperimentData:
-    """The experiment's data. A split is read once per process and shared (preflight, the
-    partition task and every training cell of a run use the same tensors; nothing writes to
-    them); the subsets and the tokenizer are derived per call."""
+def load_experiment_data(params: Params, like: ExperimentData | None = None) -> ExperimentData:
+    """The experiment's data: its splits read from disk (a run reads them once, in
+    ``flows.plan.prepare``, and passes the data on), or ``like``'s splits where ``like`` is
+    data of the same dataset (a seed sweep: every seed's subsets of the same splits); the
+    subsets and the tokenizer are derived from ``params``."""
     d = params.data
     root = Path(d.root).resolve()
     lm_tokenizer = lm_tokenizer_for(params)  # next-token windows are in the decoder's tokens
-    tok = _tokenizer_key(lm_tokenizer)
-    train = _split(d.dataset, root, "train", d.download, tok)
-    test = _split(d.dataset, root, "test", d.download, tok)
+    if like is not None:
+        train, test = like.train, like.test  # (nothing writes to a split's tensors)
+    else:
+        train = load_dataset(d.dataset, root, "train", download=d.download, tokenizer=lm_tokenizer)
+        test = load_dataset(d.dataset, root, "test", download=d.download, tokenizer=lm_tokenizer)
     for key, size, ds in (
         ("train_subset", d.train_subset, train),
         ("test_subset", d.test_subset, test),

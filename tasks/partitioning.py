@@ -103,21 +103,10 @@ def _no_validation_rows(
         )
 
 
-# Partitions drawn in this process, by what determines them: preflight's draw is the one the
-# partition task writes, not a second draw (a few kept; a partition is index arrays only).
-_DRAWN: dict[tuple[Any, ...], Partition] = {}
-
-
 def build_partition(params: Params, data: ExperimentData) -> Partition:
-    """Partition the experiment's train rows; indices refer to the full train split. Drawn
-    once per process for the same data, partition options and seed."""
-    rows = hashlib.sha256(np.ascontiguousarray(data.train_idx).tobytes()).hexdigest()
-    key = (params.data, params.partition, params.experiment.seed, id(data.train), rows)
-    if key not in _DRAWN:
-        _DRAWN[key] = _draw_partition(params, data)
-        while len(_DRAWN) > 4:
-            del _DRAWN[next(iter(_DRAWN))]
-    return _DRAWN[key]
+    """Partition the experiment's train rows; indices refer to the full train split (a run
+    draws it once, in ``flows.plan.prepare``; the partition task writes that draw)."""
+    return _draw_partition(params, data)
 
 
 def _draw_partition(params: Params, data: ExperimentData) -> Partition:
@@ -222,8 +211,14 @@ def load_partition(
 
 
 @task(name="partition", cache_policy=NO_CACHE)
-def partition_task(params: Params, out_dir: str) -> str:
-    """Partition the training data into client shards; write manifest.csv + stats.json."""
-    data = load_experiment_data(params)
-    write_partition(params, data, build_partition(params, data), out_dir)
+def partition_task(
+    params: Params,
+    out_dir: str,
+    data: ExperimentData | None = None,
+    part: Partition | None = None,
+) -> str:
+    """Partition the training data into client shards; write manifest.csv + stats.json.
+    ``data``, ``part``: the run's plan's (its draw, written as drawn), else drawn here."""
+    data = data or load_experiment_data(params)
+    write_partition(params, data, part or build_partition(params, data), out_dir)
     return out_dir

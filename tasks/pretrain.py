@@ -41,7 +41,7 @@ from fedcore.errors import ConfigError
 from models import get_model
 from tasks.backbone import BASE_FILE, backbone_options, model_input
 from tasks.config import Params
-from tasks.data import load_experiment_data
+from tasks.data import ExperimentData, load_experiment_data
 from tasks.io import atomic_write_bytes, atomic_write_json
 
 CARD_FILE = "base.json"
@@ -64,14 +64,15 @@ def is_lm(params: Params) -> bool:
     return get_dataset_info(params.data.dataset).kind == "lm"
 
 
-def check_source(params: Params) -> None:
-    """A pretrain source that cannot be used -> one line, before any training."""
+def check_source(params: Params, data: ExperimentData | None = None) -> None:
+    """A pretrain source that cannot be used -> one line, before any training. ``data``: the
+    experiment's, when already read (else read here)."""
     if is_lm(params):
         from tasks.pretrain_lm import source_blocks
 
-        source_blocks(params, load_experiment_data(params).tokenizer)
+        source_blocks(params, (data or load_experiment_data(params)).tokenizer)
     else:
-        source_split(params)
+        source_split(params, data)
 
 
 def _rows_sha256(ds: ArrayDataset, rows: np.ndarray) -> str:
@@ -81,10 +82,13 @@ def _rows_sha256(ds: ArrayDataset, rows: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def source_split(params: Params) -> tuple[ArrayDataset, np.ndarray, ArrayDataset, np.ndarray]:
-    """(train split, its source rows, test split, its rows) of the pretrain source."""
+def source_split(
+    params: Params, data: ExperimentData | None = None
+) -> tuple[ArrayDataset, np.ndarray, ArrayDataset, np.ndarray]:
+    """(train split, its source rows, test split, its rows) of the pretrain source; ``data``:
+    the experiment's, when already read."""
     p, d = params.pretrain, params.data
-    fl = load_experiment_data(params)
+    fl = data or load_experiment_data(params)
     name = p.dataset or d.dataset
     if name == d.dataset:
         train, test = fl.train, fl.test
@@ -120,15 +124,19 @@ def source_split(params: Params) -> tuple[ArrayDataset, np.ndarray, ArrayDataset
     return train, rows.astype(np.int64), test, test_rows
 
 
-def train_base(params: Params, out_dir: str | Path) -> dict[str, Any]:
-    """Train the base on the source; write base.pt and base.json; return the card."""
+def train_base(
+    params: Params, out_dir: str | Path, data: ExperimentData | None = None
+) -> dict[str, Any]:
+    """Train the base on the source; write base.pt and base.json; return the card. ``data``:
+    the experiment's, when already read."""
+    data = data or load_experiment_data(params)
     if is_lm(params):
         from tasks.pretrain_lm import train_decoder_base
 
-        return train_decoder_base(params, out_dir, fingerprint(params))
+        return train_decoder_base(params, out_dir, fingerprint(params), data)
     p = params.pretrain
-    train, rows, test, test_rows = source_split(params)
-    fl_info = load_experiment_data(params).train.info
+    train, rows, test, test_rows = source_split(params, data)
+    fl_info = data.train.info
     inp = model_input(params, fl_info)  # the federation's input, so the base fits it
     if train.info.kind != "image":  # e.g. pretrain.dataset: tweet_sentiment
         raise ConfigError(
@@ -210,6 +218,7 @@ def run_pretrain(
     *,
     reuse: bool = False,
     timing_file: str | Path | None = None,
+    data: ExperimentData | None = None,
 ) -> dict[str, Any]:
     """The stage: train the base when ``model.base`` is pretrain (else write a card saying it is
     unused, so the DVC pipeline stays one graph). ``reuse``: keep a base whose card has the same
@@ -223,7 +232,7 @@ def run_pretrain(
     if reuse and (cached := cached_card(params, out)) is not None:
         return cached
     started = time.perf_counter()
-    card = train_base(params, out)
+    card = train_base(params, out, data)
     if timing_file is not None:
         atomic_write_json(timing_file, {"wall_seconds": round(time.perf_counter() - started, 3)})
     return card
@@ -242,9 +251,10 @@ def cached_card(params: Params, out: Path) -> dict[str, Any] | None:
 
 
 @task(name="pretrain", cache_policy=NO_CACHE, retries=0)
-def pretrain_task(params: Params, out_dir: str) -> str:
-    """Train (or reuse) the frozen base on the pretrain source; returns the base.pt path."""
-    run_pretrain(params, out_dir, reuse=True)
+def pretrain_task(params: Params, out_dir: str, data: ExperimentData | None = None) -> str:
+    """Train (or reuse) the frozen base on the pretrain source; returns the base.pt path.
+    ``data``: the experiment's (the run's plan), when this process has it."""
+    run_pretrain(params, out_dir, reuse=True, data=data)
     return str(Path(out_dir) / BASE_FILE)
 
 

@@ -7,7 +7,7 @@ model ``tasks.registration``'s."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ def train_cell_model(
     base_path: str | Path | None = None,
     checkpoint_file: str | Path | None = None,
     keep_checkpoint: bool = False,
+    model: nn.Module | None = None,
 ) -> tuple[dict[str, Any], nn.Module]:
     """``train_cell``, and the trained (adapted) model in memory: the cell's one model
     instance with the final global state loaded (what registration logs).
@@ -72,10 +73,11 @@ def train_cell_model(
     from an interrupted run of the same configuration is resumed (``runtime.resume``). It is
     deleted once the outputs are written, unless ``keep_checkpoint`` (the flow keeps the
     cells' final checkpoints until the whole grid is done, so a rerun skips finished cells).
+    ``model``: the cell's initial model when already built (``tasks.cell.initial_cell_model``).
     """
     timer = LocalTrainingTime()
     cell = build_simulation(
-        params, data, part, algorithm, adapter, base_path, callbacks=[*callbacks, timer]
+        params, data, part, algorithm, adapter, base_path, [*callbacks, timer], model
     )
     sim, method, model_fn, adapted, device = (
         cell.sim, cell.method, cell.model_fn, cell.adapted, cell.device
@@ -179,6 +181,9 @@ def run_cell(
     label: str | None = None,
     run_origin: Origin | None = None,
     slot: GridSlot | None = None,
+    data: ExperimentData | None = None,
+    part: Partition | None = None,
+    model: nn.Module | None = None,
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
     per-round metrics and the final (merged) model registered. Returns the summary record.
@@ -186,10 +191,11 @@ def run_cell(
     MLflow run's name (default ``<algorithm>-<adapter>``). ``run_origin``: how the run was
     started (MLflow tags; a smoke run is not registered under ``tracking.register: auto``).
     ``slot``: the cell's place in its grid, shown as ``cell k of N`` with the grid's progress
-    (display only)."""
+    (display only). ``data``, ``part``, ``model``: the run's plan's (``flows.plan``), when
+    this process has them; else read from disk (``partition_dir``) and built here."""
     run_origin = run_origin or Origin()
-    data = load_experiment_data(params)
-    part = load_partition(partition_dir)
+    data = data or load_experiment_data(params)
+    part = part or load_partition(partition_dir)
     name = label or cell_name(algorithm, adapter)
     grid, shown = GridTracker(slot), labelled(name, slot)
     callbacks: list[Callback] = [
@@ -215,7 +221,7 @@ def run_cell(
     try:
         record, model = train_cell_model(
             params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file, base_path,
-            checkpoint_file, keep_checkpoint,
+            checkpoint_file, keep_checkpoint, model,
         )  # fmt: skip
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         warn_divergence(record)
@@ -271,11 +277,16 @@ def train_task(
     seed: int | None = None,
     run_origin: Origin | None = None,
     slot: GridSlot | None = None,
+    data: ExperimentData | None = None,
+    part: Partition | None = None,
+    model: Callable[[], nn.Module | None] | None = None,
 ) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record.
     Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
     removes them when the grid is done). ``seed``: the cell's seed in a seed sweep (its
-    MLflow run is named ``<cell> seed <seed>`` and tagged ``seed``)."""
+    MLflow run is named ``<cell> seed <seed>`` and tagged ``seed``). In the flow's process,
+    ``data``, ``part`` and ``model`` (called when the cell starts: its initial model) come
+    from the run's plan."""
     # A Dask or Ray worker is a process of its own: the run's numerics before it computes.
     numerics.apply(numerics.resolve(params.runtime.numerics, "native"), params.runtime.threads)
     name = cell_name(algorithm, adapter)
@@ -293,4 +304,7 @@ def train_task(
         label=None if seed is None else f"{name} seed {seed}",
         run_origin=run_origin,
         slot=slot,
+        data=data,
+        part=part,
+        model=None if model is None else model(),
     )

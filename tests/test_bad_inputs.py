@@ -476,6 +476,7 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     from flows.cli.experiment import _where_results
     from tasks import artifacts, tracking
     from tasks.config import load_params
+    from tasks.data import load_experiment_data
 
     assert (
         mask_credentials("at http://u:p@h:5000/x and s3://b/k")
@@ -488,7 +489,8 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
 
     uri = "https://fed:secret@mlflow.example:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    lines = _where_results(load_params(REPO / "params.yaml", ["storage.bucket=null"]))
+    p = load_params(REPO / "params.yaml", ["storage.bucket=null"])
+    lines = _where_results(p, load_experiment_data(p))
     assert "MLflow: https://fed:***@mlflow.example:5000" in lines, lines
 
     class Run:  # a unit test: the MLflow client is a stand-in

@@ -355,7 +355,7 @@ def test_reproduce_dvc_pipeline_matches_the_command():
 def test_gpu_profile_passes_preflight(tmp_path):
     """The gpu profile cannot run on the CPU machines, but every experiment of it must pass
     `fedapt run`'s checks: data present, partitions drawable, models and adapters built."""
-    from flows.experiment import check_names, preflight
+    from flows.plan import prepare
 
     sets = ["storage.bucket=null", "runtime.tracking=false", f"experiment.reports_dir={tmp_path}"]
     sets.append(f"data.root={REPO / 'data/raw'}")
@@ -364,8 +364,7 @@ def test_gpu_profile_passes_preflight(tmp_path):
     # multi-tier and personalization, seed 004 IID: 9
     assert len(items) == 44
     for it in items:
-        check_names(it.params)
-        preflight(it.params)
+        prepare(it.params, results=False, models=False)
     assert not any(tmp_path.iterdir())  # checks only: nothing written
 
 

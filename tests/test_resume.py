@@ -322,7 +322,7 @@ def _checkpoint_round(path: Path) -> int:
 
 
 def test_preflight_refuses_a_foreign_checkpoint_before_anything_runs(tmp_path):
-    from flows.experiment import check_checkpoints
+    from flows.plan import prepare
     from tasks.config import experiment_dir
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
@@ -336,10 +336,10 @@ def test_preflight_refuses_a_foreign_checkpoint_before_anything_runs(tmp_path):
         p, data, part, "fedavg", "full", tmp_path / "a", checkpoint_file=ckpt,
         keep_checkpoint=True,
     )  # fmt: skip
-    assert check_checkpoints(p) == ["fedavg-full"]
+    assert prepare(p, results=False).resuming == ["fedavg-full"]
     other = cell_params(tmp_path, "federation.rounds=1", "experiment.seed=5")
     with pytest.raises(ConfigError, match=r"experiment.seed \(0 -> 5\)"):
-        check_checkpoints(other)
+        prepare(other, results=False)
 
 
 @pytest.mark.parametrize(("allow", "code"), [(False, 3), (True, None)])

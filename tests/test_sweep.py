@@ -196,16 +196,15 @@ def test_resume_is_per_seed_and_cell(tmp_path, run_flow, monkeypatch):
         run_flow(tmp_path / "cut", *extra)
     out = tmp_path / "cut/sweep"
     assert (out / "seed-0/checkpoints/fedavg-full.pt").is_file()  # kept for the rerun
-    from flows.experiment import check_checkpoints
+    from flows.plan import prepare
     from tasks.config import load_params
 
     params = REPO / "params.yaml"
-    assert check_checkpoints(load_params(params, tiny(tmp_path / "cut", *extra))) == [
-        "seed-0/fedavg-full"
-    ]
+    resumes = prepare(load_params(params, tiny(tmp_path / "cut", *extra)), results=False)
+    assert resumes.resuming == ["seed-0/fedavg-full"]
     other = load_params(params, tiny(tmp_path / "cut", *extra, "client.lr=0.5"))
     with pytest.raises(ConfigError, match=r"seed-0/checkpoints/fedavg-full.pt was written for"):
-        check_checkpoints(other)  # the preflight of `fedapt run`: before anything runs
+        prepare(other, results=False)  # the preflight of `fedapt run`: before anything runs
 
     from fedcore.engine import Simulation
 
@@ -272,7 +271,7 @@ def test_seeds_in_the_file_name_their_line_and_seed_follows_them(tmp_path):
 
 
 def test_a_sweep_refuses_a_given_partition(tmp_path):
-    from flows.experiment import check_sweep
+    from flows.plan import check_sweep
     from tasks.config import load_params
 
     p = load_params(REPO / "params.yaml", ["experiment.seeds=[0,1]"])

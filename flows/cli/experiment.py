@@ -65,17 +65,12 @@ def run(
         stop_on_signals(cleanup=_runs_killed),
         services.patched_environ(services.env_for_clients()),
     ):
-        from flows.experiment import (
-            check_checkpoints,
-            check_names,
-            check_sweep,
-            experiment_flow,
-            preflight,
-        )
+        from flows.experiment import experiment_flow, in_process
+        from flows.plan import check_names, check_sweep, prepare
         from tasks import tracking
         from tasks.config import experiment_dir
         from tasks.io import check_writable
-        from tasks.origin import check_results, version
+        from tasks.origin import version
 
         check_names(p)  # bad names stop here, before any server starts
         check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
@@ -100,9 +95,9 @@ def run(
             services.run_environment(need_s3=bool(p.storage.bucket)),
             tracking.ended_on_error(),  # runs still open on an error: FAILED / KILLED
         ):
-            preflight(p, partition_dir)
-            check_results(p, s3=bool(p.storage.bucket))  # another run's results -> one line
-            check_checkpoints(p, partition_dir)  # another configuration's -> one line
+            # every input checked, the data read, the partition drawn, the models built;
+            # another run's results or another configuration's checkpoints -> one line
+            plan = prepare(p, partition_dir, models=in_process(p), names_checked=True)
             if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
                 _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
             quiet_prefect_tracebacks()
@@ -112,8 +107,9 @@ def run(
                     params_file=str(params or "params.yaml"),
                     overrides=given,  # recorded: the run's origin
                     partition_dir=str(partition_dir) if partition_dir else None,
+                    plan=plan,
                 )
-        where = _where_results(p)
+        where = _where_results(p, plan.data or plan.seeds[0].data)
     if p.experiment.seeds is not None:  # mean ± std over the seeds
         from tasks.sweep import cell_stats
 
@@ -156,13 +152,13 @@ def _note_stale_runs(run_ids: list[str], params: Any) -> None:
         )
 
 
-def _where_results(params: Any) -> list[str]:
+def _where_results(params: Any, data: Any) -> list[str]:
     import os
 
     from fedcore.errors import mask_credentials
     from tasks.data import data_sources
 
-    lines = [f"data: {src}"] if (src := data_sources(params)) else []
+    lines = [f"data: {src}"] if (src := data_sources(data)) else []
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if params.runtime.tracking:
         lines.append(
@@ -223,7 +219,7 @@ def partition(
         t.add_row(*cells)
     out.print(t)
     out.print(f"manifest: {manifest}\nstats: {stats}")
-    if src := data_sources(p):
+    if src := data_sources(data):
         out.print(f"data: {src}", highlight=False)
 
 

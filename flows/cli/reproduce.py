@@ -159,7 +159,7 @@ def _run(
         stop_on_signals(cleanup=_runs_killed),
         services.patched_environ(services.env_for_clients()),
     ):
-        from flows.experiment import check_checkpoints, check_names, preflight
+        from flows.plan import check_names, prepare
         from flows.reproduce import reproduce_flow
         from tasks import tracking
         from tasks.io import check_writable
@@ -179,8 +179,7 @@ def _run(
             tracking.ended_on_error(),
         ):
             for it in todo:  # every input checked before the first experiment starts
-                preflight(it.params)
-                check_checkpoints(it.params)
+                prepare(it.params, results=False, models=False, names_checked=True)
             if base is not None and base.runtime.tracking:  # runs a killed run left RUNNING
                 for name in [f"reproduce-{profile}", *(it.params.experiment.name for it in todo)]:
                     tracking.close_stale_runs(name)

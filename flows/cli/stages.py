@@ -87,7 +87,7 @@ def pretrain(
     """Train the frozen base centrally on the pretrain source (model.base: pretrain):
     base.pt + base.json; with another model.base, only a card saying it is unused."""
 
-    from flows.experiment import check_names
+    from flows.plan import check_names
     from tasks.io import check_writable
     from tasks.pretrain import check_source, run_pretrain
 
@@ -131,7 +131,7 @@ def train(
 ) -> None:
     """Train one grid cell (one DVC stage of the train matrix), tracked in MLflow."""
 
-    from flows.experiment import preflight
+    from flows.plan import CellSpec, prepare
     from tasks.cell import cell_name, require_base
     from tasks.config import load_params
     from tasks.io import check_writable
@@ -148,7 +148,7 @@ def train(
     if (algorithm, adapter) in cells:
         k = cells.index((algorithm, adapter)) + 1
         slot = GridSlot(k, len(cells), p.federation.rounds)
-    preflight(p, partition_dir, storage=False)
+    plan = prepare(p, partition_dir, storage=False, results=False)
     _require_valid(partition_dir)
     require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
     cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
@@ -169,6 +169,9 @@ def train(
         # `dvc repro` resumes the cell; deleted when the cell's outputs are written
         checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
         slot=slot,
+        data=plan.data,  # read once, by prepare
+        part=plan.partition,
+        model=plan.take_model(CellSpec(algorithm, adapter)),
     )
     out.print(results_table([record]))
     out.print(f"metrics: {cell_dir / 'metrics.json'}")

@@ -1,0 +1,224 @@
+"""A run resolved once: ``prepare(params) -> RunPlan``, then the flow runs what was resolved.
+
+``prepare`` checks every input a run would reject (names, the grid's cells against their
+algorithms, GPUs, the report's baseline, writable folders, the tracking and S3 servers, the
+data, every adapter on the model, the pretrain source, the partition, other params' results,
+the checkpoints of a rerun) and keeps what it computed on the way: the experiment's data,
+its partition (drawn, or read from ``--partition`` and checked) and, per grid cell, a
+``CellSpec`` and the cell's initial model. Each check runs once: ``fedapt run``, a DVC train
+stage and ``fedapt reproduce`` prepare before a server starts; a deployment's flow run
+prepares when it starts. The flow then writes the plan's partition (no second draw) and
+hands each cell its data, partition and initial model (in this process: one backbone build
+per cell; a Dask or Ray worker builds its own and reads the data from disk).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from fedcore.datasets import get_dataset_info
+from fedcore.device import resolve_device
+from fedcore.errors import ConfigError
+from fedcore.partition import Partition
+from flows.runners import check_gpus
+from tasks import checkpoint
+from tasks.cell import cell_name, check_cell, initial_cell_model
+from tasks.config import Params, experiment_dir
+from tasks.data import ExperimentData, load_experiment_data
+from tasks.io import check_writable
+from tasks.origin import check_results
+from tasks.partitioning import build_partition, check_partition_data, load_partition
+from tasks.pretrain import check_source
+from tasks.report import report_baseline
+from tasks.storage import ensure_bucket
+from tasks.sweep import seed_dir, seed_params
+from tasks.tracking import check_tracking_server
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One grid cell (picklable: what a task on another worker needs to name it)."""
+
+    algorithm: str
+    adapter: str
+
+    @property
+    def name(self) -> str:
+        return cell_name(self.algorithm, self.adapter)
+
+
+class RunPlan:
+    """What ``prepare`` resolved for one experiment (or, for a seed sweep, one plan per seed
+    in ``seeds``). Not a dataclass on purpose: Prefect records a flow's parameters as JSON and
+    would deep-copy a dataclass's tensors to do so; this one it records as a placeholder."""
+
+    __slots__ = ("params", "data", "partition", "partition_dir", "cells", "resuming", "seeds",
+                 "_models", "_pending")  # fmt: skip
+
+    def __init__(
+        self,
+        params: Params,
+        data: ExperimentData | None,
+        partition: Partition | None,
+        partition_dir: str | None,
+        cells: tuple[CellSpec, ...],
+        resuming: list[str],
+        seeds: tuple[RunPlan, ...] = (),
+        models: dict[str, nn.Module] | None = None,
+    ) -> None:
+        self.params, self.data, self.partition = params, data, partition
+        self.partition_dir, self.cells, self.resuming, self.seeds = (
+            partition_dir, cells, resuming, seeds
+        )  # fmt: skip
+        self._models = models or {}
+        self._pending = Counter(c.adapter for c in cells)  # cells still to take each model
+
+    def __repr__(self) -> str:
+        return f"RunPlan({self.params.experiment.name!r}, cells={[c.name for c in self.cells]})"
+
+    def take_model(self, spec: CellSpec) -> nn.Module | None:
+        """The cell's initial model, built by ``prepare`` (None: the cell builds it, e.g. on a
+        pretrain base written after ``prepare``). The adapter's last cell takes the model
+        itself, earlier ones a copy: no cell trains another's."""
+        model = self._models.get(spec.adapter)
+        if model is None:
+            return None
+        self._pending[spec.adapter] -= 1
+        if self._pending[spec.adapter] > 0:
+            return copy.deepcopy(model)
+        return self._models.pop(spec.adapter)
+
+    def model_source(self, spec: CellSpec) -> Callable[[], nn.Module | None]:
+        """``take_model`` deferred to when the cell starts (a model per cell in memory at a
+        time, not the whole grid's)."""
+        return lambda: self.take_model(spec)
+
+
+def grid_cells(params: Params) -> tuple[CellSpec, ...]:
+    """The grid's cells in grid order (algorithm-major)."""
+    return tuple(CellSpec(a, d) for a in params.grid.algorithms for d in params.grid.adapters)
+
+
+def check_names(params: Params) -> None:
+    """What needs no data and that parsing ``params`` could not check: the dataset's name,
+    each grid cell against its algorithm's rules (its ``check`` hook), the device, the GPUs
+    of a local Ray and the report's baseline. (Names and options of models, algorithms,
+    adapters and partition schemes were typed by ``tasks.config``.)"""
+    get_dataset_info(params.data.dataset)
+    for spec in grid_cells(params):
+        check_cell(params, spec.algorithm, spec.adapter)  # the algorithm's own rules
+    resolve_device(params.runtime.device)
+    check_gpus(params)  # a local Ray without the GPUs the cells would request
+    report_baseline(params)  # a baseline cell outside the grid -> the cells there are
+
+
+def check_sweep(params: Params, partition_dir: str | Path | None) -> None:
+    """A seed sweep draws each seed's partition itself: a given partition is refused."""
+    if params.experiment.seeds is not None and partition_dir is not None:
+        raise ConfigError(
+            f"--partition {partition_dir}: a seed sweep (experiment.seeds "
+            f"{list(params.experiment.seeds)}) draws a partition per seed; drop --partition, "
+            "or set experiment.seeds=null to run experiment.seed on this partition"
+        )
+
+
+def prepare(
+    params: Params,
+    partition_dir: str | Path | None = None,
+    *,
+    storage: bool = True,
+    results: bool = True,
+    models: bool = True,
+    names_checked: bool = False,
+) -> RunPlan:
+    """Check everything a run would reject (cheap: no training) and resolve the run.
+
+    ``storage=False``: the DVC stages (their outputs go to the DVC remote, not to
+    ``storage.bucket``: no S3 server needed). ``results=False``: skip the check that the
+    experiment's folder holds no other params' finished results (``fedapt reproduce`` reruns
+    its own experiments). ``models=False``: check every adapter on the model but keep no
+    model (``fedapt reproduce`` checks every experiment before the first one runs).
+    ``names_checked``: the caller ran ``check_names`` already (before starting a server).
+    """
+    check_sweep(params, partition_dir)
+    if not names_checked:
+        check_names(params)
+    out = experiment_dir(params)
+    check_writable("experiment.reports_dir", out)
+    if params.runtime.tracking:
+        check_tracking_server()
+    if storage and params.storage.bucket:
+        ensure_bucket(params.storage.bucket)  # unreachable S3 or bad keys -> one line now
+    if params.experiment.seeds is None:
+        plan = _resolve(params, partition_dir, out, models)
+    else:  # a sweep: every seed's own data, draw, base and checkpoints
+        first: list[ExperimentData] = []  # the splits, read once for every seed
+        seeds = []
+        for s in params.experiment.seeds:  # the adapters are checked on the first seed's
+            ps = seed_params(params, s)
+            like = first[0] if first else None
+            seeds.append(_resolve(ps, None, seed_dir(out, s), models, like, check=not first))
+            first = first or [seeds[-1].data]
+        plan = RunPlan(params, None, None, None, grid_cells(params), [], tuple(seeds))
+        plan.resuming = [f"seed-{s.params.experiment.seed}/{c}" for s in seeds for c in s.resuming]
+    if results:
+        check_results(params, s3=storage and bool(params.storage.bucket))
+    return plan
+
+
+def _resolve(
+    params: Params,
+    partition_dir: str | Path | None,
+    out: Path,
+    keep_models: bool,
+    like: ExperimentData | None = None,
+    check: bool = True,
+) -> RunPlan:
+    """One experiment's (one seed's) data (``like``'s splits, when given), models, pretrain
+    source, partition and checkpoints."""
+    data = load_experiment_data(params, like)  # missing data -> how to get it
+    pretrain = params.model.base == "pretrain"
+    keep = keep_models and not pretrain  # a pretrain base is written by the flow, later
+    # Each adapter's initial model: an unknown model or option, an adapter that does not
+    # apply -> one line now. Kept for the cells (one build per cell) where they can use it.
+    built = (
+        {a: initial_cell_model(params, data, a) for a in params.grid.adapters}
+        if keep or check
+        else {}
+    )
+    if pretrain:
+        check_source(params, data)  # no source rows left, classes out of range, no dataset
+    if partition_dir is None:
+        part = build_partition(params, data)  # bad partition options and values
+    else:
+        part = _given_partition(params, data, partition_dir)
+    base = out / "pretrain" / "base.pt" if pretrain else None
+    resuming = checkpoint.check_cells(params, part.content_hash(), out / "checkpoints", base)
+    return RunPlan(
+        params,
+        data,
+        part,
+        None if partition_dir is None else str(partition_dir),
+        grid_cells(params),
+        resuming,
+        models=built if keep else None,
+    )
+
+
+def _given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> Partition:
+    labels = data.train.labels.numpy()
+    part = load_partition(partition_dir, num_samples=len(labels), labels=labels)
+    check_partition_data(params, data, partition_dir, part)  # another subset -> one line
+    want = (params.partition.scheme, params.partition.num_clients)
+    if (part.scheme, part.num_clients) != want:
+        raise ConfigError(
+            f"partition in {partition_dir} is {part.scheme} over {part.num_clients} clients, "
+            f"params.yaml asks for {want[0]} over {want[1]}; re-run fedapt partition"
+        )
+    return part
