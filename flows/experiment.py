@@ -247,9 +247,9 @@ def experiment_flow(
         )
         if p.experiment.seeds is not None:
             return run_sweep(p, out, parent, run_origin, plan)
-        local = {"data": plan.data} if in_process(p) else {}
+        # (the flow's own tasks run in this process: they take the plan's data and draw)
         part_dir = partition_dir or partition_task(
-            p, str(out / "partition"), part=plan.partition, **local
+            p, str(out / "partition"), plan.data, plan.partition
         )
         num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
         # stops before training; a given partition is an input, never written to: its report
@@ -258,7 +258,7 @@ def experiment_flow(
         validate_task(part_dir, num_classes, p.validation.min_shard_size, report)
         base = None
         if p.model.base == "pretrain":  # the frozen base, trained once and reused (cached)
-            base = pretrain_task(p, str(out / "pretrain"), **local)
+            base = pretrain_task(p, str(out / "pretrain"), plan.data)
             if parent is not None:
                 log_base_task(parent, base)
         grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
@@ -299,12 +299,11 @@ def run_sweep(
     bases: list[str | None] = []
     for seed, sp in zip(seeds, plan.seeds, strict=True):
         ps, sd = seed_params(p, seed), seed_dir(out, seed)
-        local = {"data": sp.data} if in_process(p) else {}
-        part_dirs.append(partition_task(ps, str(sd / "partition"), part=sp.partition, **local))
+        part_dirs.append(partition_task(ps, str(sd / "partition"), sp.data, sp.partition))
         validate_task(part_dirs[-1], num_classes, p.validation.min_shard_size)
         base = None
         if p.model.base == "pretrain":  # each seed's own base (its subset, its init)
-            base = pretrain_task(ps, str(sd / "pretrain"), **local)
+            base = pretrain_task(ps, str(sd / "pretrain"), sp.data)
             if parent is not None:
                 log_base_task(parent, base, f"seed-{seed}/pretrain")
         bases.append(base)
