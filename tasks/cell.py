@@ -12,14 +12,12 @@ from pathlib import Path
 from torch import nn
 
 from fedcore.algorithms import RunSpec
-from fedcore.client import LocalConfig
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, Simulation, initial_model
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
-from fedcore.schedules import LRSchedule
 from models.adapters import AdapterMethod
 from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
@@ -93,35 +91,9 @@ class Cell:
     device: str
 
 
-def local_config(params: Params) -> LocalConfig:
-    c = params.client
-    return LocalConfig(
-        local_epochs=c.local_epochs,
-        batch_size=c.batch_size,
-        momentum=c.momentum,
-        weight_decay=c.weight_decay,
-        max_steps=c.max_steps,
-        optimizer=c.optimizer,
-    )
-
-
 def federation_config(params: Params) -> FederationConfig:
-    """The engine's federation settings of ``params`` (typed and checked by ``tasks.config``)."""
-    f = params.federation
-    return FederationConfig(
-        rounds=f.rounds,
-        clients_per_round=clients_per_round(params),
-        sampling=f.sampling,
-        eval_every=f.eval_every,
-        last_rounds=f.last_rounds,
-        seed=params.experiment.seed,
-        dropout=f.dropout,
-        availability_concentration=f.availability_concentration,
-        deadline_steps=f.deadline_steps,
-        speed_spread=f.speed_spread,
-        stragglers=f.stragglers,
-        stop_after=f.stop_after,
-    )
+    """The engine's federation settings of ``params`` (typed once, in ``tasks.config``)."""
+    return params.federation.engine(clients_per_round(params), params.experiment.seed)
 
 
 def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn.Module:
@@ -150,7 +122,6 @@ def build_simulation(
     algo = params.grid.algorithm(algorithm)
     device = resolve_device(params.runtime.device)
     m = clients_per_round(params)
-    s = params.lr_schedule
     model_fn = model_factory(params, data, adapter, base)
     inp = model_input(params, data.train.info)
     federation = federation_config(params)
@@ -166,14 +137,8 @@ def build_simulation(
         test=data.image_data(params.data.evaluate, inp),
         shards=shards_of(part),
         noise_var=part.noise_var,
-        local=local_config(params),
-        lr_schedule=LRSchedule(
-            kind=s.kind,
-            lr=cell_lr(params, algorithm, adapter),
-            gamma=s.gamma,
-            milestones=s.milestones,
-            decay=s.decay,
-        ),
+        local=params.client.local(),
+        lr_schedule=params.lr_schedule.at(cell_lr(params, algorithm, adapter)),
         federation=federation,
         model=adapted,
         workers=resolve_workers(params.runtime.workers, device, m),
