@@ -30,11 +30,13 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
-# Mutation testing of the core maths (docs/testing.md): run before a large refactor.
-# MUTATE_ARGS="--sample 60" draws a sample; "--module fedcore/schedules.py" one module.
+# Mutation testing of the core maths with mutmut ([tool.mutmut] in pyproject.toml,
+# docs/testing.md): run before a large refactor; then the mutants that were not killed.
+# MUTATE_ARGS='"fedcore.schedules.*"' runs one module's mutants (mutmut's name patterns).
 MUTATE_ARGS ?=
 mutate: setup
-	$(VENV)/bin/python scripts/mutate.py $(MUTATE_ARGS)
+	$(VENV)/bin/mutmut run $(MUTATE_ARGS)
+	$(VENV)/bin/mutmut results
 
 bench: setup
 	$(VENV)/bin/python benchmarks/engine_throughput.py
@@ -43,4 +45,4 @@ bench-pipeline: setup
 	$(VENV)/bin/python benchmarks/pipeline_overhead.py
 
 clean:
-	rm -rf reports .pytest_cache
+	rm -rf reports .pytest_cache mutants
