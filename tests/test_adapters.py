@@ -356,3 +356,26 @@ def test_adapter_runs_are_deterministic():
     a, b = run(), run()
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
+
+
+def test_residual_keeps_reflect_padding_and_replaces_nested_convs():
+    """Gaps mutmut found (docs/testing.md): the adapter conv and its merged form keep the
+    base conv's padding mode (reflect padding differs from zeros at the border), and a conv
+    nested two modules deep is replaced, not left in place."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+    res = ResidualConv2d(conv)
+    assert res.padding_mode == "reflect"
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(res(x), conv(x), rtol=0, atol=0)  # adapter starts at zero
+        res.adapter_weight.normal_()
+        merged = res.merged()
+        assert merged.padding_mode == "reflect"
+        torch.testing.assert_close(merged(x), res(x), rtol=1e-5, atol=1e-5)
+
+    inner = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+    model = nn.Sequential(nn.Sequential(inner), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.randn(1, 3, 6, 6))  # materialise the lazy head
+    adapt(model, "residual")
+    assert isinstance(model[0][0][0], ResidualConv2d)
