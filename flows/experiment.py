@@ -30,7 +30,7 @@ from flows.runners import (
     grid_task_runner,
 )
 from tasks import checkpoint, tracking
-from tasks.cell import check_cell, model_factory
+from tasks.cell import check_cell, check_ray_clients, model_factory
 from tasks.config import Params, experiment_dir, in_force, load_params
 from tasks.data import dataset_num_classes, load_experiment_data
 from tasks.io import check_writable
@@ -71,6 +71,7 @@ def check_names(params: Params) -> None:
             check_cell(params, algorithm, adapter)  # the algorithm's own rules (check hook)
     resolve_device(params.runtime.device)
     check_gpus(params)  # a local Ray without the GPUs the cells would request
+    check_ray_clients(params)  # runtime.clients: ray: the cluster answers, the GPUs exist
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
 
 

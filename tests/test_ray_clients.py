@@ -9,9 +9,13 @@ One local Ray of 2 CPUs on 127.0.0.1 serves the module, in its own temp dir, shu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,11 +25,14 @@ from fedcore import payload
 from fedcore.algorithms import FedAvg
 from fedcore.client import ImageData, LocalConfig
 from fedcore.engine import FederationConfig, RayBackend, RaySettings, Simulation
+from fedcore.errors import ConfigError
 from fedcore.schedules import LRSchedule
 from tests.helpers import tiny_cnn, toy_data
 from tests.test_dropout import CrashingFedAvg, Records
 
 ray = pytest.importorskip("ray")
+
+REPO = Path(__file__).resolve().parents[1]
 
 SHARDS = [np.arange(a, b) for a, b in [(0, 16), (16, 48), (48, 96), (96, 160), (160, 256)]]
 
@@ -158,3 +165,51 @@ def test_an_actor_that_keeps_dying_drops_its_client(local_ray, capfd):
     assert victim[-1] == "crashed" and victim[6] == 0
     assert [cid for cid, _ in got["uploads"]] == [c[1] for c in got["clients"] if c[1] != 2]
     assert r["accuracy"] is not None and np.isfinite(r["train_loss"])
+
+
+class ActorCannotImport:
+    """A model builder that fails in a Ray actor as a node without fedapt would."""
+
+    def __call__(self) -> torch.nn.Module:
+        if ray.get_runtime_context().get_actor_id() is not None:
+            import fedapt_is_not_installed_here  # noqa: F401
+        return tiny64()
+
+
+def test_bad_clusters_are_one_line_before_training(local_ray):
+    """GPUs asked of a CPU-only cluster; an actor that cannot start (cannot import fedapt)."""
+    sim = make_sim(actors=1)
+    sim.ray = RaySettings(actors=1, actor_gpus=1.0)
+    sim.backend = sim._backend(sim.backend.work)
+    with pytest.raises(ConfigError, match=r"^runtime.ray_actor_gpus: 1 GPU per client actor ask"):
+        sim.run()
+    sim = make_sim(actors=1)
+    sim.backend = RayBackend(
+        dataclasses.replace(sim.backend.work, model_fn=ActorCannotImport()), sim.ray, 4
+    )
+    with pytest.raises(ConfigError) as info:
+        sim.run()
+    msg = str(info.value)
+    assert msg.startswith("runtime.clients: ray: a client actor could not start on local Ray")
+    assert "fedapt_is_not_installed_here" in msg and "\n" not in msg, msg
+    assert not sim.backend.actors and ray.is_initialized()  # killed; the module's Ray stays
+
+
+def test_fedcore_imports_without_ray():
+    code = "import sys; sys.modules['ray'] = None; import fedcore.engine, fedcore.engine.ray_pool"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_where_the_clients_train_is_no_part_of_a_runs_fingerprint():
+    """runtime.clients and runtime.ray_* place the clients, never change their bytes: a run
+    checkpointed with local workers resumes on Ray actors and the other way round."""
+    from tasks.checkpoint import fingerprint
+    from tasks.config import load_params
+
+    local = load_params(REPO / "params.yaml", [])
+    on_ray = load_params(
+        REPO / "params.yaml",
+        ["runtime.clients=ray", "runtime.ray_actors=3", "runtime.ray_actor_gpus=0.5"],
+    )
+    assert on_ray.runtime.clients == "ray" and on_ray.runtime.ray_actors == 3
+    assert fingerprint(local, "fedavg", "full", "h") == fingerprint(on_ray, "fedavg", "full", "h")

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from fedcore.engine.backends import WireBackend, Workload
 from fedcore.engine.ray_cluster import (
     RaySettings,
@@ -47,7 +49,11 @@ class ClientActor:
         from fedcore.jobs import init_worker
 
         numerics.apply_inherited()  # the driver's numerics mode, before anything computes
-        init_worker(model_fn, *context_args)
+        # The object store hands arrays back read-only (zero copy): the shards (Workload.
+        # context_args()[3], small) are copied so torch.as_tensor can take them as they are.
+        args = list(context_args)
+        args[3] = [np.array(s) for s in args[3]]
+        init_worker(model_fn, *args)
 
     def node(self) -> str:
         """The id of the Ray node this actor runs on."""
