@@ -19,6 +19,7 @@ a restarted actor; lost again, the client is counted as dropped, as with the pro
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -63,7 +64,20 @@ class ClientActor:
 
     def run(self, fn: Callable, *job: Any) -> tuple[Any, str]:
         """``fn(*job)`` (a ``fedcore.jobs`` worker job) and the node it ran on."""
-        return fn(*job), self.node()
+        return fn(*(writable(a) for a in job)), self.node()
+
+
+def writable(arg: Any) -> Any:
+    """``arg`` with its read-only arrays copied: Ray hands arrays to an actor read-only (zero
+    copy), torch.as_tensor warns on them; a client task's indices, an evaluation's chunk."""
+    if isinstance(arg, np.ndarray):
+        return arg if arg.flags.writeable else arg.copy()
+    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+        fields = {f.name: getattr(arg, f.name) for f in dataclasses.fields(arg)}
+        arrays = {k: writable(v) for k, v in fields.items() if isinstance(v, np.ndarray)}
+        changed = {k: v for k, v in arrays.items() if v is not fields[k]}
+        return dataclasses.replace(arg, **changed) if changed else arg
+    return arg
 
 
 class RayBackend(WireBackend):
