@@ -46,15 +46,20 @@ class ClientActor:
     """One Ray actor: one model replica, serving client and evaluation jobs in turn."""
 
     def __init__(self, model_fn: Callable, context_args: tuple) -> None:
-        from fedcore import numerics
-        from fedcore.jobs import init_worker
+        from fedcore import jobs, numerics
+        from fedcore.device import prepare_cuda
 
         numerics.apply_inherited()  # the driver's numerics mode, before anything computes
         # The object store hands arrays back read-only (zero copy): the shards (Workload.
         # context_args()[3], small) are copied so torch.as_tensor can take them as they are.
         args = list(context_args)
         args[3] = [np.array(s) for s in args[3]]
-        init_worker(model_fn, *args)
+        self.device = str(args[-1])  # Workload.context_args() ends with the device
+        if self.device != "cpu":
+            prepare_cuda()  # before the first CUDA call, as in the driver
+        jobs.init_worker(model_fn, *args)
+        assert jobs.WORKER is not None
+        jobs.WORKER.model.to(self.device)  # as Workload.context() does in this process
 
     def node(self) -> str:
         """The id of the Ray node this actor runs on."""
@@ -64,7 +69,10 @@ class ClientActor:
 
     def run(self, fn: Callable, *job: Any) -> tuple[Any, str]:
         """``fn(*job)`` (a ``fedcore.jobs`` worker job) and the node it ran on."""
-        return fn(*(writable(a) for a in job)), self.node()
+        from fedcore.device import deterministic
+
+        with deterministic(self.device):  # CUDA: the driver's deterministic settings
+            return fn(*(writable(a) for a in job)), self.node()
 
 
 def writable(arg: Any) -> Any:
