@@ -28,7 +28,7 @@ from fedcore.errors import ConfigError
 from fedcore.partition import Partition
 from flows.runners import check_gpus
 from tasks import checkpoint
-from tasks.cell import cell_name, check_cell, initial_cell_model
+from tasks.cell import cell_name, check_cell, check_ray_clients, initial_cell_model
 from tasks.config import Params, experiment_dir
 from tasks.data import ExperimentData, load_experiment_data
 from tasks.io import check_writable
@@ -115,6 +115,7 @@ def check_names(params: Params) -> None:
         check_cell(params, spec.algorithm, spec.adapter)  # the algorithm's own rules
     resolve_device(params.runtime.device)
     check_gpus(params)  # a local Ray without the GPUs the cells would request
+    check_ray_clients(params)  # runtime.clients: ray: the cluster answers, the GPUs exist
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
 
 

@@ -14,7 +14,8 @@ from torch import nn
 from fedcore.algorithms import RunSpec
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
-from fedcore.engine import FederationConfig, Simulation, initial_model
+from fedcore.engine import FederationConfig, RaySettings, Simulation, initial_model
+from fedcore.engine.ray_cluster import check_gpus, check_reachable
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
@@ -103,6 +104,46 @@ def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn
     return initial_model(model_factory(params, data, adapter), federation_config(params))
 
 
+def ray_settings(params: Params, device: str) -> RaySettings | None:
+    """Where the clients train on Ray (``runtime.clients: ray``); None: on this machine."""
+    rt = params.runtime
+    if rt.clients != "ray":
+        return None
+    actors = None if rt.ray_actors == "auto" else rt.ray_actors
+    if rt.ray_actor_gpus == "auto":
+        gpus = 0.0 if device == "cpu" else 1.0
+    else:
+        gpus = float(rt.ray_actor_gpus)
+    # A local Ray: the CPUs of the actors asked, else those runtime.workers would use.
+    local_cpus = actors or max(1, resolve_workers(rt.workers, "cpu", clients_per_round(params)))
+    local_gpus = 0
+    if device != "cpu":
+        import torch
+
+        local_gpus = torch.cuda.device_count()
+    return RaySettings(rt.ray_address, actors, 1.0, gpus, local_cpus, local_gpus)
+
+
+def check_ray_clients(params: Params) -> None:
+    """Preflight of ``runtime.clients: ray``, one line before anything runs: the cohort
+    engine asked for, a cluster address nothing answers at, or a local Ray without the GPUs
+    the actors would request (a cluster's GPUs are checked when the cell's actors start)."""
+    if params.runtime.clients != "ray":
+        return
+    if params.runtime.engine == "cohort":
+        raise ConfigError(
+            "runtime.clients: ray trains clients one by one on Ray actors; it needs "
+            "runtime.engine: sequential (or auto), not cohort"
+        )
+    device = resolve_device(params.runtime.device)
+    settings = ray_settings(params, device)
+    assert settings is not None
+    if settings.address:
+        check_reachable(settings.address)
+    else:
+        check_gpus(settings, device, [{"GPU": float(settings.local_gpus)}])
+
+
 def build_simulation(
     params: Params,
     data: ExperimentData,
@@ -130,6 +171,10 @@ def build_simulation(
     # (``model``): the one ``flows.plan.prepare`` built; it must be this cell's.
     adapted = initial_model(model_fn, federation) if model is None else model
     whole = adapter == "full"  # the whole model travels: the engine's default path
+    ray = ray_settings(params, device)
+    engine = params.runtime.engine
+    if ray is not None and engine == "auto":
+        engine = "sequential"  # Ray actors train clients one by one
     sim = Simulation(
         model_fn=model_fn,
         algorithm=algo,
@@ -147,12 +192,13 @@ def build_simulation(
         payload_keys=None if whole else method.payload_keys(adapted),
         trainable=None if whole else method.trainable_keys(adapted),
         engine=resolve_engine(
-            params.runtime.engine,
+            engine,
             device,
             adapted,
             None if whole else method.trainable_keys(adapted),
             part.noise_var or (),
         ),
         cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
+        ray=ray,
     )
     return Cell(sim, method, model_fn, adapted, device)

@@ -45,6 +45,7 @@ NEUTRAL = (
     "runtime.task_runner",
     "runtime.dask_",
     "runtime.ray_",
+    "runtime.clients",  # Ray actors or local workers: the same bytes (tests/test_ray_clients.py)
     "runtime.checkpoint_every",
     "runtime.resume",
     "runtime.allow_divergence",

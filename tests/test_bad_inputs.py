@@ -86,6 +86,23 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
             ["--set", "runtime.task_runner=ray", "--set", "runtime.ray_gpus=1"],
             "runtime.ray_gpus: 1 GPU per cell asked, but no node of the local Ray has any",
         ),
+        # clients on Ray actors (issue 32): before anything runs
+        (["--set", "runtime.ray_actors=0"], "runtime.ray_actors: ray_actors is auto or a number"),
+        (["--set", "runtime.ray_actor_gpus=-1"], "runtime.ray_actor_gpus: ray_actor_gpus is auto"),
+        (
+            ["--set", "runtime.clients=ray", "--set", "runtime.ray_address=127.0.0.1:1"],
+            "runtime.ray_address: nothing answers at 127.0.0.1:1 (",
+        ),
+        (
+            ["--set", "runtime.clients=ray", "--set", "runtime.device=cpu"]
+            + ["--set", "runtime.ray_actor_gpus=1"],
+            "runtime.ray_actor_gpus: 1 GPU per client actor asked, but no node of the local Ray "
+            "has any",
+        ),
+        (
+            ["--set", "runtime.clients=ray", "--set", "runtime.engine=cohort"],
+            "runtime.clients: ray trains clients one by one on Ray actors; it needs",
+        ),
         # tuning (issue 29): a validation split to evaluate on, cells of the grid
         (["--set", "data.evaluate=validation"], "data.evaluate: validation needs a validation "),
         (["--set", "data.validation=0.5"], "data.validation: must be less than 0.5 (got 0.5)"),

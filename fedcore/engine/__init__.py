@@ -23,8 +23,9 @@ The package, by job:
 * ``config``: :class:`FederationConfig` and :func:`initial_model`;
 * ``simulation``: :class:`Simulation`, the run loop, evaluation, checkpoints, events;
 * ``round``: one round (sampling, downloads, who reports, aggregation, the record);
-* ``backends`` and ``pool``: where the clients train (:class:`Backend`: in this process,
-  a process pool, or the cohort engine); each client's result is a :class:`ClientResult`.
+* ``backends``, ``pool`` and ``ray_pool``: where the clients train (:class:`Backend`: in
+  this process, a process pool, Ray actors, or the cohort engine); each client's result is a
+  :class:`ClientResult`; ``ray_cluster``: connecting to Ray (lazily imported).
 """
 
 from fedcore.engine.backends import (
@@ -37,6 +38,8 @@ from fedcore.engine.backends import (
 )
 from fedcore.engine.config import FederationConfig, initial_model
 from fedcore.engine.pool import PoolBackend
+from fedcore.engine.ray_cluster import RaySettings
+from fedcore.engine.ray_pool import RayBackend
 from fedcore.engine.simulation import Simulation
 from fedcore.events import History
 from fedcore.jobs import ClientResult
@@ -50,6 +53,8 @@ __all__ = [
     "FederationConfig",
     "History",
     "PoolBackend",
+    "RayBackend",
+    "RaySettings",
     "SequentialBackend",
     "Simulation",
     "WireBackend",

@@ -22,6 +22,8 @@ from fedcore.device import deterministic
 from fedcore.engine.backends import Backend, CohortBackend, SequentialBackend, Workload
 from fedcore.engine.config import FederationConfig, initial_model
 from fedcore.engine.pool import PoolBackend
+from fedcore.engine.ray_cluster import RaySettings
+from fedcore.engine.ray_pool import RayBackend
 from fedcore.engine.round import play_round
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, History, RoundRecord
@@ -52,12 +54,20 @@ class Simulation:
         engine: str = "sequential",
         cohort_size: int | None = None,
         model: nn.Module | None = None,
+        ray: RaySettings | None = None,
     ) -> None:
         """``model``: the initial global model from :func:`initial_model` (None: built here);
         it is the one model instance of this process's clients (worker processes build their
-        own from ``model_fn``)."""
+        own from ``model_fn``). ``ray``: the clients train on Ray actors
+        (``fedcore.engine.ray_pool``) instead of this machine's worker processes."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
+        if engine == "cohort" and ray is not None:
+            raise ConfigError(
+                "runtime.clients: ray trains clients one by one on Ray actors; it needs "
+                "runtime.engine: sequential (or auto), not cohort"
+            )
+        self.ray = ray
         self.engine = engine
         self.cohort_size = cohort_size  # clients per cohort (None: as many as memory allows)
         self.model_fn = model_fn
@@ -114,9 +124,12 @@ class Simulation:
         return counts / max(1, counts.sum())
 
     def _backend(self, work: Workload) -> Backend:
-        """Where the clients train: the cohort engine, worker processes, or this process."""
+        """Where the clients train: the cohort engine, Ray actors, worker processes, or
+        this process."""
         if self.engine == "cohort":
             return CohortBackend(work, max_clients=self.cohort_size, trainable=self.trainable)
+        if self.ray is not None:
+            return RayBackend(work, self.ray, self.cfg.clients_per_round)
         if self.workers >= 1:
             return PoolBackend(work, self.workers)
         return SequentialBackend(work)

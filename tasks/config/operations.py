@@ -62,6 +62,16 @@ class RuntimeSection(Section):
     # GPUs each training task requests on Ray (Ray shows a task only the GPUs it requested);
     # auto: 1 when the cells may use one (device cuda or auto) and a node has one, else 0.
     ray_gpus: float | Literal["auto"] = "auto"
+    # Where a cell's clients train: "local" (worker processes of this machine, or in this
+    # process: runtime.workers) or "ray" (Ray actors, fedcore/engine/ray_pool.py: the cluster
+    # at ray_address, or a local Ray of ray_actors CPUs); the same bytes either way.
+    clients: Literal["local", "ray"] = "local"
+    # Client actors (one model replica each); auto: what the cluster's CPUs (GPUs) hold, at
+    # most the round's clients (a local Ray: as many as runtime.workers would be).
+    ray_actors: int | Literal["auto"] = "auto"
+    # GPUs each client actor requests (Ray shows an actor only the GPUs it requested);
+    # auto: 1 when the clients train on CUDA (runtime.device), else 0.
+    ray_actor_gpus: float | Literal["auto"] = "auto"
     # Round checkpoints (tasks/checkpoint.py): every N rounds, 0 never, auto: after any round
     # that ends 5 s or more after the last checkpoint (so every round of a slow run).
     checkpoint_every: int | Literal["auto"] = "auto"
@@ -80,13 +90,14 @@ class RuntimeSection(Section):
     # library's default (the machine's cores) in native numerics.
     threads: int | Literal["auto"] = "auto"
 
-    @field_validator("workers", "cohort_size", "threads")
+    @field_validator("workers", "cohort_size", "threads", "ray_actors")
     @classmethod
     def _auto_or_count(cls, v: int | str, info: ValidationInfo) -> int | str:
         least, what = {
             "workers": (0, "worker processes"),
             "cohort_size": (1, "clients"),
             "threads": (1, "threads"),
+            "ray_actors": (1, "Ray actors"),
         }[str(info.field_name)]
         most = None if info.field_name == "cohort_size" else MAX_PROCESSES
         if not isinstance(v, str) and (v < least or (most is not None and v > most)):
@@ -94,11 +105,14 @@ class RuntimeSection(Section):
             raise ValueError(f"{info.field_name} is auto or a number of {what} {within}")
         return v
 
-    @field_validator("ray_gpus")
+    @field_validator("ray_gpus", "ray_actor_gpus")
     @classmethod
-    def _gpus(cls, v: float | str) -> float | str:
+    def _gpus(cls, v: float | str, info: ValidationInfo) -> float | str:
         if not isinstance(v, str) and v < 0:
-            raise ValueError("ray_gpus is auto or a number of GPUs >= 0 (0.5: two cells share one)")
+            who = "cells" if info.field_name == "ray_gpus" else "client actors"
+            raise ValueError(
+                f"{info.field_name} is auto or a number of GPUs >= 0 (0.5: two {who} share one)"
+            )
         return v
 
     @field_validator("checkpoint_every")

@@ -1,0 +1,113 @@
+"""``runtime.clients: ray`` on a Ray cluster of two nodes, both on this machine (127.0.0.1):
+a head of 1 CPU and a second node of 1 CPU (resource ``node2``) started by ``ray start``; the
+two client actors land one on each node, and the run's bytes are the local run's. Every Ray
+process of the cluster (found by its temp dir) is ended after, whatever happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fedcore.engine import RayBackend, RaySettings
+from tests.test_ray_clients import make_sim, run_bytes
+
+ray = pytest.importorskip("ray")
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cluster_pids(temp: str) -> list[int]:
+    """This user's processes that name ``temp`` (the cluster's temp dir) on their command
+    line or hold a file under it open (Ray's agents rename themselves: ``ray::...``)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            if temp in (d / "cmdline").read_text(errors="ignore") or any(
+                temp in os.readlink(fd) for fd in (d / "fd").iterdir()
+            ):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def end_cluster(temp: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in cluster_pids(temp):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        while cluster_pids(temp) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def two_nodes():
+    """The head's address; both nodes ended after. Without token authentication (a head
+    turns it on where it finds a token in ~/.ray; an explicit address never sends one)."""
+    temp = f"/tmp/rmn-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    common = ["--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1"]
+    common += ["--temp-dir", temp, "--disable-usage-stats"]
+    try:
+        head = [RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false"]
+        done = subprocess.run(
+            [*head, *common], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        second = [RAY, "start", "--address", f"127.0.0.1:{port}", "--resources", '{"node2": 1}']
+        done = subprocess.run(
+            [*second, *common], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield f"127.0.0.1:{port}"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        end_cluster(temp)
+
+
+@pytest.mark.slow
+def test_clients_on_two_nodes_give_the_local_bytes(two_nodes):
+    ref = run_bytes(make_sim(workers=0, dropout=0.3))
+    ray.init(address=two_nodes, _node_ip_address="127.0.0.1", configure_logging=False)
+    deadline = time.monotonic() + 60
+    while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    assert len(nodes) == 2, nodes
+    sim = make_sim(actors=2, dropout=0.3)
+    sim.ray = RaySettings(address=two_nodes, actors=2)
+    sim.backend = sim._backend(sim.backend.work)
+    assert isinstance(sim.backend, RayBackend)
+    got = run_bytes(sim)
+    used = {node for _, node in sim.backend.placements}
+    assert used == set(nodes), (used, nodes)  # a client job on each node
+    assert any("node2" in nodes[n] for n in used)
+    assert got["metrics"] == ref["metrics"] and got["model"] == ref["model"]
+    assert got["clients"] == ref["clients"] and got["uploads"] == ref["uploads"]
+    assert json.loads(got["metrics"])["rounds"][0]["clients"]
