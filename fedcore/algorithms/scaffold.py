@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from annotated_types import Gt
 
-from fedcore.aggregate import sgd_normalizer, weighted_average
+from fedcore.aggregate import sgd_normalizer, stacked, weighted_average
 from fedcore.algorithms.base import (
     ClientTask,
     ClientUpdate,
@@ -182,6 +182,9 @@ class Scaffold(FederatedAlgorithm):
         return out
 
     def _update_controls(self, mean: StateDict, updates: list[ClientUpdate]) -> None:
+        """c += (|S|/N) mean_S delta c_k and c_k += delta c_k for k in S. Called from
+        ``aggregate``: every update here is finite, so the new model is (short of a float32
+        overflow of a mean, when the round's model is rejected but c has moved on)."""
         n = max(self.server["num_clients"], len(updates))
         frac = len(updates) / n  # |S| / N
         c = self.control()
@@ -190,9 +193,12 @@ class Scaffold(FederatedAlgorithm):
             for k, v in c.items()
         }
         held = self.server["clients"]
-        for u in updates:
+        stack = stacked([u.state for u in updates])  # a cohort's rows: one copy per tensor
+        rows = None if stack is None else {k: stack[UPLOAD + k].to("cpu") for k in c}
+        for i, u in enumerate(updates):
             ck = self.client_control(u.client_id)
-            held[u.client_id] = {k: v + u.state[UPLOAD + k].to("cpu") for k, v in ck.items()}
+            dc = {k: (u.state[UPLOAD + k] if rows is None else rows[k][i]) for k in c}
+            held[u.client_id] = {k: v + dc[k].to("cpu") for k, v in ck.items()}
 
     def round_extra(self, round_: int, updates: list[ClientUpdate]) -> dict[str, float]:
         c = self.control()

@@ -86,7 +86,9 @@ def cohort_round(
                 check=upload_keys,
             )
             sent = res.states if upload_keys is None else {k: res.states[k] for k in upload_keys}
-            sent = {**sent, **_uploads(algorithm, global_state, res, views[part], lr, cfg)}
+            extra = _uploads(algorithm, global_state, res, views[part], lr, cfg)
+            if extra:  # SCAFFOLD's delta c_k, stacked like the states
+                sent = {**sent, **extra}
             nbytes = payload.encoded_size(payload.Row(sent, 0), fresh=True)
             for j, i in enumerate(members[part]):
                 out[i] = ClientResult(
