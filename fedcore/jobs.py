@@ -28,7 +28,7 @@ from fedcore.algorithms.base import ClientTask, ClientUpdate, ClientView, Federa
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.exits import begin_client, evaluate_exits, num_exits
 from fedcore.payload import StateDict
-from fedcore.wire import MESSAGE
+from fedcore.wire import MESSAGE, UPLOAD
 
 
 @dataclass
@@ -162,7 +162,9 @@ def client_job(
         merged = {**payload.decode(held), **state}
         state = {k: merged[k] for k in ctx.model.state_dict()}  # the model's key order
     own = torch.as_tensor(ctx.shards[task.client_id], dtype=torch.int64)
-    view = ClientView(labels=ctx.train.labels.index_select(0, own), message=message)
+    view = ClientView(
+        labels=ctx.train.labels.index_select(0, own), message=message, private=task.private
+    )
     begin_client(ctx.model, task.client_id, seed)  # early exits: tier, anytime stream
     res = train_locally(
         ctx.model,
@@ -178,6 +180,11 @@ def client_job(
         trainable=task.trainable,
     )
     out = res.state if task.upload_keys is None else {k: res.state[k] for k in task.upload_keys}
+    extra = ctx.algorithm.client_upload(
+        state, res.state, view, num_steps=res.num_steps, lr=lr, local=local
+    )
+    if extra:
+        out = {**out, **{UPLOAD + k: v for k, v in extra.items()}}
     upload = payload.encode(out)
     return task.client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds
 

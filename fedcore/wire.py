@@ -14,6 +14,7 @@ from fedcore.algorithms.base import ClientTask
 from fedcore.payload import StateDict
 
 MESSAGE = "__message__."  # key prefix of server -> client extras inside a download payload
+UPLOAD = "__upload__."  # key prefix of client -> server extras inside an upload (client_upload)
 
 
 def restrict(

@@ -194,6 +194,11 @@ def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
             ["--set", "grid.algorithms=[fednova]", "--set", "client.optimizer=adamw"],
             "fednova normalises by local SGD steps (seed 004): it needs client.optimizer sgd",
         ),
+        (
+            ["--set", "grid.algorithms=[scaffold]", "--set", "client.optimizer=adamw"],
+            "scaffold corrects local SGD gradients and reads (x - y_k) / (K eta_l) as their mean "
+            "(option II): client.optimizer must be sgd, not adamw",
+        ),
     ],
 )
 def test_bad_adapter_cells_stop_the_run_in_one_line(tmp_path, args, needle):

@@ -66,7 +66,8 @@ def test_bad_options_are_one_line_config_errors(name, options, key):
     assert "\n" not in str(err.value)
 
 
-DETERMINISM = {"fedir": {}, "fedvc": {"n_vc": 50}, "fednilo": {"K": 1, "F": 1}}
+# scaffold: c_k is kept in the main process and travels with the job (ClientTask.private)
+DETERMINISM = {"fedir": {}, "fedvc": {"n_vc": 50}, "fednilo": {"K": 1, "F": 1}, "scaffold": {}}
 
 
 @pytest.mark.parametrize("name", sorted(DETERMINISM))

@@ -162,6 +162,7 @@ def _grid():
     """Every algorithm x every adapter method it runs with; a default subset, the rest slow."""
     fast = {(a, "full") for a in ALGORITHMS} | {("fedavg", m) for m in ADAPTER_METHODS}
     fast |= {("fedprox", "lora"), ("fedir", "lw_linear"), ("fednova", "residual")}
+    fast |= {("scaffold", "lora")}  # control variates over an adapter's parameters
     cases = []
     for algorithm, cls in sorted(ALGORITHMS.items()):
         for adapter in sorted(ADAPTER_METHODS):
@@ -180,7 +181,7 @@ def test_cohort_equals_sequential(algorithm, adapter):
 @pytest.mark.parametrize(
     ("algorithm", "adapter"),
     [("fedavg", "full"), ("fednova", "full"), ("fedadam", "full"), ("fednilo", "full"),
-     ("fedprox", "lora"), ("fedavg", "residual")],
+     ("fedprox", "lora"), ("fedavg", "residual"), ("scaffold", "full")],
 )  # fmt: skip
 def test_cohort_equals_sequential_with_batches_gathered_per_group(algorithm, adapter):
     """Without feature noise a step's batches come from one gather for the whole group (the

@@ -87,6 +87,7 @@ CASES = [
     ("fedavg", None),
     ("fedadam", {"server_lr": 0.01}),  # server moments m, v and the step count
     ("fednilo", {"K": 1, "F": 1}),  # the holder map of frozen layers
+    ("scaffold", {"server_lr": 0.5}),  # the server's c and every client's c_k
 ]
 
 

@@ -24,6 +24,7 @@ from fedcore.algorithms.fednova import FedNova
 from fedcore.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedcore.algorithms.fedprox import FedProx
 from fedcore.algorithms.fedvc import FedVC
+from fedcore.algorithms.scaffold import Scaffold
 from fedcore.errors import UnknownNameError
 from fedcore.options import dump, option_names, parse
 
@@ -40,6 +41,7 @@ ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
         FedIR,
         FedVC,
         FedNILO,
+        Scaffold,
     )
 }
 

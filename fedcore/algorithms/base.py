@@ -13,13 +13,13 @@ FedNILO's holder map) lives in ``self.server``, a dict of the main process: it i
 
 Hook call order in one round (fedcore.engine.round.play_round):
   main:   select_clients -> plan_round (client_indices, server_message) -> encode downloads
-  worker: client_objective(global_state, ClientView) -> local SGD -> encode upload
+  worker: client_objective(global_state, ClientView) -> local SGD -> client_upload -> encode
   main:   aggregate -> server_update -> round_extra -> stop_reason
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -58,6 +58,9 @@ class ClientTask:
     trainable: frozenset[str] | None = None  # parameters it trains; None: all of them
     upload_keys: tuple[str, ...] | None = None  # None: every tensor of the model
     message: dict[str, torch.Tensor] = field(default_factory=dict)  # sent with the download
+    # What the client keeps between rounds (SCAFFOLD's c_k): simulated on the server, handed
+    # to the client with its job, never on the wire (not counted in any bytes).
+    private: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class ClientView:
 
     labels: torch.Tensor  # labels of its whole shard: private, never uploaded (FedIR q_k)
     message: dict[str, torch.Tensor]  # what the server sent besides the model (FedIR p(y))
+    private: dict[str, torch.Tensor] = field(default_factory=dict)  # ClientTask.private
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class FederationSetup:
     model: nn.Module  # a fresh instance of the trained architecture (layer_groups, names)
     local: LocalConfig  # the clients' optimiser (FedNova's momentum-corrected normaliser)
     label_distribution: np.ndarray  # p(y) of the federation's training data (FedIR target)
+    trainable: frozenset[str] | None = None  # the adapter's trained parameters (None: all)
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,22 @@ class FederatedAlgorithm:
     def client_objective(self, global_state: StateDict, client: ClientView) -> LossFn:
         """The loss each client minimises, given the model it downloaded."""
         return cross_entropy
+
+    def client_upload(
+        self,
+        global_state: StateDict,
+        trained: Mapping[str, torch.Tensor],
+        client: ClientView,
+        *,
+        num_steps: int,
+        lr: float,
+        local: LocalConfig,
+    ) -> dict[str, torch.Tensor]:
+        """Tensors a client uploads besides its model (SCAFFOLD's delta c_k), computed after
+        its ``num_steps`` local steps from ``global_state`` to ``trained``; counted in the
+        upload bytes, read by the server as ``fedcore.wire.UPLOAD``-prefixed keys of
+        ``ClientUpdate.state``. Both engines call it once per client, row by row."""
+        return {}
 
     # ---- server side (main process) -----------------------------------------------------
     def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:

@@ -12,10 +12,12 @@ import torch
 from fedcore import payload
 from fedcore.algorithms.base import ClientTask, ClientView, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig
+from fedcore.cohort.layout import CohortResult
 from fedcore.cohort.plan import CohortClient, shared_objective
 from fedcore.cohort.trainer import CohortTrainer
 from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
+from fedcore.wire import UPLOAD
 
 
 def cohort_round(
@@ -58,10 +60,14 @@ def cohort_round(
             cfg = dataclasses.replace(local, max_steps=steps)
         objectives = []
         clients = []
+        views: list[ClientView] = []
         for i in members:
             t = tasks[i]
             own = torch.as_tensor(shards[t.client_id], dtype=torch.int64)
-            view = ClientView(labels=labels.index_select(0, own), message=t.message)
+            view = ClientView(
+                labels=labels.index_select(0, own), message=t.message, private=t.private
+            )
+            views.append(view)
             objectives.append(algorithm.client_objective(global_state, view))
             clients.append(CohortClient(t.client_id, t.indices, seeds[i], noise_var[t.client_id]))
         fn, ctxs = shared_objective(algorithm.name, objectives)
@@ -80,6 +86,9 @@ def cohort_round(
                 check=upload_keys,
             )
             sent = res.states if upload_keys is None else {k: res.states[k] for k in upload_keys}
+            extra = _uploads(algorithm, global_state, res, views[part], lr, cfg)
+            if extra:  # SCAFFOLD's delta c_k, stacked like the states
+                sent = {**sent, **extra}
             nbytes = payload.encoded_size(payload.Row(sent, 0), fresh=True)
             for j, i in enumerate(members[part]):
                 out[i] = ClientResult(
@@ -94,3 +103,29 @@ def cohort_round(
                 )
     assert all(r is not None for r in out), "every task belongs to a cohort"
     return cast(list[ClientResult], out)
+
+
+def _uploads(
+    algorithm: FederatedAlgorithm,
+    global_state: StateDict,
+    res: CohortResult,
+    views: Sequence[ClientView],
+    lr: float,
+    cfg: LocalConfig,
+) -> dict[str, torch.Tensor]:
+    """The algorithm's extra uploads (``client_upload``, SCAFFOLD's delta c_k) of a cohort,
+    computed row by row as a client job computes them, stacked ``UPLOAD``-prefixed."""
+    rows = [
+        algorithm.client_upload(
+            global_state,
+            payload.Row(res.states, j),
+            view,
+            num_steps=res.num_steps[j],
+            lr=lr,
+            local=cfg,
+        )
+        for j, view in enumerate(views)
+    ]
+    if not rows or not rows[0]:
+        return {}
+    return {UPLOAD + k: torch.stack([r[k] for r in rows]) for k in rows[0]}

@@ -96,7 +96,12 @@ class Simulation:
             k: v.detach().clone() for k, v in model.state_dict().items()
         }
         algorithm.setup(
-            FederationSetup(model=model, local=local, label_distribution=self._label_distribution())
+            FederationSetup(
+                model=model,
+                local=local,
+                label_distribution=self._label_distribution(),
+                trainable=trainable,
+            )
         )
         # The adapter's payload (None: the whole model); the frozen base never changes.
         self.payload_keys = None if payload_keys is None else tuple(payload_keys)
