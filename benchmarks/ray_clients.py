@@ -10,7 +10,9 @@ the aggregation):
 
 Runners, each a fresh process (``--runner``), run in turn A B C A B C ... ``--repeats`` times:
 
-* ``pool``: ``fedcore.engine.Simulation`` with 2 single-thread worker processes;
+* ``sequential``: ``fedcore.engine.Simulation``, the clients one after another in this
+  process (single-threaded);
+* ``pool``: the same Simulation with 2 single-thread worker processes;
 * ``ray``: the same Simulation with ``runtime.clients: ray``'s backend: 2 Ray actors on a
   local Ray of 2 CPUs (``fedcore.engine.ray_pool``);
 * ``flower``: Flower's simulation runtime (``flwr.simulation.run_simulation``, Ray backend,
@@ -31,6 +33,7 @@ Run:  .venv/bin/python benchmarks/ray_clients.py --shape pfl --rounds 4 --repeat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -68,8 +71,26 @@ def _setup(shape: str) -> tuple[Any, list[Any], Any]:
     return train, shards, model_fn
 
 
+@functools.lru_cache(maxsize=1)
+def _cached(shape: str) -> tuple[Any, list[Any], Any]:
+    """``_setup`` once per process (a Flower actor reads the data once, as fedapt's workers)."""
+    return _setup(shape)
+
+
+_MODELS: dict[Any, Any] = {}
+
+
+def _model(model_fn: Any) -> Any:
+    """One model per Flower actor process, its state replaced by each message's (as a fedapt
+    worker keeps one model)."""
+    if model_fn not in _MODELS:
+        _MODELS[model_fn] = model_fn()
+    return _MODELS[model_fn]
+
+
 def _memory(names: tuple[str, ...], pids: list[int] | None = None) -> list[float]:
-    """MiB resident of the processes named ``names`` (Ray actors) or of ``pids``."""
+    """MiB resident of the ``WORKERS`` largest processes named ``names`` (Ray actors) or
+    among ``pids`` (the pool's children: its workers, not the resource tracker)."""
     import psutil
 
     out = []
@@ -80,7 +101,7 @@ def _memory(names: tuple[str, ...], pids: list[int] | None = None) -> list[float
                 out.append(round(p.memory_info().rss / 2**20, 1))
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return out
+    return sorted(out, reverse=True)[:WORKERS]
 
 
 def run_fedapt(shape: str, rounds: int, clients_on: str) -> dict[str, Any]:
@@ -120,7 +141,7 @@ def run_fedapt(shape: str, rounds: int, clients_on: str) -> dict[str, Any]:
             if record.round == rounds:
                 if clients_on == "ray":
                     memory.extend(_memory(("ray::ClientActor",)))
-                else:
+                elif clients_on == "pool":
                     kids = [c.pid for c in psutil.Process().children(recursive=True)]
                     memory.extend(_memory((), kids))
 
@@ -134,7 +155,7 @@ def run_fedapt(shape: str, rounds: int, clients_on: str) -> dict[str, Any]:
         local=LocalConfig(batch_size=batch, momentum=MOMENTUM),
         lr_schedule=LRSchedule(lr=LR),
         federation=FederationConfig(rounds=rounds, clients_per_round=clients, eval_every=0),
-        workers=WORKERS,
+        workers=0 if clients_on == "sequential" else WORKERS,
         callbacks=[clock, LastRound()],
         engine="sequential",
         ray=ray,
@@ -168,9 +189,9 @@ def run_flower(shape: str, rounds: int) -> dict[str, Any]:
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
         torch.set_num_threads(1)  # as fedapt's clients
-        data, shards, model_fn = _setup(shape)  # (each actor reads it once: cached below)
+        data, shards, model_fn = _cached(shape)  # read once per actor process
         cid = int(context.node_config["partition-id"])
-        model = model_fn()
+        model = _model(model_fn)
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -251,7 +272,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="pfl")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--runners", default="pool,ray,flower")
+    ap.add_argument("--runners", default="sequential,pool,ray,flower")
     ap.add_argument("--flower-python", default=str(ROOT / "benchmarks/.venv-flower/bin/python"))
     args = ap.parse_args()
     runners = args.runners.split(",")
