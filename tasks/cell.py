@@ -4,14 +4,17 @@ benchmarks alike."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from torch import nn
 
 from fedcore.algorithms import RunSpec
+from fedcore.client import LocalConfig
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, RaySettings, Simulation, initial_model
@@ -19,11 +22,15 @@ from fedcore.engine.ray_cluster import check_gpus, check_reachable
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
+from fedcore.schedules import LRSchedule
 from models.adapters import AdapterMethod
 from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
+from tasks.config.base import Section
 from tasks.data import ExperimentData
 from tasks.partitioning import shards_of
+
+T = TypeVar("T")
 
 
 def clients_per_round(params: Params) -> int:
@@ -92,9 +99,22 @@ class Cell:
     device: str
 
 
+def engine_config(section: Section, config: type[T], **derived: Any) -> T:
+    """The engine's ``config`` dataclass from a params section: the fields they share (typed
+    and checked once, by ``tasks.config``), not copied key by key; ``derived``: the fields
+    that come from other sections."""
+    shared = {f.name for f in dataclasses.fields(config)} & set(type(section).model_fields)
+    return config(**{k: getattr(section, k) for k in shared}, **derived)
+
+
 def federation_config(params: Params) -> FederationConfig:
-    """The engine's federation settings of ``params`` (typed once, in ``tasks.config``)."""
-    return params.federation.engine(clients_per_round(params), params.experiment.seed)
+    """The engine's federation settings of ``params``."""
+    return engine_config(
+        params.federation,
+        FederationConfig,
+        clients_per_round=clients_per_round(params),
+        seed=params.experiment.seed,
+    )
 
 
 def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn.Module:
@@ -182,8 +202,10 @@ def build_simulation(
         test=data.image_data(params.data.evaluate, inp),
         shards=shards_of(part),
         noise_var=part.noise_var,
-        local=params.client.local(),
-        lr_schedule=params.lr_schedule.at(cell_lr(params, algorithm, adapter)),
+        local=engine_config(params.client, LocalConfig),
+        lr_schedule=engine_config(
+            params.lr_schedule, LRSchedule, lr=cell_lr(params, algorithm, adapter)
+        ),
         federation=federation,
         model=adapted,
         workers=resolve_workers(params.runtime.workers, device, m),

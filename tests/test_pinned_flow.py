@@ -42,7 +42,7 @@ class FlowSpy:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import flows.experiment as fe
 
-        def partition_task(spec, out):
+        def partition_task(spec, out, *_plan):  # (the plan's data and draw)
             self.partition_spec, self.partition_dir = _typed(spec), out
             return out
 
@@ -54,8 +54,9 @@ class FlowSpy:
                 return self
 
             def __call__(
-                self, spec, part_dir, runs_dir, parent, base, checkpoints=None, origin=None
-            ):
+                self, spec, part_dir, runs_dir, parent, base, checkpoints=None, origin=None,
+                plan=None,
+            ):  # fmt: skip
                 spy.grid_spec = _typed(spec)
                 return [{"algorithm": a} for a in spy.grid_spec["grid"]["algorithms"]]
 

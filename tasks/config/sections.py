@@ -3,7 +3,6 @@ lr_schedule, personalize and validation (their keys, defaults and bounds)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -16,21 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedcore.client import LocalConfig
-from fedcore.engine import FederationConfig
-from fedcore.schedules import LRSchedule
 from tasks.config.base import MAX_ROUNDS, MAX_SEED, Section
-
-
-def _shared(section: Section, config: type) -> dict[str, Any]:
-    """The fields ``section`` and the engine's ``config`` dataclass have in common: the
-    engine's configuration is typed here, once, not copied key by key."""
-    return {
-        f.name: getattr(section, f.name)
-        for f in dataclasses.fields(config)
-        if f.name in type(section).model_fields
-    }
-
 
 AUTO_NAME = "auto"  # experiment.name absent, null or "auto": derived by Params (derived_name)
 _SEEDS = (
@@ -166,13 +151,6 @@ class FederationSection(Section):
     # check a record: ``fedapt reproduce --revalidate``.
     stop_after: int | None = Field(None, ge=1)
 
-    def engine(self, clients_per_round: int, seed: int) -> FederationConfig:
-        """The engine's federation settings (the clients per round and the seed come from
-        the partition and experiment sections)."""
-        return FederationConfig(
-            **_shared(self, FederationConfig), clients_per_round=clients_per_round, seed=seed
-        )
-
     @model_validator(mode="after")
     def _stop_within_rounds(self) -> FederationSection:
         if self.stop_after is not None and self.stop_after > self.rounds:
@@ -207,20 +185,12 @@ class ClientSection(Section):
     # weight_decay, momentum unused), fresh optimiser state every round
     optimizer: Literal["sgd", "adamw"] = "sgd"
 
-    def local(self) -> LocalConfig:
-        """The engine's local-training settings (``lr`` goes to the schedule)."""
-        return LocalConfig(**_shared(self, LocalConfig))
-
 
 class ScheduleSection(Section):
     kind: Literal["constant", "step", "exponential"] = "constant"
     gamma: float = Field(0.1, gt=0.0)
     milestones: tuple[int, ...] = ()
     decay: float = Field(0.998, gt=0.0, le=1.0)
-
-    def at(self, lr: float) -> LRSchedule:
-        """The engine's schedule of a cell training at ``lr``."""
-        return LRSchedule(lr=lr, **_shared(self, LRSchedule))
 
     @field_validator("milestones")
     @classmethod
