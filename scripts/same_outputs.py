@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -33,26 +34,44 @@ COMMON = ["runtime.tracking=false", "storage.bucket=null"]
 SMALL = ["data.train_subset=1200", "data.test_subset=500", "federation.rounds=2"]
 
 
-def grids() -> dict[str, list[str]]:
-    sys.path.insert(0, str(ROOT))
-    from fedcore.algorithms import list_algorithms
-    from models import get_model
-    from models.adapters import get_adapter, list_adapters
-    from tasks.config import load_params
+NAMES = """
+import json
+from fedcore.algorithms import list_algorithms
+from models import get_model
+from models.adapters import get_adapter, list_adapters
+from tasks.config import load_params
 
-    p = load_params(ROOT / "params.yaml", [])
-    model = get_model(p.model.name, num_classes=10, in_channels=1, input_size=28)
-    adapters = [a for a in list_adapters() if get_adapter(a).applies_to(model) is None]
+p = load_params("params.yaml", [])
+model = get_model(p.model.name, num_classes=10, in_channels=1, input_size=28)
+adapters = [a for a in list_adapters() if get_adapter(a).applies_to(model) is None]
+print(json.dumps([list_algorithms(), adapters]))
+"""
+
+
+def names(tree: Path) -> tuple[list[str], list[str]]:
+    """The algorithms, and the adapters that apply to the default model, at ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", NAMES], cwd=tree, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    algorithms, adapters = json.loads(out.splitlines()[-1])
+    return algorithms, adapters
+
+
+def grids(algorithms: list[str], adapters: list[str]) -> dict[str, list[str]]:
     return {
-        "algorithms": [f"grid.algorithms=[{','.join(list_algorithms())}]", "grid.adapters=[full]"],
+        "algorithms": [f"grid.algorithms=[{','.join(algorithms)}]", "grid.adapters=[full]"],
         "adapters": ["grid.algorithms=[fedavg]", f"grid.adapters=[{','.join(adapters)}]"],
     }
 
 
-def run_at(tree: Path, out: Path, rounds: int) -> dict[str, str]:
-    """sha256 of every compared output of the three experiments run in ``tree``."""
+def run_at(
+    tree: Path, out: Path, rounds: int, common: tuple[list[str], list[str]]
+) -> dict[str, str]:
+    """sha256 of every compared output of the three experiments run in ``tree``; ``common``:
+    the algorithms and adapters both revisions have."""
     runs = {"default": [f"federation.rounds={rounds}"] if rounds else []}
-    runs |= {name: SMALL + sets for name, sets in grids().items()}
+    runs |= {name: SMALL + sets for name, sets in grids(*common).items()}
     env = {**os.environ, "PYTHONPATH": str(tree)}
     # The revision's own code runs, not the editable install of this checkout.
     where = subprocess.run(
@@ -97,7 +116,14 @@ def main() -> None:
         trees = [worktree(args.before, t / "before")]
         trees.append(worktree(args.after, t / "after") if args.after else ROOT)
         try:
-            a, b = (run_at(tree, t / f"out-{i}", args.rounds) for i, tree in enumerate(trees))
+            (alg_a, ad_a), (alg_b, ad_b) = names(trees[0]), names(trees[1])
+            common = ([x for x in alg_a if x in alg_b], [x for x in ad_a if x in ad_b])
+            new = sorted(set(alg_b) - set(alg_a)) + sorted(set(ad_b) - set(ad_a))
+            if new:  # nothing to compare them with
+                print(f"only in {args.after or 'the working tree'} (not compared): {new}")
+            a, b = (
+                run_at(tree, t / f"out-{i}", args.rounds, common) for i, tree in enumerate(trees)
+            )
         finally:
             for tree in trees:
                 if tree != ROOT:
