@@ -18,9 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from fedcore.engine import RayBackend, RaySettings
-from tests.test_ray_clients import make_sim, run_bytes
-
 ray = pytest.importorskip("ray")
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -91,23 +88,56 @@ def two_nodes():
         end_cluster(temp)
 
 
+# The driver runs in a fresh interpreter: a process that used another Ray session before
+# (this suite's local Ray, Prefect's Ray runner) leaves state behind that cancels the actors'
+# creation on the new cluster (ActorDiedError, "never ran"); a user's driver starts fresh.
+DRIVER = r"""
+import hashlib, json, sys, time
+import ray
+from fedcore.engine import RayBackend, RaySettings
+from tests.test_ray_clients import make_sim, run_bytes
+
+address = sys.argv[1]
+ref = run_bytes(make_sim(workers=0, dropout=0.3))
+ray.init(address=address, _node_ip_address="127.0.0.1", configure_logging=False)
+deadline = time.monotonic() + 60
+while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
+    time.sleep(0.5)
+nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+sim = make_sim(actors=2, dropout=0.3)
+sim.ray = RaySettings(address=address, actors=2)
+sim.backend = sim._backend(sim.backend.work)
+assert isinstance(sim.backend, RayBackend)
+got = run_bytes(sim)
+digest = lambda r: {k: hashlib.sha256(repr(v).encode()).hexdigest() for k, v in r.items()}
+print("RESULT " + json.dumps({
+    "nodes": nodes,
+    "used": sorted({node for _, node in sim.backend.placements}),
+    "ref": digest(ref),
+    "got": digest(got),
+    "round_clients": len(json.loads(got["metrics"])["rounds"][0]["clients"]),
+}))
+ray.shutdown()
+"""
+
+
 @pytest.mark.slow
 def test_clients_on_two_nodes_give_the_local_bytes(two_nodes):
-    ref = run_bytes(make_sim(workers=0, dropout=0.3))
-    ray.init(address=two_nodes, _node_ip_address="127.0.0.1", configure_logging=False)
-    deadline = time.monotonic() + 60
-    while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    repo = Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, "-c", DRIVER, two_nodes],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo), "RAY_AUTH_MODE": "disabled"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert res.returncode == 0 and lines, res.stdout[-3000:] + res.stderr[-3000:]
+    out = json.loads(lines[-1].removeprefix("RESULT "))
+    nodes = out["nodes"]
     assert len(nodes) == 2, nodes
-    sim = make_sim(actors=2, dropout=0.3)
-    sim.ray = RaySettings(address=two_nodes, actors=2)
-    sim.backend = sim._backend(sim.backend.work)
-    assert isinstance(sim.backend, RayBackend)
-    got = run_bytes(sim)
-    used = {node for _, node in sim.backend.placements}
-    assert used == set(nodes), (used, nodes)  # a client job on each node
-    assert any("node2" in nodes[n] for n in used)
-    assert got["metrics"] == ref["metrics"] and got["model"] == ref["model"]
-    assert got["clients"] == ref["clients"] and got["uploads"] == ref["uploads"]
-    assert json.loads(got["metrics"])["rounds"][0]["clients"]
+    assert set(out["used"]) == set(nodes), (out["used"], nodes)  # a client job on each node
+    assert any("node2" in nodes[n] for n in out["used"])
+    assert out["got"] == out["ref"]  # metrics, final model, client records, upload bytes
+    assert out["round_clients"]
