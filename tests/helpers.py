@@ -48,6 +48,20 @@ def toy_data(n: int = 400, seed: int = 0, *, channels: int = 1, size: int = 12) 
     return ImageData(images, labels, (0.5,) * channels, (0.25,) * channels)
 
 
+class Float64Images(ImageData):
+    """Images served as float64 batches (for float64 models: exact comparisons)."""
+
+    def batch(self, idx, **kw):  # type: ignore[no-untyped-def]
+        x, y = super().batch(idx, **kw)
+        return x.double(), y
+
+
+def images64(n: int, seed: int) -> Float64Images:
+    """``toy_data(n, seed)`` as float64 batches."""
+    d = toy_data(n, seed=seed)
+    return Float64Images(d.images, d.labels, (0.5,), (0.25,))
+
+
 class TinyAdaptable(nn.Module):
     """3x3 convs of every alignment the residual merge must respect (padding 1, stride 2,
     padding 0 with a bias, padding 2 with groups), BatchNorm and a linear head; 12x12 in."""

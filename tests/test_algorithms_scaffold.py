@@ -13,22 +13,16 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms import RunSpec, build_algorithm
-from fedcore.client import ImageData, LocalConfig
+from fedcore.client import LocalConfig
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord
 from fedcore.schedules import LRSchedule
 from fedcore.wire import MESSAGE, UPLOAD
-from tests.helpers import tiny_cnn, toy_data
+from tests.helpers import Float64Images, tiny_cnn, toy_data
 
 KEY = "1.weight"  # the linear layer's weight (2 classes x 2 features)
 LR, SERVER_LR, N = 0.1, 0.5, 4
-
-
-class Float64Images(ImageData):
-    def batch(self, idx, **kw):
-        x, y = super().batch(idx, **kw)
-        return x.double(), y
 
 
 def linear() -> nn.Module:

@@ -18,30 +18,20 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms import ALGORITHMS, build_algorithm
-from fedcore.client import ImageData, LocalConfig, Objective, cross_entropy
+from fedcore.client import LocalConfig, Objective, cross_entropy
 from fedcore.cohort import CohortClient, CohortTrainer, shared_objective
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord
 from fedcore.schedules import LRSchedule
 from models.adapters import ADAPTER_METHODS, adapt
-from tests.helpers import tiny_adaptable, toy_data
+from tests.helpers import images64, tiny_adaptable, toy_data
 from tests.test_lora import tiny_bert, tiny_vit
 
 TOL = 1e-9
 
 
-class Float64Images(ImageData):
-    """The toy images as float64 batches (the float64 models of this module)."""
-
-    def batch(self, idx, **kw):
-        x, y = super().batch(idx, **kw)
-        return x.double(), y
-
-
-def images(n: int, seed: int) -> Float64Images:
-    d = toy_data(n, seed=seed)
-    return Float64Images(d.images, d.labels, (0.5,), (0.25,))
+images = images64  # the toy images as float64 batches
 
 
 def backbone(adapter: str) -> str:

@@ -23,11 +23,11 @@ import torch
 
 from fedcore import payload
 from fedcore.algorithms import FedAvg
-from fedcore.client import ImageData, LocalConfig
+from fedcore.client import LocalConfig
 from fedcore.engine import FederationConfig, RayBackend, RaySettings, Simulation
 from fedcore.errors import ConfigError
 from fedcore.schedules import LRSchedule
-from tests.helpers import tiny_cnn, toy_data
+from tests.helpers import images64, tiny_cnn
 from tests.test_dropout import CrashingFedAvg, Records
 
 ray = pytest.importorskip("ray")
@@ -37,17 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARDS = [np.arange(a, b) for a, b in [(0, 16), (16, 48), (48, 96), (96, 160), (160, 256)]]
 
 
-class Float64Images(ImageData):
-    """The toy images as float64 batches (for the float64 model)."""
-
-    def batch(self, idx, **kw):
-        x, y = super().batch(idx, **kw)
-        return x.double(), y
-
-
-def images(n: int, seed: int) -> Float64Images:
-    d = toy_data(n, seed=seed)
-    return Float64Images(d.images, d.labels, (0.5,), (0.25,))
+images = images64  # the toy images as float64 batches
 
 
 def tiny64() -> torch.nn.Module:
