@@ -97,10 +97,7 @@ class Codec:
         if self.kind == "topk":
             flat = x.reshape(-1)
             k = self.count(flat.numel())
-            # the k largest magnitudes, ties to the lower index (a stable sort: the same
-            # selection on every device), sent in index order
-            order = torch.sort(flat.abs(), descending=True, stable=True).indices[:k]
-            idx = torch.sort(order).values
+            idx = _top_indices(flat.abs(), k)
             index_dtype = torch.int32 if flat.numel() < 2**31 else torch.int64
             return {"values": flat[idx], "indices": idx.to(index_dtype), **_shape(x)}
         return {"": x}
@@ -160,6 +157,19 @@ class Codec:
         if scale.dim() == 1:  # per channel
             scale = scale.reshape(-1, *([1] * (q.dim() - 1)))
         return q.to(dtype) * scale
+
+
+def _top_indices(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the ``k`` largest of ``mag``, ties to the lower index, in index order:
+    the same selection on every device and whatever order ``torch.topk`` returns ties in
+    (everything above the k-th largest value, then the first of those equal to it)."""
+    kth = torch.topk(mag, k, sorted=False).values.min()
+    above = (mag > kth).nonzero().squeeze(1)
+    at = (mag == kth).nonzero().squeeze(1)[: k - above.numel()]
+    idx = torch.cat([above, at])
+    if idx.numel() != k:  # NaN magnitudes compare false: a stable sort decides
+        idx = torch.sort(mag, descending=True, stable=True).indices[:k]
+    return torch.sort(idx).values
 
 
 def _shape(x: torch.Tensor) -> dict[str, torch.Tensor]:
