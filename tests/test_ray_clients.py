@@ -203,3 +203,20 @@ def test_where_the_clients_train_is_no_part_of_a_runs_fingerprint():
     )
     assert on_ray.runtime.clients == "ray" and on_ray.runtime.ray_actors == 3
     assert fingerprint(local, "fedavg", "full", "h") == fingerprint(on_ray, "fedavg", "full", "h")
+
+
+def test_the_node_of_each_client_is_recorded_per_round(local_ray):
+    from fedcore.engine.ray_pool import ClientNodes
+
+    sim = make_sim(actors=2, dropout=0.3)
+    assert isinstance(sim.backend, RayBackend)
+    nodes = ClientNodes(sim.backend)
+    rec = Records()
+    sim.callbacks += [nodes, rec]
+    sim.run()
+    trained = [[c.round, c.client_id] for c in rec.clients if c.status != "dropped"]
+    out = nodes.to_dict()
+    assert [row[:2] for row in out["clients"]] == trained  # per round, in task order
+    assert {row[2] for row in out["clients"]} == set(out["nodes"])
+    assert len(out["nodes"]) == 1 and "?" not in out["nodes"].values()  # the local node
+    json.dumps(out)  # written into timing.json as it is

@@ -46,6 +46,7 @@ from fedcore.engine.ray_cluster import (
     ray_module,
 )
 from fedcore.errors import ConfigError
+from fedcore.events import Callback, RoundRecord
 from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
 
@@ -188,6 +189,7 @@ class RayBackend(WireBackend):
         # Ray node id); per _map call, how many objects went into the object store.
         self.placements: list[tuple[int, str]] = []
         self.puts: list[int] = []
+        self.node_addresses: dict[str, str] = {}  # Ray node id -> its IP (at start)
 
     # ---- start and stop ------------------------------------------------------------------
     def start(self, global_state: StateDict) -> StateDict:
@@ -196,6 +198,11 @@ class RayBackend(WireBackend):
         self._owns_ray = connect(self.settings)
         try:
             nodes = node_resources()
+            self.node_addresses.update(
+                (str(n["NodeID"]), str(n.get("NodeManagerAddress", "?")))
+                for n in ray.nodes()
+                if n.get("Alive")
+            )
             check_gpus(self.settings, self.work.device, nodes)
             count = actor_count(self.settings, self.clients, nodes)
             self._context = ray.put(self.work.context_args())
@@ -336,6 +343,34 @@ class RayBackend(WireBackend):
             if i in nodes:
                 self.placements.extend((c, nodes[i]) for c in job_clients(what, jobs[i]))
         return out
+
+
+class ClientNodes(Callback):
+    """Which Ray node trained each client: (round, client, node id) per trained client, in
+    task order, from the backend's placements as each round ends; the nodes' addresses in
+    :meth:`to_dict`. Not part of any result: placement is Ray's choice (the run's bytes do
+    not depend on it), recorded beside the times (``timing.json``)."""
+
+    def __init__(self, backend: RayBackend) -> None:
+        self.backend = backend
+        self.rows: list[tuple[int, int, str]] = []
+        self._seen = len(backend.placements)
+
+    def on_fit_start(self, info: dict[str, Any]) -> None:
+        self._seen = len(self.backend.placements)
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        new = self.backend.placements[self._seen :]
+        self._seen = len(self.backend.placements)
+        self.rows.extend((record.round, client, node) for client, node in new)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"nodes": {node id: address}, "clients": [[round, client, node id], ...]}``."""
+        used = sorted({node for _, _, node in self.rows})
+        return {
+            "nodes": {n: self.backend.node_addresses.get(n, "?") for n in used},
+            "clients": [list(row) for row in self.rows],
+        }
 
 
 def job_clients(what: str, job: tuple) -> list[int]:
