@@ -11,6 +11,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# A 2-cell grid of 2 rounds on a small subset, nothing tracked or uploaded.
+SMALL_GRID = [
+    f"data.root={REPO / 'data/raw'}",
+    "data.train_subset=600",
+    "data.test_subset=200",
+    "federation.rounds=2",
+    "grid.algorithms=[fedavg,fedprox]",
+    "runtime.tracking=false",
+    "runtime.workers=0",
+    "storage.bucket=null",
+]
+
 
 def test_ray_runner_is_built_from_params():
     from flows.experiment import cell_params, grid_task_runner
@@ -86,14 +98,7 @@ def test_two_cells_train_in_parallel_ray_workers(tmp_path, monkeypatch):
     overrides = [
         f"experiment.reports_dir={tmp_path / 'reports'}",
         "experiment.name=pinned-ray",
-        f"data.root={REPO / 'data/raw'}",
-        "data.train_subset=600",
-        "data.test_subset=200",
-        "federation.rounds=2",
-        "grid.algorithms=[fedavg,fedprox]",
-        "runtime.tracking=false",
-        "runtime.workers=0",
-        "storage.bucket=null",
+        *SMALL_GRID,
         "runtime.task_runner=ray",
         "runtime.ray_workers=2",
     ]
@@ -155,17 +160,7 @@ def test_cells_with_clients_on_actors_on_one_local_ray_give_the_thread_runners_b
     from flows.experiment import experiment_flow
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    common = [
-        "experiment.name=shared-ray",
-        f"data.root={REPO / 'data/raw'}",
-        "data.train_subset=600",
-        "data.test_subset=200",
-        "federation.rounds=2",
-        "grid.algorithms=[fedavg,fedprox]",
-        "runtime.tracking=false",
-        "runtime.workers=0",
-        "storage.bucket=null",
-    ]
+    common = ["experiment.name=shared-ray", *SMALL_GRID]
     ray_run = ["runtime.task_runner=ray", "runtime.ray_workers=2", "runtime.clients=ray"]
     with prefect_test_harness(server_startup_timeout=180):
         for name, extra in (("thread", []), ("ray", ray_run)):

@@ -63,7 +63,18 @@ def local_ray():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def make_sim(*, workers=0, actors=None, rounds=2, m=4, algorithm=None, callbacks=(), **fed):
+def make_sim(
+    *,
+    workers=0,
+    actors=None,
+    rounds=2,
+    m=4,
+    algorithm=None,
+    callbacks=(),
+    engine="sequential",
+    cohort_size=None,
+    **fed,
+):
     return Simulation(
         model_fn=tiny64,
         algorithm=algorithm or FedAvg(),
@@ -76,6 +87,8 @@ def make_sim(*, workers=0, actors=None, rounds=2, m=4, algorithm=None, callbacks
         workers=workers,
         callbacks=callbacks,
         eval_chunk=25,
+        engine=engine,
+        cohort_size=cohort_size,
         ray=None if actors is None else RaySettings(actors=actors),
     )
 

@@ -20,34 +20,18 @@ import pytest
 import torch
 
 from fedcore import payload
-from fedcore.algorithms import FedAvg
-from fedcore.client import LocalConfig
-from fedcore.engine import FederationConfig, RayCohortBackend, RaySettings, Simulation
-from fedcore.schedules import LRSchedule
+from fedcore.engine import RayCohortBackend, Simulation
 from tests.test_dropout import CrashingFedAvg
-from tests.test_ray_clients import SHARDS, images, local_ray, make_sim, run_bytes, tiny64
+from tests.test_ray_clients import local_ray, make_sim, run_bytes
 
 __all__ = ["local_ray"]  # the module's Ray (a fixture of tests/test_ray_clients.py)
 
 FED = {"dropout": 0.3, "deadline_steps": 3, "speed_spread": 0.8, "stragglers": "partial"}
 
 
-def cohort_sim(*, actors=None, cohort_size=None, rounds=2, m=4, algorithm=None, **fed):
-    return Simulation(
-        model_fn=tiny64,
-        algorithm=algorithm or FedAvg(),
-        train=images(400, 0),
-        test=images(100, 1),
-        shards=SHARDS,
-        local=LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
-        lr_schedule=LRSchedule(lr=0.05),
-        federation=FederationConfig(rounds=rounds, clients_per_round=m, seed=1, **fed),
-        workers=0,
-        eval_chunk=25,
-        engine="cohort",
-        cohort_size=cohort_size,
-        ray=None if actors is None else RaySettings(actors=actors),
-    )
+def cohort_sim(**kw):
+    """``make_sim`` of the cohort engine (on Ray actors where ``actors`` is given)."""
+    return make_sim(engine="cohort", **kw)
 
 
 def own_host_tensors(sim: Simulation) -> list[int]:
