@@ -35,7 +35,7 @@ import torch
 from fedcore import payload
 from fedcore.algorithms.base import ClientTask
 from fedcore.cohort import check_batchable
-from fedcore.engine.backends import CohortBackend, WireBackend, Workload
+from fedcore.engine.backends import CohortBackend, Retries, WireBackend, Workload, job_clients
 from fedcore.engine.ray_cluster import (
     RaySettings,
     actor_count,
@@ -184,7 +184,7 @@ class RayBackend(WireBackend):
         self._remote: Any = None  # ray.remote(ClientActor), with its options
         self._context: Any = None  # the context's ObjectRef: put once per run
         self._owns_ray = False  # this backend initialised Ray: it shuts it down
-        self._lost_streak = 0
+        self.retries = Retries("Ray actor", "Ray actors")
         # What the tests and the docs' claims check: per client job in job order, (client,
         # Ray node id); per _map call, how many objects went into the object store.
         self.placements: list[tuple[int, str]] = []
@@ -194,7 +194,7 @@ class RayBackend(WireBackend):
     # ---- start and stop ------------------------------------------------------------------
     def start(self, global_state: StateDict) -> StateDict:
         ray = ray_module()
-        self._lost_streak = 0
+        self.retries.streak = 0
         self._owns_ray = connect(self.settings)
         try:
             nodes = node_resources()
@@ -306,43 +306,33 @@ class RayBackend(WireBackend):
                 i, a = running.pop(ref)
                 try:
                     out[i], nodes[i] = ray.get(ref)
-                    self._lost_streak = 0
+                    self.retries.streak = 0
                 except RayActorError:
                     lost.append(i)
                     self.actors[a] = self._new_actor()  # a restarted actor in its slot
                 idle.append(a)
-        if lost:
-            print(
-                f"fedapt: a Ray actor died; {len(lost)} {what} job(s) lost, each retried "
-                f"once, alone, on a restarted actor",
-                file=sys.stderr,
-                flush=True,
-            )
-        for i in sorted(lost):
-            try:
-                out[i], nodes[i] = ray.get(self.actors[0].run.remote(fn_worker, *sent[i]))
-                self._lost_streak = 0
-                continue
-            except RayActorError:
-                self.actors[0] = self._new_actor()
-            self._lost_streak += 1
-            # An actor that cannot start (its model fails) loses every job: stop then.
-            if what == "job" or self._lost_streak >= 3:
-                raise RuntimeError(
-                    f"Ray actors died on {self._lost_streak} {what} job(s) in a row, each "
-                    f"retried once: giving up (an actor's own error, if any, is above)"
-                )
-            ids = job_clients(what, jobs[i])
-            who = (
-                f"client {ids[0]} dropped: its"
-                if len(ids) == 1
-                else f"clients {', '.join(map(str, ids))} dropped: their"
-            )
-            print(f"fedapt: {who} Ray actor died again on the retry", file=sys.stderr, flush=True)
+        self.retries.retry(
+            jobs,
+            out,
+            lost,
+            what=what,
+            how="each retried once, alone, on a restarted actor",
+            again=lambda i: self._again(fn_worker, sent[i], nodes, i),
+            errors=RayActorError,
+            recover=self._restart_first,
+        )
         for i in range(len(jobs)):
             if i in nodes:
                 self.placements.extend((c, nodes[i]) for c in job_clients(what, jobs[i]))
         return out
+
+    def _again(self, fn_worker: Callable, job: tuple, nodes: dict[int, str], i: int) -> Any:
+        """Job ``i`` run again, alone, on the first actor; its node into ``nodes``."""
+        res, nodes[i] = ray_module().get(self.actors[0].run.remote(fn_worker, *job))
+        return res
+
+    def _restart_first(self) -> None:
+        self.actors[0] = self._new_actor()
 
 
 class ClientNodes(Callback):
@@ -371,16 +361,6 @@ class ClientNodes(Callback):
             "nodes": {n: self.backend.node_addresses.get(n, "?") for n in used},
             "clients": [list(row) for row in self.rows],
         }
-
-
-def job_clients(what: str, job: tuple) -> list[int]:
-    """The clients a job trains: a client job's (its task first), a cohort job's (its tasks
-    second), none for an evaluation job."""
-    if what == "client":
-        return [job[0].client_id]
-    if what == "cohort":
-        return [t.client_id for t in job[1]]
-    return []
 
 
 def is_state(arg: Any) -> bool:
