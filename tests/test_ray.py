@@ -172,6 +172,7 @@ def test_cells_with_clients_on_actors_on_one_local_ray_give_the_thread_runners_b
                 ("fedavg", 2),
                 ("fedprox", 2),
             ]
+    used = set()
     for cell in ("fedavg-full", "fedprox-full"):
         runs = [tmp_path / name / "shared-ray/runs" / cell for name in ("thread", "ray")]
         for f in ("metrics.json", "model.pt"):
@@ -183,3 +184,5 @@ def test_cells_with_clients_on_actors_on_one_local_ray_give_the_thread_runners_b
         placed = timing[1]["client_nodes"]
         assert {row[0] for row in placed["clients"]} == {1, 2}  # both rounds' clients
         assert len(placed["nodes"]) == 1 and "?" not in placed["nodes"].values()
+        used |= set(placed["nodes"])
+    assert len(used) == 1  # both cells' actors on the runner's Ray (a Ray of their own: 2)
