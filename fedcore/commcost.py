@@ -313,3 +313,56 @@ def comm_cost_markdown(report: Mapping[str, Any], style: str = "seed004") -> str
             "at the start (seed 004 §6.1.5)."
         )
     return "\n".join(lines) + "\n"
+
+
+def target_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    """Per run, the MiB to first reach the *target*: the highest accuracy level the baseline
+    reaches (the level rows of ``comm_cost_report``), its saving, and the run's final ACC
+    and total MiB. The target is None when the baseline reaches no level."""
+    base = report["baseline"]
+    reached = [row for row in report["rows"] if row["cost"][base] is not None]
+    target = reached[-1] if reached else None
+    runs = {}
+    for name in report["runs"]:
+        final = report["final"][name]
+        cost = None if target is None else target["cost"][name]
+        runs[name] = {
+            "mib": None if cost is None else cost["mib"],
+            "upload_mib": None if cost is None else cost["upload_mib"],
+            "download_mib": None if cost is None else cost["download_mib"],
+            "round": None if cost is None else cost["round"],
+            "saving": None if target is None or name == base else target["saving"][name],
+            "final_acc": final.get("final_acc", final["best_accuracy"]),
+            "total_mib": final["mib"],
+        }
+    return {"target": None if target is None else target["accuracy"], "runs": runs}
+
+
+def target_markdown(
+    target: Mapping[str, Any], baseline: str, columns: Mapping[str, Mapping[str, str]]
+) -> str:
+    """Markdown of ``target_report``: one row per run with its ``columns`` (e.g. adapter and
+    codec), MiB up, down and total to reach the target, the saving and the final ACC."""
+    level = target["target"]
+    if level is None:
+        return f"The baseline {baseline} reaches none of the accuracy levels: no target.\n"
+    keys = sorted({k for c in columns.values() for k in c}, key=["adapter", "codec"].index)
+    head = ["run", *keys, "up MiB", "down MiB", "MiB to target", "saving", "final ACC (%)"]
+    lines = [
+        f"MiB to reach the target, {100 * level:.1f}% (the highest level {baseline} reaches):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(keys) + "--:|" * 5,
+    ]
+
+    def num(x: float | None, fmt: str) -> str:
+        return NOT_REACHED if x is None else format(x, fmt)
+
+    for name, r in target["runs"].items():
+        saving = "-" if name == baseline else num(r["saving"] and 100 * r["saving"], ".1f")
+        row = [name, *(columns.get(name, {}).get(k, "") for k in keys)]
+        row += [num(r["upload_mib"], ".2f"), num(r["download_mib"], ".2f"), num(r["mib"], ".2f")]
+        row += [saving + ("%" if saving not in ("-", NOT_REACHED) else ""),
+                num(r["final_acc"] and 100 * r["final_acc"], ".2f")]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"

@@ -26,6 +26,7 @@ from torch import nn
 from fedcore import numerics, payload
 from fedcore.algorithms.base import ClientTask, ClientUpdate, ClientView, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
+from fedcore.codecs import Codecs, decode_state, decode_update, encode_update, float_dtype
 from fedcore.exits import begin_client, evaluate_exits, num_exits
 from fedcore.payload import StateDict
 from fedcore.wire import MESSAGE, UPLOAD
@@ -40,14 +41,17 @@ class Context:
     shards: Sequence[np.ndarray]
     noise_var: Sequence[float]
     local: LocalConfig
+    codecs: Codecs  # how uploads and downloads are encoded (``fedcore.codecs``)
     device: str
 
 
 WORKER: Context | None = None
 
 # What a client job sends back (:func:`client_job`): (client, encoded upload, samples, steps,
-# loss, seconds). Bytes on the wire, decoded by the server (:func:`receive`).
-Wire = tuple[int, bytes, int, int, float, float]
+# loss, seconds, error-feedback memory). The upload is bytes on the wire, decoded by the server
+# (:func:`receive`); the memory (encoded, None without one) is the client's own state, kept
+# for its next round by the simulation, not sent and not counted.
+Wire = tuple[int, bytes, int, int, float, float, bytes | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,9 @@ class ClientResult:
     train_loss: float
     seconds: float  # the client's local training time
     finite: bool  # no NaN/Inf in the upload (else the server rejects it)
+    # the client's error-feedback memory after this round (``fedcore.codecs``): client state,
+    # not on the wire; None without a codec that keeps one
+    memory: StateDict | None = None
 
     def update(self) -> ClientUpdate:
         """What the algorithm aggregates (an accepted upload's)."""
@@ -79,10 +86,17 @@ class ClientResult:
         )
 
 
-def receive(wire: Wire) -> ClientResult:
-    """The server's side of a client job: its upload decoded, counted and checked finite."""
-    client_id, upload, num_samples, num_steps, train_loss, seconds = wire
+def receive(
+    wire: Wire, codecs: Codecs | None = None, global_state: StateDict | None = None
+) -> ClientResult:
+    """The server's side of a client job: its upload decoded, counted and checked finite.
+    Through an upload codec the upload is the client's encoded update, decoded and applied to
+    the server's ``global_state`` (``fedcore.codecs.decode_update``)."""
+    client_id, upload, num_samples, num_steps, train_loss, seconds, memory = wire
     state = payload.decode(upload)
+    if codecs is not None and codecs.upload is not None:
+        assert global_state is not None, "an upload codec decodes against the global model"
+        state = decode_update(codecs.upload, state, global_state, UPLOAD, codecs.raw)
     return ClientResult(
         client_id,
         state,
@@ -92,6 +106,7 @@ def receive(wire: Wire) -> ClientResult:
         train_loss,
         seconds,
         payload.is_finite(state),
+        None if memory is None else payload.decode(memory),
     )
 
 
@@ -143,19 +158,24 @@ def client_job(
     download: bytes,
     held: bytes | None,
     max_steps: int | None = None,
+    memory: bytes | None = None,
 ) -> Wire:
     """Decode the download, train locally, encode the upload: the wire on both sides.
 
     ``held`` is what the client already holds from earlier rounds (FedNILO's frozen layers):
     it never crosses the wire this round, so its bytes are not counted. ``max_steps``: a
     straggler's partial update, cut after that many local steps (the first steps of the
-    same batch order; None: the configured local training).
+    same batch order; None: the configured local training). ``memory``: the client's
+    error-feedback memory from its last round (encoded; ``fedcore.codecs``).
     """
     local = ctx.local
     if max_steps is not None:
         cap = max_steps if local.max_steps is None else min(max_steps, local.max_steps)
         local = dataclasses.replace(local, max_steps=cap)
     received = payload.decode(download)
+    codecs = ctx.codecs
+    if codecs.download is not None:  # weights through the download codec
+        received = decode_state(codecs.download, received, _model_dtype(ctx.model), codecs.raw)
     message = {k[len(MESSAGE) :]: v for k, v in received.items() if k.startswith(MESSAGE)}
     state = {k: v for k, v in received.items() if not k.startswith(MESSAGE)}
     if held is not None:
@@ -183,10 +203,30 @@ def client_job(
     extra = ctx.algorithm.client_upload(
         state, res.state, view, num_steps=res.num_steps, lr=lr, local=local
     )
-    if extra:
-        out = {**out, **{UPLOAD + k: v for k, v in extra.items()}}
-    upload = payload.encode(out)
-    return task.client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds
+    extras = {UPLOAD + k: v for k, v in extra.items()}
+    kept = None
+    if ctx.codecs.upload is not None:  # the update through the upload codec
+        enc = encode_update(
+            ctx.codecs.upload,
+            state,
+            out,
+            extras,
+            seed=seed,
+            memory=None if memory is None else payload.decode(memory),
+            raw=ctx.codecs.raw,
+        )
+        upload = payload.encode(enc.wire)
+        kept = None if enc.memory is None else payload.encode(enc.memory)
+    else:
+        upload = payload.encode({**out, **extras})
+    return (
+        task.client_id, upload, res.num_samples, res.num_steps, res.train_loss, res.seconds,
+        kept,
+    )  # fmt: skip
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    return float_dtype(dict(model.state_dict()))
 
 
 def eval_job(

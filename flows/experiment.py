@@ -89,9 +89,10 @@ def in_process(params: Params) -> bool:
 def _inputs(plan: RunPlan | None, spec: CellSpec) -> dict[str, Any]:
     """What a cell gets from the plan when it runs in this process (else nothing: a worker
     reads and builds its own)."""
+    codec = {} if spec.codec == "none" else {"codec": spec.codec}
     if plan is None or not in_process(plan.params):
-        return {}
-    return {"data": plan.data, "part": plan.partition, "model": plan.model_source(spec)}
+        return codec
+    return {"data": plan.data, "part": plan.partition, "model": plan.model_source(spec), **codec}
 
 
 @flow(name="fedapt-train-grid", flow_run_name=grid_run_name)
@@ -105,7 +106,7 @@ def train_grid_flow(
     run_origin: Origin | None = None,
     plan: Any = None,
 ) -> list[dict[str, Any]]:
-    """One training task per (algorithm, adapter) cell, on the configured task runner.
+    """One training task per (algorithm, adapter, codec) cell, on the configured task runner.
     ``plan``: the run's ``RunPlan`` (its data, partition and models for in-process cells)."""
     cells = grid_cells(params)
     folders = [Path(checkpoint_dir)] * len(cells) if checkpoint_dir else None

@@ -17,18 +17,18 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
+from fedcore.codecs import check_sizes
 from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import Partition
 from flows.runners import check_gpus
 from tasks import checkpoint
-from tasks.cell import cell_name, check_cell, check_ray_clients, initial_cell_model
+from tasks.cell import CellSpec, check_cell, check_ray_clients, grid_cells, initial_cell_model
 from tasks.config import Params, experiment_dir
 from tasks.data import ExperimentData, load_experiment_data
 from tasks.io import check_writable
@@ -39,18 +39,6 @@ from tasks.report import report_baseline
 from tasks.storage import ensure_bucket
 from tasks.sweep import seed_dir, seed_params
 from tasks.tracking import check_tracking_server
-
-
-@dataclass(frozen=True)
-class CellSpec:
-    """One grid cell (picklable: what a task on another worker needs to name it)."""
-
-    algorithm: str
-    adapter: str
-
-    @property
-    def name(self) -> str:
-        return cell_name(self.algorithm, self.adapter)
 
 
 class RunPlan:
@@ -98,11 +86,6 @@ class RunPlan:
         """``take_model`` deferred to when the cell starts (a model per cell in memory at a
         time, not the whole grid's)."""
         return lambda: self.take_model(spec)
-
-
-def grid_cells(params: Params) -> tuple[CellSpec, ...]:
-    """The grid's cells in grid order (algorithm-major)."""
-    return tuple(CellSpec(a, d) for a in params.grid.algorithms for d in params.grid.adapters)
 
 
 def check_names(params: Params) -> None:
@@ -193,6 +176,8 @@ def _resolve(
         if keep or check
         else {}
     )
+    for adapter, model in built.items():  # a top-k k above a tensor it would send
+        _check_codecs(params, adapter, model)
     if pretrain:
         check_source(params, data)  # no source rows left, classes out of range, no dataset
     if partition_dir is None:
@@ -210,6 +195,15 @@ def _resolve(
         resuming,
         models=built if keep else None,
     )
+
+
+def _check_codecs(params: Params, adapter: str, model: nn.Module) -> None:
+    """Each grid codec against what ``adapter``'s cells upload (``fedcore.codecs.check_sizes``)."""
+    state = model.state_dict()
+    if adapter != "full":
+        state = {k: state[k] for k in params.grid.adapter(adapter).payload_keys(model)}
+    for codec in params.grid.codecs:
+        check_sizes(params.grid.codec(codec).upload, state)
 
 
 def _given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> Partition:

@@ -16,7 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.figures import FIGURES, LABEL_HISTOGRAM, PARETO, write_label_histogram
+from tasks.figures import (
+    FIGURES,
+    LABEL_HISTOGRAM,
+    PARETO,
+    PARETO_FRONT,
+    write_label_histogram,
+)
+from tasks.grid import record_cell
 
 
 def _log(client: Any, run_id: str, path: Path, artifact_path: str | None = None) -> None:
@@ -47,13 +54,13 @@ def log_cell(run_id: str, cell_dir: str | Path, partition_dir: str | Path) -> No
 def log_experiment(
     run_id: str, experiment_dir: str | Path, seeds: Sequence[int] | None = None
 ) -> None:
-    """The experiment's summary, communication-cost report and grid figure into the parent
+    """The experiment's summary, communication-cost report and grid figures into the parent
     run; in a seed sweep (``seeds``) also each seed's, under ``seed-<s>/``."""
     from tasks import tracking
 
     client = tracking.client()
     d = Path(experiment_dir)
-    names = ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO)
+    names = ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO, PARETO_FRONT)
     for name in names:
         _log(client, run_id, d / name)
     for seed in seeds or ():
@@ -67,7 +74,7 @@ def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     from tasks import tracking
 
     uri = tracking.tracking_uri()
-    ids = {f"{r['algorithm']}-{r['adapter']}": r.get("mlflow_run_id") for r in records}
+    ids = {record_cell(r): r.get("mlflow_run_id") for r in records}
     if not uri.startswith("http") or not any(ids.values()):
         return {}
     client = tracking.client()

@@ -28,6 +28,7 @@ from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
 from tasks.config.base import Section
 from tasks.data import ExperimentData
+from tasks.grid import CellSpec, cell_name, grid_cells, record_cell  # noqa: F401 (re-exported)
 from tasks.partitioning import shards_of
 
 T = TypeVar("T")
@@ -77,10 +78,6 @@ def check_cell(params: Params, algorithm: str, adapter: str) -> None:
     params.grid.algorithm(algorithm).check(
         RunSpec(adapter=adapter, optimizer=params.client.optimizer)
     )
-
-
-def cell_name(algorithm: str, adapter: str) -> str:
-    return f"{algorithm}-{adapter}"
 
 
 def cell_lr(params: Params, algorithm: str, adapter: str) -> float:
@@ -168,11 +165,12 @@ def build_simulation(
     base_path: str | Path | None = None,
     callbacks: Sequence[Callback] = (),
     model: nn.Module | None = None,
+    codec: str = "none",
 ) -> Cell:
     """The Simulation of one (algorithm, adapter) cell on ``part``, configured from ``params``
     (client optimiser, LR schedule at the cell's lr, federation, device, workers, engine,
-    cohort size); it is evaluated on data.evaluate's split. ``model``: the cell's initial
-    model when already built (``initial_cell_model``), else built here."""
+    cohort size, update codec); it is evaluated on data.evaluate's split. ``model``: the
+    cell's initial model when already built (``initial_cell_model``), else built here."""
     method = params.grid.adapter(adapter)
     base = require_base(params, base_path)
     algo = params.grid.algorithm(algorithm)
@@ -217,5 +215,6 @@ def build_simulation(
         ),
         cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
         ray=ray,
+        codecs=params.grid.codec(codec),
     )
     return Cell(sim, method, model_fn, adapted, device)

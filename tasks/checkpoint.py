@@ -70,6 +70,7 @@ def fingerprint(
     adapter: str,
     partition_hash: str,
     base_path: str | Path | None = None,
+    codec: str = "none",
 ) -> dict[str, Any]:
     """What determines the cell's numbers, as a flat JSON-able mapping."""
     flat = params.flat()
@@ -79,6 +80,10 @@ def fingerprint(
     for prefix in (f"grid.algorithm_options.{algorithm}", f"grid.adapter_options.{adapter}"):
         fp.update({k: v for k, v in flat.items() if k == prefix or k.startswith(prefix + ".")})
     fp["cell.algorithm"], fp["cell.adapter"] = algorithm, adapter
+    if codec != "none":  # (a cell without one keeps the fingerprint it had)
+        fp["cell.codec"] = codec
+        prefix = f"grid.codec_options.{codec}"
+        fp.update({k: v for k, v in flat.items() if k == prefix or k.startswith(prefix + ".")})
     # the lr the cell trains at: grid.client_lr's entry for it, else client.lr (the same key)
     fp["client.lr"] = params.grid.lr(algorithm, adapter, params.client.lr)
     fp["partition.hash"] = partition_hash
@@ -178,12 +183,13 @@ def check_cells(
     base = Path(base_path) if base_path is not None else None
     if params.model.base == "pretrain" and (base is None or not base.is_file()):
         return []
+    from tasks.cell import grid_cells
+
     resuming = []
-    for algorithm in params.grid.algorithms:
-        for adapter in params.grid.adapters:
-            path = Path(directory) / f"{algorithm}-{adapter}.pt"
-            if path.is_file():
-                fp = fingerprint(params, algorithm, adapter, partition_hash, base)
-                if read(path, fp) is not None:
-                    resuming.append(f"{algorithm}-{adapter}")
+    for spec in grid_cells(params):
+        path = Path(directory) / f"{spec.name}.pt"
+        if path.is_file():
+            fp = fingerprint(params, spec.algorithm, spec.adapter, partition_hash, base, spec.codec)
+            if read(path, fp) is not None:
+                resuming.append(spec.name)
     return resuming

@@ -24,6 +24,7 @@ matplotlib.use("Agg")  # headless: servers, CI, Prefect workers
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from tasks.io import atomic_write_bytes  # noqa: E402
 
@@ -31,6 +32,7 @@ MIB = float(2**20)
 FIGURES = "figures"  # folder of a cell's figures (and the artifact path in MLflow)
 LABEL_HISTOGRAM = "label_histogram.png"
 PARETO = "accuracy_vs_mib.png"
+PARETO_FRONT = "pareto_front.png"
 _SIZE = (6.4, 4.0)
 
 
@@ -152,6 +154,81 @@ def pareto(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str) -> Figur
     return fig
 
 
+def pareto_points(
+    cells: Mapping[str, tuple[str, str, Sequence[Mapping[str, Any]]]], window: int = 1
+) -> dict[str, tuple[float, float]]:
+    """Per cell (adapter, codec, round records): (total MiB, final ACC in %), ACC the mean
+    accuracy of the last ``window`` evaluated rounds. Cells never evaluated are left out."""
+    out = {}
+    for name, (_, _, rounds) in cells.items():
+        ev = _evaluated(rounds)
+        if not ev:
+            continue
+        last = rounds[-1]
+        total = (last["cum_upload_bytes"] + last["cum_download_bytes"]) / MIB
+        out[name] = (total, 100 * float(np.mean([r["accuracy"] for r in ev[-window:]])))
+    return out
+
+
+def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
+    """The cells no other cell beats on both: at most as many MiB and at least the accuracy
+    (one strictly better), in order of MiB."""
+    front = [
+        n
+        for n, (m, a) in points.items()
+        if not any(
+            (m2 <= m and a2 >= a) and (m2 < m or a2 > a)
+            for n2, (m2, a2) in points.items()
+            if n2 != n
+        )
+    ]
+    return sorted(front, key=lambda n: points[n])
+
+
+_MARKERS = "osD^v<>pP*Xh"
+
+
+def pareto_front_figure(
+    cells: Mapping[str, tuple[str, str, Sequence[Mapping[str, Any]]]], title: str, window: int = 1
+) -> Figure:
+    """Each cell's final ACC against its total MiB (up + down): colour the adapter, marker
+    the codec; the Pareto front (``pareto_front``) joined and its cells named."""
+    fig, ax = _figure((8.0, 4.6))
+    points = pareto_points(cells, window)
+    adapters = sorted({a for a, _, _ in cells.values()})
+    codecs = list(dict.fromkeys(c for _, c, _ in cells.values()))
+    colours = {a: f"C{i % 10}" for i, a in enumerate(adapters)}
+    for name, (mib, acc) in points.items():
+        adapter, codec, _ = cells[name]
+        ax.plot([mib], [acc], linestyle="none", color=colours[adapter],
+                marker=_MARKERS[codecs.index(codec) % len(_MARKERS)], ms=7)  # fmt: skip
+    front = pareto_front(points)
+    if front:
+        xs, ys = zip(*(points[n] for n in front), strict=True)
+        ax.plot(xs, ys, color="black", lw=1, ls="--", zorder=0, label="Pareto front")
+        for n in front:
+            ax.annotate(n, points[n], fontsize=6, xytext=(4, 4), textcoords="offset points")
+        ax.set_xscale("log")
+    handles = [Line2D([], [], color=colours[a], marker="o", ls="none", label=a) for a in adapters]
+    handles += [
+        Line2D([], [], color="grey", ls="none", marker=_MARKERS[i % len(_MARKERS)], label=c)
+        for i, c in enumerate(codecs)
+    ]
+    if front:
+        handles.append(Line2D([], [], color="black", ls="--", label="Pareto front"))
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  title="adapter (colour), codec (marker)", title_fontsize=7)  # fmt: skip
+    acc_label = (
+        f"final ACC (%, mean of the last {window} evaluations)"
+        if window > 1
+        else ("final test accuracy (%)")
+    )
+    ax.set(xlabel="total MiB transmitted, up + down (log)", ylabel=acc_label)
+    ax.set_title("\n".join(textwrap.wrap(title, 60)))
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
 def save_png(fig: Figure) -> bytes:
     """The PNG bytes of ``fig``: no software version or date in them (reproducible)."""
     buf = io.BytesIO()
@@ -207,6 +284,17 @@ def write_label_histogram(partition_dir: str | Path) -> Path:
     counts = np.array([c["label_counts"] for c in clients], dtype=np.int64)
     title = f"{stats['scheme']} over {stats['num_clients']} clients: samples per class"
     return atomic_write_bytes(d / LABEL_HISTOGRAM, save_png(label_histogram(counts, title)))
+
+
+def write_pareto_front(
+    cells: Mapping[str, tuple[str, str, Sequence[Mapping[str, Any]]]],
+    out_dir: str | Path,
+    experiment: str,
+    window: int = 1,
+) -> Path:
+    """pareto_front.png: the grid's cells as accuracy against bytes, adapters x codecs."""
+    fig = pareto_front_figure(cells, f"{experiment}: accuracy vs MiB, Pareto front", window)
+    return atomic_write_bytes(Path(out_dir) / PARETO_FRONT, save_png(fig))
 
 
 def write_grid_figure(

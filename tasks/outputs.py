@@ -114,12 +114,15 @@ def summary_record(
     h: History,
     device: str,
     data: ExperimentData | None = None,
+    codec: str = "none",
 ) -> dict[str, Any]:
     """The cell's record (metrics.json, summary.json); ``data``: the evaluated rows' count
-    under data.evaluate: validation."""
+    under data.evaluate: validation. ``codec``: the cell's update codec (recorded when it has
+    one)."""
     record = {
         "algorithm": algorithm,
         "adapter": adapter,
+        **({} if codec == "none" else {"codec": codec}),
         "partition": part.scheme,
         "partition_params": part.params,
         "partition_hash": part.content_hash(),

@@ -18,6 +18,7 @@ from tasks import tracking
 from tasks.backbone import model_input
 from tasks.config import Params
 from tasks.data import ExperimentData
+from tasks.grid import record_cell
 from tasks.origin import Origin
 
 _err = Console(stderr=True)
@@ -94,7 +95,7 @@ def register_model(
         tracking.EVAL_SET_TAG: eval_set_sha256(params, data),
         "eval_set_rows": str(len(data.eval_rows(params.data.evaluate)[1])),
         "experiment": params.experiment.name,
-        "cell": f"{record['algorithm']}-{adapter}",
+        "cell": record_cell(record),
         "partition": record["partition"],
         **{k: v for k, v in tracking.provenance_tags().items() if k == "git_commit"},
     }

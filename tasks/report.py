@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from fedcore.errors import ConfigError
 from tasks import artifacts, figures, storage, tracking
 from tasks.config import Params
+from tasks.grid import CellSpec, cell_folder, dvc_folder, grid_cells, record_cell
 from tasks.io import atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
@@ -30,7 +32,7 @@ def write_summary(
 
 
 def cells(params: Params) -> list[str]:
-    return [f"{a}-{d}" for a in params.grid.algorithms for d in params.grid.adapters]
+    return [spec.name for spec in grid_cells(params)]
 
 
 def report_baseline(params: Params) -> str:
@@ -47,10 +49,17 @@ def report_baseline(params: Params) -> str:
     return next((c for c in grid if c.startswith("fedavg-")), grid[0])
 
 
-def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -> list[Path]:
+def write_comm_cost(
+    params: Params,
+    runs_dir: str | Path,
+    out_dir: str | Path,
+    folder: Callable[[CellSpec], str] = cell_folder,
+) -> list[Path]:
     """comm_cost.json + comm_cost.md for the grid: cumulative MiB (upload, download, both) to
     first reach each accuracy level, savings against the baseline cell, and per-round traffic
-    by phase for runs that freeze layers (FedNILO). Reads each cell's metrics.json rounds."""
+    by phase for runs that freeze layers (FedNILO). Reads each cell's metrics.json rounds
+    (``runs_dir/<folder(cell)>``: a run's folders are the cells' names, DVC's
+    ``tasks.grid.dvc_folder``)."""
     import json
 
     from fedcore.commcost import (
@@ -59,14 +68,16 @@ def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -
         direction_markdown,
         phase_markdown,
         phase_report,
+        target_markdown,
+        target_report,
     )
 
     runs = {}
-    for cell in cells(params):
-        path = Path(runs_dir) / cell / "metrics.json"
+    for spec in grid_cells(params):
+        path = Path(runs_dir) / folder(spec) / "metrics.json"
         if not path.is_file():
-            raise ConfigError(f"no metrics for grid cell {cell}: {path}")
-        runs[cell] = json.loads(path.read_text())["rounds"]
+            raise ConfigError(f"no metrics for grid cell {spec.name}: {path}")
+        runs[spec.name] = json.loads(path.read_text())["rounds"]
     base = report_baseline(params)
     levels = list(params.report.accuracy_levels)
     rep = comm_cost_report(
@@ -77,6 +88,8 @@ def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -
         window=params.report.window,
     )
     phases = phase_report(runs, base)
+    target = target_report(rep)
+    columns = {s.name: {"adapter": s.adapter, "codec": s.codec} for s in grid_cells(params)}
     out = Path(out_dir)
     md = [
         f"# Communication cost: {params.experiment.name}",
@@ -92,10 +105,11 @@ def write_comm_cost(params: Params, runs_dir: str | Path, out_dir: str | Path) -
         "Upload and download apart:",
         "",
         direction_markdown(rep),
+        target_markdown(target, base, columns),
         phase_markdown(phases, base),
     ]
     return [
-        atomic_write_json(out / "comm_cost.json", {**rep, "phases": phases}),
+        atomic_write_json(out / "comm_cost.json", {**rep, "phases": phases, "target": target}),
         atomic_write_text(out / "comm_cost.md", "\n".join(md)),
     ]
 
@@ -126,8 +140,8 @@ def write_report(
     results = atomic_write_text(
         out / "results.md", results_markdown(params.experiment.name, records)
     )
-    figure = write_grid_figure(params, runs_dir, out)
-    return [summary, results, figure, *write_comm_cost(params, runs_dir, out)]
+    figs = write_grid_figures(params, runs_dir, out, dvc_folder)
+    return [summary, results, *figs, *write_comm_cost(params, runs_dir, out, dvc_folder)]
 
 
 def results_markdown(
@@ -148,7 +162,7 @@ def results_markdown(
         "|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in records:
-        cell = f"{r['algorithm']}-{r['adapter']}"
+        cell = record_cell(r)
         rounds = r["rounds"] if isinstance(r["rounds"], int) else len(r["rounds"])  # metrics.json
         name = f"[{cell}]({links[cell]})" if links and cell in links else cell
         rows.append(
@@ -160,16 +174,36 @@ def results_markdown(
     return "\n".join(rows) + "\n"
 
 
-def write_grid_figure(params: Params, runs_dir: str | Path, out_dir: str | Path) -> Path:
-    """accuracy_vs_mib.png: every cell's accuracy against cumulative MiB (its metrics.json)."""
+def write_grid_figures(
+    params: Params,
+    runs_dir: str | Path,
+    out_dir: str | Path,
+    folder: Callable[[CellSpec], str] = cell_folder,
+) -> list[Path]:
+    """accuracy_vs_mib.png, every cell's accuracy against cumulative MiB, and
+    pareto_front.png, each cell's final ACC against its total MiB with the cells no other
+    beats on both (from each cell's metrics.json)."""
     import json
 
     runs = {}
-    for cell in cells(params):
-        path = Path(runs_dir) / cell / "metrics.json"
+    for spec in grid_cells(params):
+        path = Path(runs_dir) / folder(spec) / "metrics.json"
         if path.is_file():
-            runs[cell] = json.loads(path.read_text())["rounds"]
-    return figures.write_grid_figure(runs, out_dir, params.experiment.name)
+            runs[spec.name] = json.loads(path.read_text())["rounds"]
+    specs = {s.name: s for s in grid_cells(params)}
+    rp = params.report
+    return [
+        figures.write_grid_figure(runs, out_dir, params.experiment.name),
+        figures.write_pareto_front(
+            {
+                name: (specs[name].adapter, specs[name].codec, rounds)
+                for name, rounds in runs.items()
+            },
+            out_dir,
+            params.experiment.name,
+            window=rp.window if rp.accuracy == "mean" else 1,
+        ),
+    ]
 
 
 @task(name="summary", cache_policy=NO_CACHE)
@@ -187,9 +221,9 @@ def summary_task(
     results = atomic_write_text(
         out / "results.md", results_markdown(params.experiment.name, records)
     )
-    figure = write_grid_figure(params, runs_dir, out)
+    figs = write_grid_figures(params, runs_dir, out)
     cost = write_comm_cost(params, runs_dir, out)
-    return [summary, *map(str, (results, figure, *cost))]
+    return [summary, *map(str, (results, *figs, *cost))]
 
 
 @task(name="log-results", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

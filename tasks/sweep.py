@@ -28,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 from fedcore.payload import mib
 from tasks.config import Params
+from tasks.grid import grid_cells, record_cell
 from tasks.io import atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
@@ -71,27 +72,24 @@ def cell_stats(params: Params, records: Sequence[dict[str, Any]]) -> list[dict[s
     """Per grid cell (in grid order): its seeds and each metric's mean, std, n and per-seed
     values (in seed order, whatever order the runs finished in)."""
     out = []
-    for algorithm in params.grid.algorithms:
-        for adapter in params.grid.adapters:
-            runs = sorted(
-                (r for r in records if (r["algorithm"], r["adapter"]) == (algorithm, adapter)),
-                key=lambda r: r["seed"],
-            )
-            if not runs:
-                continue
-            cell: dict[str, Any] = {
-                "cell": f"{algorithm}-{adapter}",
-                "algorithm": algorithm,
-                "adapter": adapter,
-                "partition": runs[0]["partition"],
-                "seeds": [r["seed"] for r in runs],
-                "rounds": [r["rounds"] for r in runs],
-                "last_rounds_L": runs[0]["last_rounds_L"],
-                "diverged_at_round": [r.get("diverged_at_round") for r in runs],
-            }
-            for name, get in _METRICS.items():
-                cell[name] = stat([r.get(get) if isinstance(get, str) else get(r) for r in runs])
-            out.append(cell)
+    for spec in grid_cells(params):
+        runs = sorted((r for r in records if record_cell(r) == spec.name), key=lambda r: r["seed"])
+        if not runs:
+            continue
+        cell: dict[str, Any] = {
+            "cell": spec.name,
+            "algorithm": spec.algorithm,
+            "adapter": spec.adapter,
+            **({} if spec.codec == "none" else {"codec": spec.codec}),
+            "partition": runs[0]["partition"],
+            "seeds": [r["seed"] for r in runs],
+            "rounds": [r["rounds"] for r in runs],
+            "last_rounds_L": runs[0]["last_rounds_L"],
+            "diverged_at_round": [r.get("diverged_at_round") for r in runs],
+        }
+        for name, get in _METRICS.items():
+            cell[name] = stat([r.get(get) if isinstance(get, str) else get(r) for r in runs])
+        out.append(cell)
     return out
 
 

@@ -22,7 +22,7 @@ from fedcore.engine.ray_pool import ClientNodes
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from tasks import artifacts, checkpoint, modelfile, tracking
-from tasks.cell import Cell, build_simulation, cell_lr, cell_name, require_base
+from tasks.cell import Cell, build_simulation, cell_lr, cell_name, record_cell, require_base
 from tasks.config import Params
 from tasks.data import ExperimentData, load_experiment_data
 from tasks.origin import Origin
@@ -45,12 +45,14 @@ def train_cell(
     callbacks: Sequence[Callback] = (),
     timing_file: str | Path | None = None,
     base_path: str | Path | None = None,
+    codec: str = "none",
 ) -> dict[str, Any]:
     """Simulate one grid cell; writes its outputs (see ``tasks.outputs.write_cell_outputs``),
     returns its record."""
     record, _ = train_cell_model(
-        params, data, part, algorithm, adapter, out_dir, callbacks, timing_file, base_path
-    )
+        params, data, part, algorithm, adapter, out_dir, callbacks, timing_file, base_path,
+        codec=codec,
+    )  # fmt: skip
     return record
 
 
@@ -67,6 +69,7 @@ def train_cell_model(
     checkpoint_file: str | Path | None = None,
     keep_checkpoint: bool = False,
     model: nn.Module | None = None,
+    codec: str = "none",
 ) -> tuple[dict[str, Any], nn.Module]:
     """``train_cell``, and the trained (adapted) model in memory: the cell's one model
     instance with the final global state loaded (what registration logs).
@@ -79,23 +82,24 @@ def train_cell_model(
     """
     timer = LocalTrainingTime()
     cell = build_simulation(
-        params, data, part, algorithm, adapter, base_path, [*callbacks, timer], model
+        params, data, part, algorithm, adapter, base_path, [*callbacks, timer], model, codec
     )
     sim, method, model_fn, adapted, device = (
         cell.sim, cell.method, cell.model_fn, cell.adapted, cell.device
     )  # fmt: skip
     sizes = method.counts(adapted)
-    saver = _checkpoints(params, cell, algorithm, adapter, part, base_path, checkpoint_file)
+    saver = _checkpoints(params, cell, algorithm, adapter, part, base_path, checkpoint_file, codec)
     # clients on Ray actors: the node of each, recorded beside the times (timing.json)
     nodes = ClientNodes(sim.backend) if isinstance(sim.backend, RayBackend) else None
     if nodes is not None:
         sim.callbacks.append(nodes)
     history = sim.run()
-    record = summary_record(params, algorithm, adapter, part, history, device, data)
+    record = summary_record(params, algorithm, adapter, part, history, device, data, codec)
     if params.personalize.enabled:
         record["personalization"] = personalize_cell(
-            params, sim, model_fn(), method.trainable_keys(adapted), f"{algorithm}/{adapter}"
-        )
+            params, sim, model_fn(), method.trainable_keys(adapted),
+            f"{algorithm}/{adapter}" + ("" if codec == "none" else f"/{codec}"),
+        )  # fmt: skip
     record.update(
         {
             "total_params": sizes.total_params,
@@ -111,7 +115,12 @@ def train_cell_model(
     # A frozen-base cell stores what it trained (what the engine transmits) and a reference to
     # its base; full fine-tuning stores the whole model (tasks/modelfile.py).
     trained = None if sim.payload_keys is None else list(sim.payload_keys)
-    base = None if trained is None else modelfile.base_reference(params, adapter, base_path)
+    # (the pretrain file only where model.base is pretrain: the DVC stage always names one)
+    base = (
+        None
+        if trained is None
+        else modelfile.base_reference(params, adapter, require_base(params, base_path))
+    )
     write_cell_outputs(
         Path(out_dir), record, history, sim.global_state, timing_file, trained, base,
         None if nodes is None else nodes.to_dict(),
@@ -130,18 +139,19 @@ def _checkpoints(
     part: Partition,
     base_path: str | Path | None,
     path: str | Path | None,
+    codec: str = "none",
 ) -> checkpoint.Checkpointer | None:
     """Resume ``cell`` from the checkpoint at ``path`` (if there is one for this
     configuration and ``runtime.resume``) and subscribe the writer of its checkpoints."""
     if path is None:
         return None
     base = require_base(params, base_path)
-    fp = checkpoint.fingerprint(params, algorithm, adapter, part.content_hash(), base)
+    fp = checkpoint.fingerprint(params, algorithm, adapter, part.content_hash(), base, codec)
     state = checkpoint.read(path, fp) if params.runtime.resume else None
     if state is not None:
         cell.sim.load_state_dict(state)
         _err.print(
-            f"{cell_name(algorithm, adapter)}: resuming after round {state['round']} from {path}",
+            f"{cell_name(algorithm, adapter, codec)}: resuming after round {state['round']} from {path}",
             highlight=False,
             markup=False,
             soft_wrap=True,
@@ -193,6 +203,7 @@ def run_cell(
     data: ExperimentData | None = None,
     part: Partition | None = None,
     model: nn.Module | None = None,
+    codec: str = "none",
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
     per-round metrics and the final (merged) model registered. Returns the summary record.
@@ -205,7 +216,7 @@ def run_cell(
     run_origin = run_origin or Origin()
     data = data or load_experiment_data(params)
     part = part or load_partition(partition_dir)
-    name = label or cell_name(algorithm, adapter)
+    name = label or cell_name(algorithm, adapter, codec)
     grid, shown = GridTracker(slot), labelled(name, slot)
     callbacks: list[Callback] = [
         grid,  # first: the others show what it just wrote
@@ -215,12 +226,15 @@ def run_cell(
     run_id = None
     if params.runtime.tracking:
         flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
+        if codec != "none":
+            flat["codec"] = codec
         if params.grid.client_lr:  # the cell's own lr beside the grid's mapping
             flat["client_lr"] = cell_lr(params, algorithm, adapter)
         tags = {
             "partition_hash": part.content_hash(),
             "algorithm": algorithm,
             "adapter": adapter,
+            **({} if codec == "none" else {"codec": codec}),
             **run_origin.tags(),
             **(tags or {}),
         }
@@ -230,7 +244,7 @@ def run_cell(
     try:
         record, model = train_cell_model(
             params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file, base_path,
-            checkpoint_file, keep_checkpoint, model,
+            checkpoint_file, keep_checkpoint, model, codec,
         )  # fmt: skip
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         warn_divergence(record)
@@ -253,7 +267,7 @@ def warn_divergence(record: dict[str, Any]) -> None:
     r = record.get("diverged_at_round")
     if r is not None:
         _err.print(
-            f"warning: {record['algorithm']}-{record['adapter']} diverged at round {r} (every "
+            f"warning: {record_cell(record)} diverged at round {r} (every "
             "update rejected as non-finite, or a non-finite test loss); lower client.lr or "
             "set runtime.allow_divergence: true to accept it",
             highlight=False,
@@ -266,14 +280,21 @@ def diverged(records: Sequence[dict[str, Any]]) -> list[str]:
     `` seed <seed>`` when the records are of several seeds)."""
     seeds = len({r.get("seed") for r in records}) > 1
     return [
-        f"{r['algorithm']}-{r['adapter']}@{r['diverged_at_round']}"
-        + (f" seed {r['seed']}" if seeds else "")
+        f"{record_cell(r)}@{r['diverged_at_round']}" + (f" seed {r['seed']}" if seeds else "")
         for r in records
         if r.get("diverged_at_round") is not None
     ]
 
 
-@task(name="train", task_run_name="train-{algorithm}-{adapter}", cache_policy=NO_CACHE)
+def _run_name() -> str:
+    """The Prefect task run's name: train-<cell>."""
+    from prefect.runtime import task_run
+
+    p = task_run.parameters
+    return "train-" + cell_name(p["algorithm"], p["adapter"], p.get("codec", "none"))
+
+
+@task(name="train", task_run_name=_run_name, cache_policy=NO_CACHE)
 def train_task(
     params: Params,
     partition_dir: str,
@@ -289,6 +310,7 @@ def train_task(
     data: ExperimentData | None = None,
     part: Partition | None = None,
     model: Callable[[], nn.Module | None] | None = None,
+    codec: str = "none",
 ) -> dict:
     """Simulate one (algorithm, adapter) cell on the partition; returns its summary record.
     Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
@@ -298,7 +320,7 @@ def train_task(
     from the run's plan."""
     # A Dask or Ray worker is a process of its own: the run's numerics before it computes.
     numerics.apply(numerics.resolve(params.runtime.numerics, "native"), params.runtime.threads)
-    name = cell_name(algorithm, adapter)
+    name = cell_name(algorithm, adapter, codec)
     return run_cell(
         params,
         partition_dir,
@@ -316,4 +338,5 @@ def train_task(
         data=data,
         part=part,
         model=None if model is None else model(),
+        codec=codec,
     )

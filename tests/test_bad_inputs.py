@@ -108,6 +108,26 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
             "cells: fedavg-full",
         ),
         (["--set", "grid.client_lr={fedavg-full: -1}"], "grid.client_lr.fedavg-full: must be"),
+        # update codecs (issue 33): one line naming the key and the allowed values
+        (
+            ["--set", "grid.codecs=[zip]"],
+            "grid.codecs: unknown codec 'zip'; allowed: none, fp16, bf16, int8, int4, topk",
+        ),
+        (
+            ["--set", "grid.codec_options={int8: {bits: 3}}"],
+            "grid.codec_options: int8.bits: 3 is not supported; allowed: 2, 4, 8",
+        ),
+        (["--set", "grid.codec_options={topk: {k: 0}}"], "topk.k: 0 must be a whole number"),
+        (["--set", "grid.codec_options={topk: {fraction: 2}}"], "topk.fraction: 2 must be in"),
+        (
+            ["--set", "grid.codec_options={topk: {directions: [upload, download]}}"],
+            "topk.directions: topk cannot serve download",
+        ),
+        (
+            ["--set", "grid.codecs=[topk]", "--set", "grid.codec_options={topk: {k: 100000}}"],
+            "codec topk: k 100000 is above the size of a tensor it encodes",
+        ),
+        (["--set", "grid.codecs=[none,none]"], "grid.codecs: names none more than once"),
     ],
 )
 def test_bad_params_values(tmp_path, args, needle):

@@ -75,6 +75,11 @@ def simulate(
     noise: bool = True,
     cohort_size: int | None = None,
     rounds: int = 2,
+    codecs=None,
+    participation: int = 4,
+    resume=None,
+    stop_after: int | None = None,
+    sims: list | None = None,
 ):
     perm = np.random.default_rng(0).permutation(400)
     algo_options = {"fednilo": {"K": 1, "F": 1}}.get(algorithm, {})
@@ -95,14 +100,21 @@ def simulate(
             max_steps=max_steps,
         ),
         lr_schedule=LRSchedule(lr=0.05 if optimizer == "sgd" else 0.01),
-        federation=FederationConfig(rounds=rounds, clients_per_round=4, seed=1),
+        federation=FederationConfig(
+            rounds=rounds, clients_per_round=participation, seed=1, stop_after=stop_after
+        ),
         workers=0,
         engine=engine,
         cohort_size=cohort_size,
         callbacks=[records],
         payload_keys=None if adapter == "full" else _payload(adapter, options, kind),
         trainable=None if adapter == "full" else _trainable(adapter, options, kind),
+        codecs=codecs,
     )
+    if resume is not None:
+        sim.load_state_dict(resume)
+    if sims is not None:
+        sims.append(sim)
     history = sim.run()
     return sim.global_state, history, records.clients
 

@@ -143,11 +143,11 @@ def hashed_outputs(root: Path) -> dict[str, bytes]:
         "artifacts/partition/manifest.csv",
         "artifacts/partition/stats.json",
         "artifacts/partition/validation.json",
-        "artifacts/runs/fedavg-full/model.pt",
-        "artifacts/runs/fedavg-full/metrics.json",
-        "artifacts/runs/fedavg-full/rounds.csv",
-        "artifacts/runs/fedavg-full/scores.json",
-        "artifacts/runs/fedavg-full/figures/accuracy_vs_mib.png",
+        "artifacts/runs/fedavg-full-none/model.pt",
+        "artifacts/runs/fedavg-full-none/metrics.json",
+        "artifacts/runs/fedavg-full-none/rounds.csv",
+        "artifacts/runs/fedavg-full-none/scores.json",
+        "artifacts/runs/fedavg-full-none/figures/accuracy_vs_mib.png",
         "artifacts/report/summary.json",
         "artifacts/report/results.md",
         "artifacts/report/accuracy_vs_mib.png",
@@ -160,7 +160,7 @@ def hashed_outputs(root: Path) -> dict[str, bytes]:
 @pytest.mark.slow
 def test_dvc_repro_exact_and_incremental(repo_copy):
     out = sh(DVC, "repro", cwd=repo_copy)
-    for stage in ("prepare", "partition", "validate", "train@fedavg-full", "report"):
+    for stage in ("prepare", "partition", "validate", "train@fedavg-full-none", "report"):
         assert f"Running stage '{stage}'" in out
     assert "cell 1 of 1: fedavg-full round 2/2" in out  # the train stage's grid position
     # the report stage: a row per cell, not its records (it printed ~300 lines before)
@@ -184,7 +184,7 @@ def test_dvc_repro_exact_and_incremental(repo_copy):
     out = sh(DVC, "repro", cwd=repo_copy)
     for stage in ("prepare", "partition", "validate"):
         assert f"Stage '{stage}' didn't change, skipping" in out
-    assert "Running stage 'train@fedavg-full'" in out
+    assert "Running stage 'train@fedavg-full-none'" in out
     assert "Running stage 'report'" in out
     assert (
         hashed_outputs(repo_copy)["artifacts/partition/manifest.csv"]
@@ -239,7 +239,7 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch
     )
     assert cell.data.tags["fedapt.entry"] == "dvc" and cell.data.tags["fedapt.dvc_experiment"]
     assert client.search_registered_models() == []
-    assert "Running stage 'train@fedavg-full'" in out
+    assert "Running stage 'train@fedavg-full-none'" in out
     shown = json.loads(sh(DVC, "exp", "show", "--json", cwd=repo_copy))
     exps = [
         e
@@ -250,9 +250,11 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch
     assert exps, shown
     data = exps[0]["data"]
     assert data["params"]["params.yaml"]["data"]["federation"]["rounds"] == 1
-    metrics = data["metrics"]["artifacts/runs/fedavg-full/scores.json"]["data"]
+    metrics = data["metrics"]["artifacts/runs/fedavg-full-none/scores.json"]["data"]
     assert metrics["final_accuracy"] is not None and metrics["rounds"] == 1
-    assert sorted(data["metrics"]) == ["artifacts/runs/fedavg-full/scores.json"]  # numbers only
+    assert sorted(data["metrics"]) == [
+        "artifacts/runs/fedavg-full-none/scores.json"
+    ]  # numbers only
     numbers = {"final_accuracy", "mean_accuracy_last_L", "rounds", "upload_mib", "download_mib"}
     assert numbers | {"total_mib"} <= set(metrics) <= numbers | {"total_mib", "diverged_at_round"}
 

@@ -163,7 +163,7 @@ def test_a_client_result_is_the_decoded_upload_and_pickles():
     finiteness checked; frozen, and picklable (it may cross a process pool)."""
     state = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
     blob = payload.encode(state)
-    res = receive((3, blob, 10, 2, 0.25, 0.5))
+    res = receive((3, blob, 10, 2, 0.25, 0.5, None))
     assert isinstance(res, ClientResult) and res.finite
     assert (res.client_id, res.upload_bytes, res.num_samples, res.num_steps) == (
         3,
@@ -181,7 +181,7 @@ def test_a_client_result_is_the_decoded_upload_and_pickles():
     update = res.update()
     assert (update.client_id, update.num_samples, update.upload_bytes) == (3, 10, len(blob))
     assert not receive(
-        (3, payload.encode({"w": torch.tensor([float("nan")])}), 1, 1, 0.0, 0.0)
+        (3, payload.encode({"w": torch.tensor([float("nan")])}), 1, 1, 0.0, 0.0, None)
     ).finite
 
 

@@ -73,6 +73,7 @@ def make_sim(
     callbacks=(),
     engine="sequential",
     cohort_size=None,
+    codecs=None,
     **fed,
 ):
     return Simulation(
@@ -89,6 +90,7 @@ def make_sim(
         eval_chunk=25,
         engine=engine,
         cohort_size=cohort_size,
+        codecs=codecs,
         ray=None if actors is None else RaySettings(actors=actors),
     )
 

@@ -12,6 +12,7 @@ import torch
 from fedcore import payload
 from fedcore.algorithms.base import ClientTask, ClientView, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig
+from fedcore.codecs import Codecs, apply_update, encode_update
 from fedcore.cohort.layout import CohortResult
 from fedcore.cohort.plan import CohortClient, shared_objective
 from fedcore.cohort.trainer import CohortTrainer
@@ -33,6 +34,10 @@ def cohort_round(
     lr: float,
     seeds: list[int],
     max_steps: Sequence[int | None] | None = None,
+    *,
+    codecs: Codecs | None = None,
+    start: StateDict | None = None,
+    memories: Sequence[StateDict | None] | None = None,
 ) -> list[ClientResult]:
     """The round's ``tasks`` trained as cohorts on ``data`` (device-resident; ``labels`` the
     host copy of its labels): one result per task, in task order, as the server receives a
@@ -47,7 +52,17 @@ def cohort_round(
     back from the device once per cohort.
     ``max_steps``: per task, a straggler's cut (None: the configured local training); clients
     with different cuts train in separate cohorts, each with its own step cap.
+    ``codecs``: through an upload codec each client's update is encoded and decoded row by
+    row, as a client job does (``fedcore.codecs.encode_update``), the server's model plus the
+    decoded update uploaded; ``start``: what the clients start from where a download codec
+    rounded the global model; ``memories``: per task, its error-feedback memory.
     """
+    server_state = global_state
+    if start is not None:
+        global_state = start  # the clients' model: what they decoded
+    codecs = codecs or Codecs()
+    codec = codecs.upload
+    mems = [None] * len(tasks) if memories is None else list(memories)
     caps = [None] * len(tasks) if max_steps is None else list(max_steps)
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tasks):
@@ -87,6 +102,30 @@ def cohort_round(
             )
             sent = res.states if upload_keys is None else {k: res.states[k] for k in upload_keys}
             extra = _uploads(algorithm, global_state, res, views[part], lr, cfg)
+            if codec is not None:
+                for j, i in enumerate(members[part]):
+                    enc = encode_update(
+                        codec,
+                        global_state,
+                        payload.Row(sent, j),
+                        payload.Row(extra, j) if extra else {},
+                        seed=seeds[i],
+                        memory=mems[i],
+                        raw=codecs.raw,
+                    )
+                    upload = apply_update(enc.decoded, server_state, UPLOAD, codecs.raw)
+                    out[i] = ClientResult(
+                        client_id=tasks[i].client_id,
+                        upload=upload,
+                        upload_bytes=payload.encoded_size(enc.wire, fresh=True),
+                        num_samples=res.num_samples[j],
+                        num_steps=res.num_steps[j],
+                        train_loss=res.train_loss[j],
+                        seconds=res.client_seconds(j),
+                        finite=payload.is_finite(upload),  # what the server decoded
+                        memory=enc.memory,
+                    )
+                continue
             if extra:  # SCAFFOLD's delta c_k, stacked like the states
                 sent = {**sent, **extra}
             nbytes = payload.encoded_size(payload.Row(sent, 0), fresh=True)

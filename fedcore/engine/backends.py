@@ -29,6 +29,7 @@ from torch import nn
 from fedcore import payload
 from fedcore.algorithms.base import ClientTask, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig
+from fedcore.codecs import Codecs
 from fedcore.cohort import CohortTrainer, check_batchable
 from fedcore.cohort.round import cohort_round
 from fedcore.jobs import (
@@ -60,6 +61,7 @@ class Workload:
     noise_var: Sequence[float]
     local: LocalConfig
     device: str
+    codecs: Codecs = Codecs()  # how uploads and downloads are encoded (none: float32)
 
     def context_args(self) -> tuple[Any, ...]:
         """``fedcore.jobs.Context``'s fields after the model."""
@@ -70,6 +72,7 @@ class Workload:
             self.shards,
             self.noise_var,
             self.local,
+            self.codecs,
             self.device,
         )
 
@@ -125,11 +128,16 @@ class Backend(ABC):
         seeds: Sequence[int],
         max_steps: Sequence[int | None],
         downloads: Sequence[Download],
+        start: StateDict | None = None,
+        memories: Sequence[StateDict | None] | None = None,
     ) -> list[ClientResult | None]:
         """Train ``tasks`` (the round's clients that train, in sampling order) from the
         global model: per task its seed, its step cap (a straggler's partial update; None:
         the configured local training) and its download. One result per task, in task
-        order; None: the client was lost (its worker died twice), counted as crashed."""
+        order; None: the client was lost (its worker died twice), counted as crashed.
+        ``start``: the state the clients start from where a download codec rounded the global
+        model (None: the global model); ``memories``: per task, the client's error-feedback
+        memory (``fedcore.codecs``; None: none)."""
 
     @abstractmethod
     def evaluate(self, global_state: StateDict, chunks: Sequence[np.ndarray]) -> Evaluation:
@@ -143,6 +151,8 @@ class Backend(ABC):
 class WireBackend(Backend):
     """Clients and evaluators run ``fedcore.jobs``' jobs: they decode what they receive and
     encode what they send back, and the server decodes the uploads (``fedcore.jobs.receive``)."""
+
+    work: Workload
 
     @abstractmethod
     def _map(
@@ -160,13 +170,19 @@ class WireBackend(Backend):
         seeds: Sequence[int],
         max_steps: Sequence[int | None],
         downloads: Sequence[Download],
+        start: StateDict | None = None,
+        memories: Sequence[StateDict | None] | None = None,
     ) -> list[ClientResult | None]:
+        mems = [None] * len(tasks) if memories is None else memories
         jobs: list[tuple[Any, ...]] = [
-            (task, lr, seed, *down[:2]) + (() if cap is None else (cap,))
-            for task, seed, cap, down in zip(tasks, seeds, max_steps, downloads, strict=True)
+            (task, lr, seed, *down[:2], cap, None if mem is None else payload.encode(mem))
+            for task, seed, cap, down, mem in zip(
+                tasks, seeds, max_steps, downloads, mems, strict=True
+            )
         ]
         wire = self._map(client_job, worker_client_job, jobs, what="client")
-        return [None if res is None else receive(res) for res in wire]
+        codecs = self.work.codecs
+        return [None if res is None else receive(res, codecs, global_state) for res in wire]
 
     def evaluate(self, global_state: StateDict, chunks: Sequence[np.ndarray]) -> Evaluation:
         blob = payload.encode(global_state)
@@ -248,6 +264,8 @@ class CohortBackend(Backend):
         seeds: Sequence[int],
         max_steps: Sequence[int | None],
         downloads: Sequence[Download],
+        start: StateDict | None = None,
+        memories: Sequence[StateDict | None] | None = None,
     ) -> list[ClientResult | None]:
         assert self.trainer is not None, "start() first"
         work = self.work
@@ -255,7 +273,7 @@ class CohortBackend(Backend):
             cohort_round(
                 self.trainer, work.algorithm, global_state, self.train_data, work.train.labels,
                 work.shards, work.noise_var, work.local, list(tasks), lr, list(seeds),
-                list(max_steps),
+                list(max_steps), codecs=work.codecs, start=start, memories=memories,
             )
         )  # fmt: skip
 

@@ -126,7 +126,7 @@ class CohortActor(ClientActor):
         assert ctx is not None
         work = Workload(
             model_fn, ctx.model, ctx.algorithm, ctx.train, ctx.test, ctx.shards,
-            ctx.noise_var, ctx.local, ctx.device,
+            ctx.noise_var, ctx.local, ctx.device, ctx.codecs,
         )  # fmt: skip
         COHORT = CohortBackend(work, max_clients=max_clients, trainable=trainable)
         COHORT.start({})
@@ -136,34 +136,46 @@ def cohort_job(
     global_state: StateDict, tasks: list[ClientTask], kwargs: dict[str, Any]
 ) -> list[ClientResult | None]:
     """A cohort actor's job: ``tasks`` trained as cohorts from ``global_state``
-    (``CohortBackend.train`` with the round's keyword arguments for these tasks), each
-    result's upload its own tensors on the host (:func:`materialised`)."""
+    (``CohortBackend.train`` with the round's keyword arguments for these tasks: a state
+    dict among them, such as a download codec's start state, comes as an ObjectRef, put once
+    per round), each result's tensors its own, on the host (:func:`materialised`)."""
+    import ray
+
     assert COHORT is not None, "a CohortActor's job"
     device = COHORT.work.device
-    state = {k: v.to(device) for k, v in global_state.items()}
-    return materialised(COHORT.train(state, tasks, **kwargs))
+    kwargs = {
+        k: on_device(ray.get(v), device) if isinstance(v, ray.ObjectRef) else v
+        for k, v in kwargs.items()
+    }
+    results = COHORT.train(on_device(global_state, device), tasks, **kwargs)
+    return materialised(results)
+
+
+def on_device(state: StateDict, device: str) -> StateDict:
+    return {k: v.to(device) for k, v in state.items()}
 
 
 def materialised(results: list[ClientResult | None]) -> list[ClientResult | None]:
-    """``results`` with every upload copied to the host: a cohort's uploads are rows
-    (``payload.Row``) of its stacked states, views that would drag the actor's device memory
-    or a larger buffer along; each stack is copied once and its rows kept, so the server
-    still reduces a cohort's rows in one call per tensor (``fedcore.aggregate.stacked``)."""
+    """``results`` with every upload and error-feedback memory copied to the host: a
+    cohort's uploads are rows (``payload.Row``) of its stacked states, views that would drag
+    the actor's device memory or a larger buffer along; each stack is copied once and its
+    rows kept, so the server still reduces a cohort's rows in one call per tensor
+    (``fedcore.aggregate.stacked``)."""
     stacks: dict[int, dict[str, torch.Tensor]] = {}
-    out: list[ClientResult | None] = []
-    for res in results:
-        if res is None:
-            out.append(None)
-            continue
-        up = res.upload
-        if isinstance(up, payload.Row):
-            if id(up.stack) not in stacks:
-                stacks[id(up.stack)] = {k: host_copy(v) for k, v in up.stack.items()}
-            upload: Any = payload.Row(stacks[id(up.stack)], up.i)
-        else:
-            upload = {k: host_copy(v) for k, v in up.items()}
-        out.append(dataclasses.replace(res, upload=upload))
-    return out
+
+    def host(state: Any) -> Any:
+        if state is None:
+            return None
+        if isinstance(state, payload.Row):
+            if id(state.stack) not in stacks:
+                stacks[id(state.stack)] = {k: host_copy(v) for k, v in state.stack.items()}
+            return payload.Row(stacks[id(state.stack)], state.i)
+        return {k: host_copy(v) for k, v in state.items()}
+
+    return [
+        None if r is None else dataclasses.replace(r, upload=host(r.upload), memory=host(r.memory))
+        for r in results
+    ]
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -418,11 +430,14 @@ class RayCohortBackend(RayBackend):
     ) -> list[ClientResult | None]:
         """``Backend.train``: its keyword arguments are passed on to each actor's
         ``CohortBackend.train`` as they are, those holding one entry per task (a list or a
-        tuple as long as ``tasks``: seeds, step caps, downloads) cut with the tasks."""
+        tuple as long as ``tasks``: seeds, step caps, downloads, error-feedback memories) cut
+        with the tasks, a state dict (a download codec's start state) put once."""
         n = len(tasks)
         if not n:
             return []
         per_task = {k for k, v in kwargs.items() if type(v) in (list, tuple) and len(v) == n}
+        ray = ray_module()
+        kwargs = {k: ray.put(v) if is_state(v) else v for k, v in kwargs.items()}
         cuts = self.slices(n, len(self.actors))
         jobs = [
             (
@@ -433,6 +448,7 @@ class RayCohortBackend(RayBackend):
             for s in cuts
         ]
         parts = self._map(cohort_job, cohort_job, jobs, what="cohort")
+        self.puts[-1] += sum(isinstance(v, ray.ObjectRef) for v in kwargs.values())
         out: list[ClientResult | None] = []
         for s, part in zip(cuts, parts, strict=True):
             out.extend([None] * (s.stop - s.start) if part is None else part)

@@ -19,12 +19,13 @@ import numpy as np
 from fedcore import payload
 from fedcore.algorithms.base import ClientTask, ClientUpdate, FederatedAlgorithm
 from fedcore.client import LocalConfig
+from fedcore.codecs import download_state
 from fedcore.engine.backends import Backend, Download
 from fedcore.events import ClientRecord, RoundRecord
 from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
 from fedcore.sampling import CLIENT_STREAM, Outcome, derive_seed, dropout_active, round_outcomes
-from fedcore.wire import downloads, restrict
+from fedcore.wire import downloads, received, restrict
 
 if TYPE_CHECKING:
     from fedcore.engine.simulation import Simulation
@@ -44,12 +45,20 @@ def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundReco
     ]
     if sim.payload_keys is not None:
         sim.base_holders.update(t.client_id for t in tasks)  # first time: base download
+    codecs = sim.codecs
+    # Through a download codec the clients start from the global model as they decode it.
+    start = None
+    if codecs.download is not None:
+        start = download_state(codecs.download, sim.global_state, codecs.raw)[1]
     payloads = downloads(
         sim.global_state,
         tasks,
         encode=sim.backend.encodes,
         # the frozen base of an adapter never changes: encoded once per run
         base_cache=sim.base_cache if sim.payload_keys is not None else None,
+        codec=codecs.download,
+        start=start,
+        raw=codecs.raw,
     )
     # Who reports (fedcore.sampling.round_outcomes), decided before anything trains from
     # (seed, round, client, slot): a client that does not report still downloaded.
@@ -59,8 +68,17 @@ def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundReco
     seeds = [
         derive_seed(cfg.seed, CLIENT_STREAM, r, t.client_id, slot) for slot, t in enumerate(tasks)
     ]
-    results = dispatch(sim.backend, sim.global_state, tasks, outcomes, lr, seeds, payloads)
+    memories = None
+    if codecs.upload is not None and codecs.upload.uses_memory:
+        memories = [sim.codec_memory.get(t.client_id) for t in tasks]
+    results = dispatch(
+        sim.backend, sim.global_state, received(codecs.download, tasks), outcomes, lr, seeds,
+        payloads, start=start, memories=memories,
+    )  # fmt: skip
     updates, rejected, up = receive_uploads(sim.emit, r, tasks, outcomes, results, payloads)
+    for res in results:  # the clients' error-feedback memory, kept where the server accepted
+        if res is not None and res.memory is not None and res.finite:
+            sim.codec_memory[res.client_id] = res.memory
     dropped = tuple(t.client_id for t, res in zip(tasks, results, strict=True) if res is None)
     extra: dict[str, float] = {}
     if dropout_active(cfg) or dropped:
@@ -76,6 +94,10 @@ def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundReco
         else:
             extra["nonfinite_global_rejected"] = 1.0
     extra.update(sim.algorithm.round_extra(r, updates))
+    if memories is not None:  # client memory, not traffic: what error feedback holds
+        extra["codec_memory_bytes"] = float(
+            sum(payload.tensor_nbytes(m) for m in sim.codec_memory.values())
+        )
     down = sum(p[2] for p in payloads)  # every sampled client downloaded
     acc = test_loss = None
     if cfg.eval_every and (r % cfg.eval_every == 0 or r == cfg.rounds):
@@ -120,10 +142,13 @@ def dispatch(
     lr: float,
     seeds: list[int],
     payloads: Sequence[Download],
+    *,
+    start: StateDict | None = None,
+    memories: Sequence[StateDict | None] | None = None,
 ) -> list[ClientResult | None]:
     """The clients that train (``outcomes``) trained on ``backend``: one result per task,
     None for a client with no upload (dropped, straggler, or crashed: its worker died twice,
-    which ``outcomes`` records)."""
+    which ``outcomes`` records). ``start`` and ``memories``: ``Backend.train``'s."""
     train = [i for i, o in enumerate(outcomes) if o.trains]
     results: list[ClientResult | None] = [None] * len(tasks)
     trained = backend.train(
@@ -133,6 +158,8 @@ def dispatch(
         seeds=[seeds[i] for i in train],
         max_steps=[outcomes[i].max_steps for i in train],
         downloads=[payloads[i] for i in train],
+        start=start,
+        memories=None if memories is None else [memories[i] for i in train],
     )
     for i, res in zip(train, trained, strict=True):
         if res is None:  # its worker died twice (PoolBackend): counted as dropped

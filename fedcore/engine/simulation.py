@@ -18,6 +18,7 @@ from torch import nn
 from fedcore import payload
 from fedcore.algorithms.base import FederatedAlgorithm, FederationSetup, RunSpec
 from fedcore.client import ImageData, LocalConfig
+from fedcore.codecs import Codecs, check_sizes, encode_state
 from fedcore.device import deterministic
 from fedcore.engine.backends import Backend, CohortBackend, SequentialBackend, Workload
 from fedcore.engine.config import FederationConfig, initial_model
@@ -55,14 +56,21 @@ class Simulation:
         cohort_size: int | None = None,
         model: nn.Module | None = None,
         ray: RaySettings | None = None,
+        codecs: Codecs | None = None,
     ) -> None:
         """``model``: the initial global model from :func:`initial_model` (None: built here);
         it is the one model instance of this process's clients (worker processes build their
         own from ``model_fn``). ``ray``: the clients train on Ray actors
-        (``fedcore.engine.ray_pool``) instead of this machine's worker processes."""
+        (``fedcore.engine.ray_pool``) instead of this machine's worker processes.
+        ``codecs``: how uploads and downloads are encoded (``fedcore.codecs``; None: as the
+        model holds them)."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
         self.ray = ray
+        # the model's float buffers (BatchNorm's running statistics) travel as they are
+        self.codecs = codecs or Codecs()
+        # per client, its error-feedback memory (client state: checkpointed, never counted)
+        self.codec_memory: dict[int, dict[str, torch.Tensor]] = {}
         self.engine = engine
         self.cohort_size = cohort_size  # clients per cohort (None: as many as memory allows)
         self.model_fn = model_fn
@@ -83,9 +91,14 @@ class Simulation:
         # a 2,000-image evaluation (W1) instead of one of them doing it all.
         self.eval_chunk = eval_chunk
         model = initial_model(model_fn, federation) if model is None else model
+        if self.codecs.active:
+            params = {k for k, _ in model.named_parameters()}
+            raw = frozenset(k for k in model.state_dict() if k not in params)
+            self.codecs = dataclasses.replace(self.codecs, raw=raw)
         work = Workload(
-            model_fn, model, algorithm, train, test, self.shards, self.noise_var, local, device
-        )
+            model_fn, model, algorithm, train, test, self.shards, self.noise_var, local, device,
+            self.codecs,
+        )  # fmt: skip
         self.backend: Backend = self._backend(work)
         self.global_state: dict[str, torch.Tensor] = {
             k: v.detach().clone() for k, v in model.state_dict().items()
@@ -112,7 +125,15 @@ class Simulation:
                 raise ConfigError(f"payload keys not in the model: {', '.join(missing[:4])}")
             sent = set(self.payload_keys)
             base = {k: v for k, v in self.global_state.items() if k not in sent}
+            if base and self.codecs.download is not None:  # the base through the codec too
+                base = encode_state(
+                    self.codecs.download, base, upload=False, gen=None, raw=self.codecs.raw
+                )
             self.base_bytes = len(payload.encode(base)) if base else 0
+        uploaded = self.global_state
+        if self.payload_keys is not None:
+            uploaded = {k: self.global_state[k] for k in self.payload_keys}
+        check_sizes(self.codecs.upload, uploaded)  # a top-k k above a tensor's size
         self.history: History | None = None  # the run's records (set by run())
         self._resume: dict[str, Any] | None = None  # a checkpoint to continue from
 
@@ -167,6 +188,7 @@ class Simulation:
     def _run(self) -> History:
         history = History(last_rounds=self.cfg.last_rounds, base_bytes=self.base_bytes)
         self.base_holders.clear()
+        self.codec_memory.clear()
         if self._resume is not None:
             self._apply_resume(self._resume, history)
             self._resume = None
@@ -232,6 +254,11 @@ class Simulation:
             "rounds": [r.to_dict() for r in history.rounds],
             "base_holders": sorted(self.base_holders),
             "stop_reason": history.stop_reason,
+            **(
+                {"codec_memory": {str(c): m for c, m in sorted(self.codec_memory.items())}}
+                if self.codec_memory
+                else {}
+            ),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -253,6 +280,7 @@ class Simulation:
         ]
         history.stop_reason = state.get("stop_reason", "rounds")
         self.base_holders.update(int(c) for c in state["base_holders"])
+        self.codec_memory = {int(c): m for c, m in state.get("codec_memory", {}).items()}
         history.base_download_bytes = self.base_bytes * len(self.base_holders)
 
     def _round(self, r: int, cum_down: int, cum_up: int) -> RoundRecord:

@@ -291,6 +291,7 @@ def results_table(records: list[dict[str, Any]]) -> Table:
     total, the round it diverged at. A record read from metrics.json (the report stage)
     carries its per-round list in ``rounds``: the table shows its length, never the list."""
     from fedcore.payload import mib
+    from tasks.grid import record_cell
 
     t = Table(
         title="fedapt results (traffic in MiB = 2^20 bytes; acc last L: mean over the last L "
@@ -323,7 +324,7 @@ def results_table(records: list[dict[str, Any]]) -> Table:
         per_exit = " ".join(f"{100 * a:.1f}" for a in r.get("final_accuracy_exits") or [])
         up, down = mib(r["upload_bytes"]), mib(r["download_bytes"])
         t.add_row(
-            f"{r['algorithm']}-{r['adapter']}",
+            record_cell(r),
             str(r["partition"]),
             str(rounds_run(r)),
             _pct(r["final_accuracy"]),
@@ -362,7 +363,7 @@ def sweep_table(cells: list[dict[str, Any]], seeds: list[int]) -> Table:
         t.add_column(col, justify="left" if col in ("run", "partition") else "right")
     for c in cells:
         t.add_row(
-            f"{c['algorithm']}/{c['adapter']}",
+            f"{c['algorithm']}/{c['adapter']}" + (f"/{c['codec']}" if "codec" in c else ""),
             c["partition"],
             rounds_text(c["rounds"]),
             with_n(c["final_accuracy"], 100),

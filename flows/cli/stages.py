@@ -113,13 +113,19 @@ def pretrain(
 def train(
     algorithm: Annotated[str, typer.Option(help="a registered algorithm, e.g. fedavg")],
     adapter: Annotated[str, typer.Option(help="a registered adapter, e.g. full")] = "full",
+    codec: Annotated[
+        str, typer.Option(help="an update codec of grid.codecs (or codec_options), e.g. int8")
+    ] = "none",
     params: ParamsOpt = None,
     set_: SetOpt = None,
     partition_dir: Annotated[
         Path, typer.Option("--partition", help="folder with manifest.csv + stats.json")
     ] = Path("artifacts/partition"),
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="cell folder (default: artifacts/runs/<cell>)")
+        Path | None,
+        typer.Option(
+            "--out", help="cell folder (default: artifacts/runs/<algorithm>-<adapter>-<codec>)"
+        ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
     timing_dir: Annotated[
@@ -131,30 +137,32 @@ def train(
 ) -> None:
     """Train one grid cell (one DVC stage of the train matrix), tracked in MLflow."""
 
-    from flows.plan import CellSpec, prepare
-    from tasks.cell import cell_name, require_base
+    from flows.plan import prepare
+    from tasks.cell import CellSpec, grid_cells, require_base
     from tasks.config import load_params
+    from tasks.grid import dvc_folder
     from tasks.io import check_writable
     from tasks.origin import origin
     from tasks.progress import GridSlot
     from tasks.train import run_cell
 
-    grid = load_params(params, set_).grid  # the whole grid: where this cell stands in it
-    cells = [(a, d) for a in grid.algorithms for d in grid.adapters]
+    # the whole grid: where this cell stands in it
+    cells = list(grid_cells(load_params(params, set_)))
+    spec = CellSpec(algorithm, adapter, codec)
     extra = [f"runtime.device={device}"] if device else []
     extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
+    extra += [f"grid.codecs=[{codec}]"]
     p = load(params, set_, extra, numerics="portable")
     slot = None  # "cell k of N" (each cell is its own stage: no grid ETA)
-    if (algorithm, adapter) in cells:
-        k = cells.index((algorithm, adapter)) + 1
-        slot = GridSlot(k, len(cells), p.federation.rounds)
+    if spec in cells:
+        slot = GridSlot(cells.index(spec) + 1, len(cells), p.federation.rounds)
     plan = prepare(p, partition_dir, storage=False, results=False)
     _require_valid(partition_dir)
     require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
-    cell_dir = out_dir or Path("artifacts/runs") / cell_name(algorithm, adapter)
+    cell_dir = out_dir or Path("artifacts/runs") / dvc_folder(spec)
     for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
         check_writable(key, folder)  # a path below a file: one line now, not after training
-    cell = cell_name(algorithm, adapter)
+    cell = spec.name
     record = run_cell(
         p,
         partition_dir,
@@ -171,7 +179,8 @@ def train(
         slot=slot,
         data=plan.data,  # read once, by prepare
         part=plan.partition,
-        model=plan.take_model(CellSpec(algorithm, adapter)),
+        model=plan.take_model(spec),
+        codec=codec,
     )
     out.print(results_table([record]))
     out.print(f"metrics: {cell_dir / 'metrics.json'}")
@@ -219,20 +228,19 @@ def collect_records(
 ) -> list[dict[str, Any]]:
     """The grid's records in grid order; a missing cell is an error, not a silent gap."""
     from fedcore.errors import ConfigError
-    from tasks.cell import cell_name
+    from tasks.grid import dvc_folder, grid_cells
 
     records = []
-    for algorithm in params.grid.algorithms:
-        for adapter in params.grid.adapters:
-            path = runs_dir / cell_name(algorithm, adapter) / "metrics.json"
-            if not path.is_file():
-                raise ConfigError(f"no metrics for grid cell {algorithm}/{adapter}: {path}")
-            record = json.loads(path.read_text())
-            for timing in (
-                path.with_name("timing.json"),
-                (timing_dir or path.parent) / f"{cell_name(algorithm, adapter)}.json",
-            ):
-                if timing.is_file():
-                    record.update(json.loads(timing.read_text()))  # for the table only
-            records.append(record)
+    for spec in grid_cells(params):
+        path = runs_dir / dvc_folder(spec) / "metrics.json"
+        if not path.is_file():
+            raise ConfigError(f"no metrics for grid cell {spec.name}: {path}")
+        record = json.loads(path.read_text())
+        for timing in (
+            path.with_name("timing.json"),
+            (timing_dir or path.parent) / f"{spec.name}.json",
+        ):
+            if timing.is_file():
+                record.update(json.loads(timing.read_text()))  # for the table only
+        records.append(record)
     return records

@@ -8,6 +8,7 @@ entry's own frozen options dataclass (``fedcore.options``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
@@ -23,7 +24,8 @@ from pydantic import (
 )
 
 from fedcore.algorithms import ALGORITHMS, FederatedAlgorithm, build_algorithm
-from fedcore.errors import UnknownNameError
+from fedcore.codecs import BUILTIN, Codecs, make_codec
+from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.partition import PARTITIONERS, scheme_options_type
 from models.adapters import ADAPTER_METHODS, AdapterMethod, get_adapter
 from models.registry import list_models, model_options_type
@@ -119,6 +121,16 @@ class _Cells(dict[str, float]):
         return hash(tuple(sorted(self.items())))
 
 
+class _Codecs(dict[str, dict[str, Any]]):
+    """grid.codec_options as validated: a dict that hashes (never changed after validation)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(repr(sorted(self.items())))
+
+
+CODEC_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
 class GridSection(Section):
     algorithms: tuple[str, ...] = ("fedavg",)
     adapters: tuple[str, ...] = ("full",)
@@ -129,6 +141,11 @@ class GridSection(Section):
     # per grid cell <algorithm>-<adapter>, e.g. {fedavg-lora: 0.01}: the client lr that cell
     # trains at instead of client.lr (lr_schedule applies to it); a cell not named: client.lr
     client_lr: dict[str, Annotated[float, Field(gt=0.0)]] = Field(default_factory=_Cells)
+    # update codecs (fedcore.codecs): one cell per (algorithm, adapter, codec); "none" sends
+    # float32 as the model holds it. Built in: none, fp16, bf16, int8, int4, topk; options
+    # per codec, or a codec of your own: {top10: {kind: topk, fraction: 0.1}}
+    codec_options: dict[str, dict[str, Any]] = Field(default_factory=_Codecs)
+    codecs: tuple[str, ...] = ("none",)
 
     @field_validator("algorithms", "adapters")
     @classmethod
@@ -144,6 +161,43 @@ class GridSection(Section):
         twice = sorted({x for x in v if v.count(x) > 1})
         if twice:  # each cell would train twice into one folder
             raise ValueError(f"names {', '.join(twice)} more than once; list each {kind} once")
+        return v
+
+    @field_validator("codec_options")
+    @classmethod
+    def _codec_options(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, options in v.items():
+            if not CODEC_NAME.match(name):
+                raise ValueError(
+                    f"codec name {name!r}: lower-case letters, digits and _ (a cell's name "
+                    "ends with it)"
+                )
+            if not isinstance(options, Mapping):
+                raise ValueError(f"{name}: a mapping of options (got {options!r})")
+            try:
+                make_codec(name, options)
+            except ConfigError as e:
+                raise ValueError(str(e).removeprefix("grid.codec_options.")) from None
+        return _Codecs(sorted((k, dict(o)) for k, o in v.items()))
+
+    @field_validator("codecs")
+    @classmethod
+    def _known_codecs(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        defined = info.data.get("codec_options")
+        if defined is None:  # refused already: that is the error
+            return v
+        known = [*BUILTIN, *(n for n in defined if n not in BUILTIN)]
+        if not v:
+            raise ValueError(f"name at least one codec; allowed: {', '.join(known)}")
+        for name in v:
+            if name not in known:
+                raise ValueError(
+                    f"unknown codec {name!r}; allowed: {', '.join(known)} (or define it "
+                    "under grid.codec_options with a kind)"
+                )
+        twice = sorted({x for x in v if v.count(x) > 1})
+        if twice:
+            raise ValueError(f"names {', '.join(twice)} more than once; list each codec once")
         return v
 
     @field_validator("client_lr")
@@ -165,12 +219,21 @@ class GridSection(Section):
     def _lr_set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """client_lr is dumped only when it names a cell: params and reports without it
         stay as they were."""
-        return {k: v for k, v in handler(self).items() if k != "client_lr" or v}
+        out = {k: v for k, v in handler(self).items() if k != "client_lr" or v}
+        # the codec keys only when a grid uses them: params and reports without stay as they were
+        if tuple(out.get("codecs", ())) == ("none",) and not out.get("codec_options"):
+            out.pop("codecs", None)
+            out.pop("codec_options", None)
+        return out
 
     def lr(self, algorithm: str, adapter: str, default: float) -> float:
         """The client lr of cell ``algorithm``-``adapter``: its client_lr, else ``default``
         (client.lr)."""
         return self.client_lr.get(f"{algorithm}-{adapter}", default)
+
+    def codec(self, name: str) -> Codecs:
+        """The codecs of grid codec ``name`` on the directions it serves."""
+        return Codecs.of(make_codec(name, self.codec_options.get(name)))
 
     def algorithm(self, name: str) -> FederatedAlgorithm:
         """A fresh algorithm ``name`` with its typed options (server state of its own)."""
