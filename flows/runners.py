@@ -82,7 +82,9 @@ class _NoDashboardLine(logging.Filter):
 def ray_task_runner(params: Params) -> Any:
     """prefect-ray's runner: the cluster at ``runtime.ray_address``, or a local Ray instance of
     ``runtime.ray_workers`` CPUs on 127.0.0.1 (no dashboard, no usage stats); each training
-    task takes one CPU, so that many cells train at once."""
+    task takes one CPU, so that many cells train at once. With the clients on Ray actors
+    too (``cells_share_ray``): CPUs for every cell's actors, the cells a resource of their
+    own."""
     from prefect_ray import RayTaskRunner
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -92,9 +94,13 @@ def ray_task_runner(params: Params) -> Any:
     rt = params.runtime
     if rt.ray_address:
         return RayTaskRunner(address=rt.ray_address)
+    shared: dict[str, Any] = {}
+    if cells_share_ray(params):  # the cells' client actors: CPUs of their own
+        shared = {"resources": {CELL_RESOURCE: rt.ray_workers}}
     return RayTaskRunner(
         init_kwargs={
-            "num_cpus": rt.ray_workers,
+            "num_cpus": rt.ray_workers * (actors_per_cell(params) if shared else 1),
+            **shared,
             "num_gpus": 0 if rt.device == "cpu" else len(visible_gpus()),
             "include_dashboard": False,
             "_node_ip_address": "127.0.0.1",
@@ -104,6 +110,30 @@ def ray_task_runner(params: Params) -> Any:
             "runtime_env": {"env_vars": {"PYTHONPATH": str(Path.cwd())}},
         }
     )
+
+
+# A local Ray's custom resource that the cells of ``cells_share_ray`` take one of each
+# (instead of a CPU): ``ray_workers`` of it, so that many cells train at once.
+CELL_RESOURCE = "fedapt_cell"
+
+
+def cells_share_ray(params: Params) -> bool:
+    """The cells run on a local Ray (``task_runner: ray``, no ``ray_address``) and their
+    clients on Ray actors (``clients: ray``): one Ray for both, the actors connect to it. A
+    cell then takes no CPU but one ``CELL_RESOURCE`` (it waits on its actors), the actors one
+    CPU each: the local Ray has ``ray_workers`` x ``actors_per_cell`` CPUs, so no actor waits
+    for CPUs the cells hold."""
+    rt = params.runtime
+    return rt.task_runner == "ray" and not rt.ray_address and rt.clients == "ray"
+
+
+def actors_per_cell(params: Params) -> int:
+    """Each cell's client actors on a shared local Ray (``cells_share_ray``):
+    ``runtime.ray_actors``, else an equal share of this machine's cores (at least one)."""
+    rt = params.runtime
+    if rt.ray_actors != "auto":
+        return rt.ray_actors
+    return max(1, (os.cpu_count() or 1) // rt.ray_workers)
 
 
 def grid_parallelism(params: Params) -> int | None:
@@ -123,6 +153,9 @@ def cell_params(params: Params) -> Params:
     cores, so ``workers: auto`` becomes an equal share per Dask worker (results do not depend
     on it: clients always train single-threaded)."""
     rt = params.runtime
+    if cells_share_ray(params):  # each cell's share of the local Ray's actor CPUs
+        runtime = rt.model_copy(update={"ray_actors": actors_per_cell(params)})
+        return params.model_copy(update={"runtime": runtime})
     local = {"dask": rt.dask_workers, "ray": rt.ray_workers}.get(rt.task_runner)
     address = rt.dask_address if rt.task_runner == "dask" else rt.ray_address
     if local is not None and not address and rt.workers == "auto":
@@ -177,7 +210,9 @@ def check_gpus(params: Params) -> None:
 @contextlib.contextmanager
 def cell_resources(params: Params) -> Iterator[None]:
     """Around the grid's submissions: on Ray, each training task requests its GPUs
-    (``ray_gpus`` against the nodes of the running cluster); elsewhere nothing."""
+    (``ray_gpus`` against the nodes of the running cluster) and, where the cells share a
+    local Ray with their clients' actors (``cells_share_ray``), no CPU but one
+    ``CELL_RESOURCE``; elsewhere nothing."""
     if params.runtime.task_runner != "ray":
         yield
         return
@@ -186,8 +221,11 @@ def cell_resources(params: Params) -> Iterator[None]:
 
     nodes = [float(n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
     gpus = ray_gpus(params, nodes)
-    if gpus == 0:
+    options: dict[str, Any] = {"num_gpus": gpus} if gpus else {}
+    if cells_share_ray(params):
+        options.update(num_cpus=0, resources={CELL_RESOURCE: 1})
+    if not options:
         yield
         return
-    with remote_options(num_gpus=gpus):
+    with remote_options(**options):
         yield

@@ -142,16 +142,11 @@ def ray_settings(params: Params, device: str) -> RaySettings | None:
 
 
 def check_ray_clients(params: Params) -> None:
-    """Preflight of ``runtime.clients: ray``, one line before anything runs: the cohort
-    engine asked for, a cluster address nothing answers at, or a local Ray without the GPUs
-    the actors would request (a cluster's GPUs are checked when the cell's actors start)."""
+    """Preflight of ``runtime.clients: ray``, one line before anything runs: a cluster
+    address nothing answers at, or a local Ray without the GPUs the actors would request (a
+    cluster's GPUs are checked when the cell's actors start)."""
     if params.runtime.clients != "ray":
         return
-    if params.runtime.engine == "cohort":
-        raise ConfigError(
-            "runtime.clients: ray trains clients one by one on Ray actors; it needs "
-            "runtime.engine: sequential (or auto), not cohort"
-        )
     device = resolve_device(params.runtime.device)
     settings = ray_settings(params, device)
     assert settings is not None

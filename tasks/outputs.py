@@ -40,12 +40,14 @@ def write_cell_outputs(
     timing_file: str | Path | None = None,
     trained: Sequence[str] | None = None,
     base: dict[str, Any] | None = None,
+    client_nodes: dict[str, Any] | None = None,
 ) -> None:
     """model.pt, metrics.json and rounds.csv hold only what the seed determines (DVC hashes
     them: a rerun gives the same bytes); times go to ``timing_file`` (default: timing.json
     beside them; the DVC stage keeps it outside the hashed folder). ``trained``: the entries a
     frozen-base cell trained (model.pt holds them and ``base``'s reference, tasks/modelfile.py);
-    None: the whole state."""
+    None: the whole state. ``client_nodes``: clients on Ray actors, the node that trained
+    each (``fedcore.engine.ray_pool.ClientNodes``): Ray's choice, so beside the times."""
     atomic_write_bytes(out / modelfile.MODEL_FILE, modelfile.encode(state, trained, base))
     rounds = history.to_dict()["rounds"]
     exact = {k: v for k, v in record.items() if k not in _TIMING_KEYS}
@@ -58,6 +60,8 @@ def write_cell_outputs(
     timing["round_seconds"] = [r["seconds"] for r in rounds]
     # The process the cell ran in (a Dask worker under runtime.task_runner: dask).
     timing["pid"], timing["process_name"] = os.getpid(), multiprocessing.current_process().name
+    if client_nodes is not None:
+        timing["client_nodes"] = client_nodes
     atomic_write_json(timing_file or out / "timing.json", timing)
 
 

@@ -17,6 +17,8 @@ from rich.console import Console
 from torch import nn
 
 from fedcore import numerics
+from fedcore.engine import RayBackend
+from fedcore.engine.ray_pool import ClientNodes
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from tasks import artifacts, checkpoint, modelfile, tracking
@@ -87,6 +89,10 @@ def train_cell_model(
     )  # fmt: skip
     sizes = method.counts(adapted)
     saver = _checkpoints(params, cell, algorithm, adapter, part, base_path, checkpoint_file, codec)
+    # clients on Ray actors: the node of each, recorded beside the times (timing.json)
+    nodes = ClientNodes(sim.backend) if isinstance(sim.backend, RayBackend) else None
+    if nodes is not None:
+        sim.callbacks.append(nodes)
     history = sim.run()
     record = summary_record(params, algorithm, adapter, part, history, device, data, codec)
     if params.personalize.enabled:
@@ -115,7 +121,10 @@ def train_cell_model(
         if trained is None
         else modelfile.base_reference(params, adapter, require_base(params, base_path))
     )
-    write_cell_outputs(Path(out_dir), record, history, sim.global_state, timing_file, trained, base)
+    write_cell_outputs(
+        Path(out_dir), record, history, sim.global_state, timing_file, trained, base,
+        None if nodes is None else nodes.to_dict(),
+    )  # fmt: skip
     if saver is not None and not keep_checkpoint:
         saver.path.unlink(missing_ok=True)
     adapted.to("cpu").load_state_dict(sim.global_state)  # it trained the in-process clients

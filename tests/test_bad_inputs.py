@@ -99,10 +99,6 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
             "runtime.ray_actor_gpus: 1 GPU per client actor asked, but no node of the local Ray "
             "has any",
         ),
-        (
-            ["--set", "runtime.clients=ray", "--set", "runtime.engine=cohort"],
-            "runtime.clients: ray trains clients one by one on Ray actors; it needs",
-        ),
         # tuning (issue 29): a validation split to evaluate on, cells of the grid
         (["--set", "data.evaluate=validation"], "data.evaluate: validation needs a validation "),
         (["--set", "data.validation=0.5"], "data.validation: must be less than 0.5 (got 0.5)"),

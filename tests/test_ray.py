@@ -11,6 +11,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# A 2-cell grid of 2 rounds on a small subset, nothing tracked or uploaded.
+SMALL_GRID = [
+    f"data.root={REPO / 'data/raw'}",
+    "data.train_subset=600",
+    "data.test_subset=200",
+    "federation.rounds=2",
+    "grid.algorithms=[fedavg,fedprox]",
+    "runtime.tracking=false",
+    "runtime.workers=0",
+    "storage.bucket=null",
+]
+
 
 def test_ray_runner_is_built_from_params():
     from flows.experiment import cell_params, grid_task_runner
@@ -86,14 +98,7 @@ def test_two_cells_train_in_parallel_ray_workers(tmp_path, monkeypatch):
     overrides = [
         f"experiment.reports_dir={tmp_path / 'reports'}",
         "experiment.name=pinned-ray",
-        f"data.root={REPO / 'data/raw'}",
-        "data.train_subset=600",
-        "data.test_subset=200",
-        "federation.rounds=2",
-        "grid.algorithms=[fedavg,fedprox]",
-        "runtime.tracking=false",
-        "runtime.workers=0",
-        "storage.bucket=null",
+        *SMALL_GRID,
         "runtime.task_runner=ray",
         "runtime.ray_workers=2",
     ]
@@ -117,3 +122,67 @@ def test_two_cells_train_in_parallel_ray_workers(tmp_path, monkeypatch):
         prov = json.loads((runs / c / "timing.json").read_text())["provenance"]
         assert prov["numerics"] == "portable" and prov["aten_capability"] == "AVX2", prov
         assert prov["onednn_enabled"] is False and prov["threads"] == 2, prov
+
+
+def test_cells_and_their_client_actors_share_one_local_ray():
+    """task_runner ray + clients ray, no address: the local Ray holds every cell's actors
+    (ray_workers x actors per cell CPUs), a cell takes no CPU but one fedapt_cell, and each
+    cell starts its share of actors on that Ray (cell_params' ray_actors)."""
+    from flows.runners import CELL_RESOURCE, cell_params, grid_task_runner
+    from tasks.config import load_params
+
+    both = ["runtime.task_runner=ray", "runtime.clients=ray", "runtime.ray_workers=2"]
+    p = load_params(REPO / "params.yaml", [*both, "runtime.ray_actors=3"])
+    kw = grid_task_runner(p).init_kwargs
+    assert kw["num_cpus"] == 6 and kw["resources"] == {CELL_RESOURCE: 2}
+    assert cell_params(p).runtime.ray_actors == 3
+    auto = load_params(REPO / "params.yaml", both)
+    share = max(1, (os.cpu_count() or 1) // 2)
+    assert cell_params(auto).runtime.ray_actors == share
+    assert grid_task_runner(auto).init_kwargs["num_cpus"] == 2 * share
+    cells_only = load_params(REPO / "params.yaml", both[:1] + both[2:])
+    assert "resources" not in grid_task_runner(cells_only).init_kwargs
+    remote = load_params(REPO / "params.yaml", [*both, "runtime.ray_address=auto"])
+    assert grid_task_runner(remote).address == "auto"
+    assert cell_params(remote).runtime.ray_actors == "auto"  # a cluster's own CPUs
+
+
+@pytest.mark.slow
+def test_cells_with_clients_on_actors_on_one_local_ray_give_the_thread_runners_bytes(
+    tmp_path, monkeypatch
+):
+    """A 2-cell grid on the local Ray runner whose cells' clients train on actors of the
+    same Ray completes (no actor waits for CPUs the cells hold) with the outputs of the
+    thread runner with local clients: metrics.json and model.pt, byte for byte; the node of
+    each client is in the Ray run's timing.json only."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.experiment import experiment_flow
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    common = ["experiment.name=shared-ray", *SMALL_GRID]
+    ray_run = ["runtime.task_runner=ray", "runtime.ray_workers=2", "runtime.clients=ray"]
+    with prefect_test_harness(server_startup_timeout=180):
+        for name, extra in (("thread", []), ("ray", ray_run)):
+            reports = f"experiment.reports_dir={tmp_path / name}"
+            records = experiment_flow(
+                params_file=str(REPO / "params.yaml"), overrides=[*common, reports, *extra]
+            )
+            assert [(r["algorithm"], r["rounds"]) for r in records] == [
+                ("fedavg", 2),
+                ("fedprox", 2),
+            ]
+    used = set()
+    for cell in ("fedavg-full", "fedprox-full"):
+        runs = [tmp_path / name / "shared-ray/runs" / cell for name in ("thread", "ray")]
+        for f in ("metrics.json", "model.pt"):
+            assert (runs[0] / f).read_bytes() == (runs[1] / f).read_bytes(), (cell, f)
+        timing = [json.loads((r / "timing.json").read_text()) for r in runs]
+        assert timing[1]["pid"] != os.getpid()  # trained in a Ray worker process
+        # the clients trained on actors, each one's node recorded beside the times
+        assert "client_nodes" not in timing[0]
+        placed = timing[1]["client_nodes"]
+        assert {row[0] for row in placed["clients"]} == {1, 2}  # both rounds' clients
+        assert len(placed["nodes"]) == 1 and "?" not in placed["nodes"].values()
+        used |= set(placed["nodes"])
+    assert len(used) == 1  # both cells' actors on the runner's Ray (a Ray of their own: 2)

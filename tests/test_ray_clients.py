@@ -63,7 +63,19 @@ def local_ray():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def make_sim(*, workers=0, actors=None, rounds=2, m=4, algorithm=None, callbacks=(), **fed):
+def make_sim(
+    *,
+    workers=0,
+    actors=None,
+    rounds=2,
+    m=4,
+    algorithm=None,
+    callbacks=(),
+    engine="sequential",
+    cohort_size=None,
+    codecs=None,
+    **fed,
+):
     return Simulation(
         model_fn=tiny64,
         algorithm=algorithm or FedAvg(),
@@ -76,6 +88,9 @@ def make_sim(*, workers=0, actors=None, rounds=2, m=4, algorithm=None, callbacks
         workers=workers,
         callbacks=callbacks,
         eval_chunk=25,
+        engine=engine,
+        cohort_size=cohort_size,
+        codecs=codecs,
         ray=None if actors is None else RaySettings(actors=actors),
     )
 
@@ -203,3 +218,20 @@ def test_where_the_clients_train_is_no_part_of_a_runs_fingerprint():
     )
     assert on_ray.runtime.clients == "ray" and on_ray.runtime.ray_actors == 3
     assert fingerprint(local, "fedavg", "full", "h") == fingerprint(on_ray, "fedavg", "full", "h")
+
+
+def test_the_node_of_each_client_is_recorded_per_round(local_ray):
+    from fedcore.engine.ray_pool import ClientNodes
+
+    sim = make_sim(actors=2, dropout=0.3)
+    assert isinstance(sim.backend, RayBackend)
+    nodes = ClientNodes(sim.backend)
+    rec = Records()
+    sim.callbacks += [nodes, rec]
+    sim.run()
+    trained = [[c.round, c.client_id] for c in rec.clients if c.status != "dropped"]
+    out = nodes.to_dict()
+    assert [row[:2] for row in out["clients"]] == trained  # per round, in task order
+    assert {row[2] for row in out["clients"]} == set(out["nodes"])
+    assert len(out["nodes"]) == 1 and "?" not in out["nodes"].values()  # the local node
+    json.dumps(out)  # written into timing.json as it is

@@ -1,7 +1,8 @@
 """``runtime.clients: ray`` on a Ray cluster of two nodes, both on this machine (127.0.0.1):
 a head of 1 CPU and a second node of 1 CPU (resource ``node2``) started by ``ray start``; the
-two client actors land one on each node, and the run's bytes are the local run's. Every Ray
-process of the cluster (found by its temp dir) is ended after, whatever happened."""
+two client actors land one on each node (as the recorded node of each client says), and the
+run's bytes are the local run's. Every Ray process of the cluster (found by its temp dir) is
+ended after, whatever happened."""
 
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ DRIVER = r"""
 import hashlib, json, sys, time
 import ray
 from fedcore.engine import RayBackend, RaySettings
+from fedcore.engine.ray_pool import ClientNodes
 from tests.test_ray_clients import make_sim, run_bytes
 
 address = sys.argv[1]
@@ -108,11 +110,14 @@ sim = make_sim(actors=2, dropout=0.3)
 sim.ray = RaySettings(address=address, actors=2)
 sim.backend = sim._backend(sim.backend.work)
 assert isinstance(sim.backend, RayBackend)
+recorded = ClientNodes(sim.backend)
+sim.callbacks.append(recorded)
 got = run_bytes(sim)
 digest = lambda r: {k: hashlib.sha256(repr(v).encode()).hexdigest() for k, v in r.items()}
 print("RESULT " + json.dumps({
     "nodes": nodes,
     "used": sorted({node for _, node in sim.backend.placements}),
+    "recorded": recorded.to_dict(),
     "ref": digest(ref),
     "got": digest(got),
     "round_clients": len(json.loads(got["metrics"])["rounds"][0]["clients"]),
@@ -139,5 +144,11 @@ def test_clients_on_two_nodes_give_the_local_bytes(two_nodes):
     assert len(nodes) == 2, nodes
     assert set(out["used"]) == set(nodes), (out["used"], nodes)  # a client job on each node
     assert any("node2" in nodes[n] for n in out["used"])
+    # what a cell writes into timing.json (ClientNodes): every trained client's node, per
+    # round, and both nodes among them
+    recorded = out["recorded"]
+    assert set(recorded["nodes"]) == set(nodes), recorded
+    assert "?" not in recorded["nodes"].values()  # each node's address
+    assert {row[0] for row in recorded["clients"]} == {1, 2}, recorded  # both rounds
     assert out["got"] == out["ref"]  # metrics, final model, client records, upload bytes
     assert out["round_clients"]

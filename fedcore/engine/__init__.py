@@ -24,7 +24,8 @@ The package, by job:
 * ``simulation``: :class:`Simulation`, the run loop, evaluation, checkpoints, events;
 * ``round``: one round (sampling, downloads, who reports, aggregation, the record);
 * ``backends``, ``pool`` and ``ray_pool``: where the clients train (:class:`Backend`: in
-  this process, a process pool, Ray actors, or the cohort engine); each client's result is a
+  this process, a process pool, Ray actors, or the cohort engine, here or on Ray actors);
+  each client's result is a
   :class:`ClientResult`; ``ray_cluster``: connecting to Ray (lazily imported).
 """
 
@@ -39,7 +40,7 @@ from fedcore.engine.backends import (
 from fedcore.engine.config import FederationConfig, initial_model
 from fedcore.engine.pool import PoolBackend
 from fedcore.engine.ray_cluster import RaySettings
-from fedcore.engine.ray_pool import RayBackend
+from fedcore.engine.ray_pool import RayBackend, RayCohortBackend
 from fedcore.engine.simulation import Simulation
 from fedcore.events import History
 from fedcore.jobs import ClientResult
@@ -54,6 +55,7 @@ __all__ = [
     "History",
     "PoolBackend",
     "RayBackend",
+    "RayCohortBackend",
     "RaySettings",
     "SequentialBackend",
     "Simulation",

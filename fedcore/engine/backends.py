@@ -16,6 +16,7 @@ subclass that says how it maps jobs (``_map``) and how it starts and stops.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -291,3 +292,72 @@ class CohortBackend(Backend):
 
     def close(self) -> None:
         self.train_data, self.test_data = self.work.train, self.work.test
+
+
+def job_clients(what: str, job: tuple) -> list[int]:
+    """The clients a job trains: a client job's (its task first), a cohort job's (its tasks
+    second), none for an evaluation job."""
+    if what == "client":
+        return [job[0].client_id]
+    if what == "cohort":
+        return [t.client_id for t in job[1]]
+    return []
+
+
+@dataclass
+class Retries:
+    """What the process pool and the Ray actors do with jobs lost to a dead worker (a
+    process or an actor: ``worker`` names it): each runs again once, alone; lost again, a
+    client or cohort job's clients are dropped (its result None: the engine counts them as
+    crashed) and any other job is an error; ``give_up`` client jobs lost in a row (each after
+    its retry: a worker that cannot start loses every job) end the run."""
+
+    worker: str  # "worker process", "Ray actor"
+    workers: str  # "worker processes", "Ray actors"
+    give_up: int = 3
+    streak: int = 0  # jobs lost in a row
+
+    def retry(
+        self,
+        jobs: list[tuple],
+        out: list,
+        lost: list[int],
+        *,
+        what: str,
+        how: str,
+        again: Callable[[int], Any],
+        errors: type[BaseException] | tuple[type[BaseException], ...],
+        recover: Callable[[], None],
+    ) -> None:
+        """``out[i] = again(i)`` for each lost job ``i``, in job order, ``recover()`` after
+        each that is lost again (``errors``); ``how``: how they are retried, for the line
+        that says so."""
+        if not lost:
+            return
+        print(
+            f"fedapt: a {self.worker} died; {len(lost)} {what} job(s) lost, {how}",
+            file=sys.stderr,
+            flush=True,
+        )
+        for i in sorted(lost):
+            try:
+                out[i] = again(i)
+                self.streak = 0
+                continue
+            except errors:
+                recover()
+            self.streak += 1
+            if what == "job" or self.streak >= self.give_up:
+                raise RuntimeError(
+                    f"{self.workers} died on {self.streak} {what} job(s) in a row, each "
+                    f"retried once: giving up (a {self.worker}'s own error, if any, is above)"
+                )
+            ids = job_clients(what, jobs[i])
+            who = (
+                f"client {ids[0]} dropped: its"
+                if len(ids) == 1
+                else f"clients {', '.join(map(str, ids))} dropped: their"
+            )
+            print(
+                f"fedapt: {who} {self.worker} died again on the retry", file=sys.stderr, flush=True
+            )

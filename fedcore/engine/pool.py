@@ -10,11 +10,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from fedcore.engine.backends import WireBackend, Workload
+from fedcore.engine.backends import Retries, WireBackend, Workload
 from fedcore.jobs import init_pool_worker
 from fedcore.payload import StateDict
 
@@ -26,7 +25,7 @@ class PoolBackend(WireBackend):
         self.work = work
         self.workers = workers
         self.pool: cf.ProcessPoolExecutor | None = None
-        self._lost_streak = 0  # client jobs lost in a row (each retried once)
+        self.retries = Retries("worker process", "worker processes")
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         # Workers die with this process (jobs.die_with_parent), even when it is killed -9.
@@ -38,7 +37,7 @@ class PoolBackend(WireBackend):
         )
 
     def start(self, global_state: StateDict) -> StateDict:
-        self._lost_streak = 0
+        self.retries.streak = 0
         self.work.train.share_memory_()
         self.work.test.share_memory_()
         self.pool = self._new_pool()
@@ -75,36 +74,23 @@ class PoolBackend(WireBackend):
                 if f is None:
                     raise cf.process.BrokenProcessPool
                 out[i] = f.result()
-                self._lost_streak = 0
+                self.retries.streak = 0
             except cf.process.BrokenProcessPool:
                 lost.append(i)
-        if not lost:
-            return out
-        print(
-            f"fedapt: a worker process died; {len(lost)} {what} job(s) lost, the pool "
-            f"restarted and each retried once, alone",
-            file=sys.stderr,
-            flush=True,
+        if lost:
+            self._restart_pool()
+        self.retries.retry(
+            jobs,
+            out,
+            lost,
+            what=what,
+            how="the pool restarted and each retried once, alone",
+            again=lambda i: self._pool().submit(fn_worker, *jobs[i]).result(),
+            errors=cf.process.BrokenProcessPool,
+            recover=self._restart_pool,
         )
-        self._restart_pool()
-        for i in lost:
-            try:
-                out[i] = self.pool.submit(fn_worker, *jobs[i]).result()
-                self._lost_streak = 0
-                continue
-            except cf.process.BrokenProcessPool:
-                self._restart_pool()
-            self._lost_streak += 1
-            # A worker that cannot start (its initializer fails) loses every job: stop then.
-            if what != "client" or self._lost_streak >= 3:
-                raise RuntimeError(
-                    f"worker processes died on {self._lost_streak} {what} job(s) in a row, "
-                    f"each retried once: giving up (a worker's own error, if any, is above)"
-                )
-            client = getattr(jobs[i][0], "client_id", "?")
-            print(
-                f"fedapt: client {client} dropped: its worker process died again on the retry",
-                file=sys.stderr,
-                flush=True,
-            )
         return out
+
+    def _pool(self) -> cf.ProcessPoolExecutor:
+        assert self.pool is not None, "start() first"
+        return self.pool

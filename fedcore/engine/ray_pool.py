@@ -15,18 +15,27 @@ aggregation stays in sampling order.
 A job lost to a dead actor (killed, out of memory, its node gone) is run again once, alone, on
 a restarted actor; lost again, the client is counted as dropped, as with the process pool
 (``fedcore.engine.pool``). Ray is imported lazily: fedcore imports without it.
+
+With the cohort engine (``runtime.engine: cohort``), :class:`RayCohortBackend`: each actor
+also holds a ``CohortBackend`` over its replica and trains a contiguous slice of the round's
+clients, in sampling order, as a cohort (:class:`CohortActor`); evaluation stays the wire's
+evaluation jobs. A slice is the unit of retry: lost twice, its clients are counted as crashed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-from fedcore.engine.backends import WireBackend, Workload
+from fedcore import payload
+from fedcore.algorithms.base import ClientTask
+from fedcore.cohort import check_batchable
+from fedcore.engine.backends import CohortBackend, Retries, WireBackend, Workload, job_clients
 from fedcore.engine.ray_cluster import (
     RaySettings,
     actor_count,
@@ -37,6 +46,8 @@ from fedcore.engine.ray_cluster import (
     ray_module,
 )
 from fedcore.errors import ConfigError
+from fedcore.events import Callback, RoundRecord
+from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
 
 START_SECONDS = 180.0  # how long the actors may take to start before it is one line
@@ -77,9 +88,14 @@ class ClientActor:
 
 def writable(arg: Any) -> Any:
     """``arg`` with its read-only arrays copied: Ray hands arrays to an actor read-only (zero
-    copy), torch.as_tensor warns on them; a client task's indices, an evaluation's chunk."""
+    copy), torch.as_tensor warns on them; a client task's indices, an evaluation's chunk, in
+    lists, tuples and dicts (a cohort's tasks and its keyword arguments) too."""
     if isinstance(arg, np.ndarray):
         return arg if arg.flags.writeable else arg.copy()
+    if type(arg) in (list, tuple):
+        return type(arg)(writable(a) for a in arg)
+    if type(arg) is dict:
+        return {k: writable(v) for k, v in arg.items()}
     if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
         fields = {f.name: getattr(arg, f.name) for f in dataclasses.fields(arg)}
         arrays = {k: writable(v) for k, v in fields.items() if isinstance(v, np.ndarray)}
@@ -88,9 +104,89 @@ def writable(arg: Any) -> Any:
     return arg
 
 
+COHORT: CohortBackend | None = None  # a cohort actor's backend (set in its own process)
+
+
+class CohortActor(ClientActor):
+    """A client actor that trains cohorts: a ``CohortBackend`` over its model replica (the
+    same model serves the evaluation jobs), single-threaded on the CPU as a client actor is."""
+
+    def __init__(
+        self,
+        model_fn: Callable,
+        context_args: tuple,
+        max_clients: int | None,
+        trainable: frozenset[str] | None,
+    ) -> None:
+        global COHORT
+        super().__init__(model_fn, context_args)
+        from fedcore import jobs
+
+        ctx = jobs.WORKER
+        assert ctx is not None
+        work = Workload(
+            model_fn, ctx.model, ctx.algorithm, ctx.train, ctx.test, ctx.shards,
+            ctx.noise_var, ctx.local, ctx.device, ctx.codecs,
+        )  # fmt: skip
+        COHORT = CohortBackend(work, max_clients=max_clients, trainable=trainable)
+        COHORT.start({})
+
+
+def cohort_job(
+    global_state: StateDict, tasks: list[ClientTask], kwargs: dict[str, Any]
+) -> list[ClientResult | None]:
+    """A cohort actor's job: ``tasks`` trained as cohorts from ``global_state``
+    (``CohortBackend.train`` with the round's keyword arguments for these tasks: a state
+    dict among them, such as a download codec's start state, comes as an ObjectRef, put once
+    per round), each result's tensors its own, on the host (:func:`materialised`)."""
+    import ray
+
+    assert COHORT is not None, "a CohortActor's job"
+    device = COHORT.work.device
+    kwargs = {
+        k: on_device(ray.get(v), device) if isinstance(v, ray.ObjectRef) else v
+        for k, v in kwargs.items()
+    }
+    results = COHORT.train(on_device(global_state, device), tasks, **kwargs)
+    return materialised(results)
+
+
+def on_device(state: StateDict, device: str) -> StateDict:
+    return {k: v.to(device) for k, v in state.items()}
+
+
+def materialised(results: list[ClientResult | None]) -> list[ClientResult | None]:
+    """``results`` with every upload and error-feedback memory copied to the host: a
+    cohort's uploads are rows (``payload.Row``) of its stacked states, views that would drag
+    the actor's device memory or a larger buffer along; each stack is copied once and its
+    rows kept, so the server still reduces a cohort's rows in one call per tensor
+    (``fedcore.aggregate.stacked``)."""
+    stacks: dict[int, dict[str, torch.Tensor]] = {}
+
+    def host(state: Any) -> Any:
+        if state is None:
+            return None
+        if isinstance(state, payload.Row):
+            if id(state.stack) not in stacks:
+                stacks[id(state.stack)] = {k: host_copy(v) for k, v in state.stack.items()}
+            return payload.Row(stacks[id(state.stack)], state.i)
+        return {k: host_copy(v) for k, v in state.items()}
+
+    return [
+        None if r is None else dataclasses.replace(r, upload=host(r.upload), memory=host(r.memory))
+        for r in results
+    ]
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
 class RayBackend(WireBackend):
     """Ray actors, each serving clients one after another (``settings.actors`` of them, or
     what the cluster holds, at most ``clients`` the round's)."""
+
+    actor_class: type = ClientActor
 
     def __init__(self, work: Workload, settings: RaySettings, clients: int) -> None:
         self.work = work
@@ -100,23 +196,29 @@ class RayBackend(WireBackend):
         self._remote: Any = None  # ray.remote(ClientActor), with its options
         self._context: Any = None  # the context's ObjectRef: put once per run
         self._owns_ray = False  # this backend initialised Ray: it shuts it down
-        self._lost_streak = 0
+        self.retries = Retries("Ray actor", "Ray actors")
         # What the tests and the docs' claims check: per client job in job order, (client,
         # Ray node id); per _map call, how many objects went into the object store.
         self.placements: list[tuple[int, str]] = []
         self.puts: list[int] = []
+        self.node_addresses: dict[str, str] = {}  # Ray node id -> its IP (at start)
 
     # ---- start and stop ------------------------------------------------------------------
     def start(self, global_state: StateDict) -> StateDict:
         ray = ray_module()
-        self._lost_streak = 0
+        self.retries.streak = 0
         self._owns_ray = connect(self.settings)
         try:
             nodes = node_resources()
+            self.node_addresses.update(
+                (str(n["NodeID"]), str(n.get("NodeManagerAddress", "?")))
+                for n in ray.nodes()
+                if n.get("Alive")
+            )
             check_gpus(self.settings, self.work.device, nodes)
             count = actor_count(self.settings, self.clients, nodes)
             self._context = ray.put(self.work.context_args())
-            self._remote = ray.remote(ClientActor).options(
+            self._remote = ray.remote(self.actor_class).options(
                 num_cpus=self.settings.actor_cpus,
                 num_gpus=self.settings.actor_gpus,
                 max_restarts=0,
@@ -171,15 +273,16 @@ class RayBackend(WireBackend):
 
     # ---- the jobs ------------------------------------------------------------------------
     def _put(self, jobs: list[tuple]) -> list[tuple]:
-        """The jobs with every bytes argument (a download, the evaluated state) replaced by
-        its ObjectRef: each distinct object put once, however many jobs share it."""
+        """The jobs with every bytes argument (a download, the evaluated state) and every
+        state dict (a cohort's global state) replaced by its ObjectRef: each distinct object
+        put once, however many jobs share it."""
         ray = ray_module()
         refs: dict[int, Any] = {}
         out = []
         for job in jobs:
             args = []
             for a in job:
-                if isinstance(a, bytes):
+                if isinstance(a, bytes) or is_state(a):
                     if id(a) not in refs:
                         refs[id(a)] = ray.put(a)
                     a = refs[id(a)]
@@ -193,8 +296,8 @@ class RayBackend(WireBackend):
     ) -> list:
         """The jobs' results in submission order, each actor taking the next job as it
         finishes one. A job lost to a dead actor is run again once, alone, on a restarted
-        actor; lost again, its result is None (``what`` "client": the engine counts it as
-        dropped) or, for other jobs, an error."""
+        actor; lost again, its result is None (``what`` "client" or "cohort": the engine
+        counts its clients as dropped) or, for other jobs, an error."""
         ray = ray_module()
         from ray.exceptions import RayActorError
 
@@ -215,40 +318,138 @@ class RayBackend(WireBackend):
                 i, a = running.pop(ref)
                 try:
                     out[i], nodes[i] = ray.get(ref)
-                    self._lost_streak = 0
+                    self.retries.streak = 0
                 except RayActorError:
                     lost.append(i)
                     self.actors[a] = self._new_actor()  # a restarted actor in its slot
                 idle.append(a)
-        if lost:
-            print(
-                f"fedapt: a Ray actor died; {len(lost)} {what} job(s) lost, each retried "
-                f"once, alone, on a restarted actor",
-                file=sys.stderr,
-                flush=True,
+        self.retries.retry(
+            jobs,
+            out,
+            lost,
+            what=what,
+            how="each retried once, alone, on a restarted actor",
+            again=lambda i: self._again(fn_worker, sent[i], nodes, i),
+            errors=RayActorError,
+            recover=self._restart_first,
+        )
+        for i in range(len(jobs)):
+            if i in nodes:
+                self.placements.extend((c, nodes[i]) for c in job_clients(what, jobs[i]))
+        return out
+
+    def _again(self, fn_worker: Callable, job: tuple, nodes: dict[int, str], i: int) -> Any:
+        """Job ``i`` run again, alone, on the first actor; its node into ``nodes``."""
+        res, nodes[i] = ray_module().get(self.actors[0].run.remote(fn_worker, *job))
+        return res
+
+    def _restart_first(self) -> None:
+        self.actors[0] = self._new_actor()
+
+
+class ClientNodes(Callback):
+    """Which Ray node trained each client: (round, client, node id) per trained client, in
+    task order, from the backend's placements as each round ends; the nodes' addresses in
+    :meth:`to_dict`. Not part of any result: placement is Ray's choice (the run's bytes do
+    not depend on it), recorded beside the times (``timing.json``)."""
+
+    def __init__(self, backend: RayBackend) -> None:
+        self.backend = backend
+        self.rows: list[tuple[int, int, str]] = []
+        self._seen = len(backend.placements)
+
+    def on_fit_start(self, info: dict[str, Any]) -> None:
+        self._seen = len(self.backend.placements)
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        new = self.backend.placements[self._seen :]
+        self._seen = len(self.backend.placements)
+        self.rows.extend((record.round, client, node) for client, node in new)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"nodes": {node id: address}, "clients": [[round, client, node id], ...]}``."""
+        used = sorted({node for _, _, node in self.rows})
+        return {
+            "nodes": {n: self.backend.node_addresses.get(n, "?") for n in used},
+            "clients": [list(row) for row in self.rows],
+        }
+
+
+def is_state(arg: Any) -> bool:
+    """A state dict (name -> tensor): a cohort's global state."""
+    return (
+        type(arg) is dict
+        and bool(arg)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in arg.items())
+    )
+
+
+class RayCohortBackend(RayBackend):
+    """The cohort engine on Ray actors (``runtime.engine: cohort``, ``runtime.clients:
+    ray``): the round's training tasks are cut, in sampling order, into contiguous slices
+    (``cohort_size`` tasks each when set, else one slice per actor), each trained as cohorts
+    by one actor's ``CohortBackend`` (:class:`CohortActor`); the results are gathered in task
+    order. The global state goes into the object store once per round, the clients' uploads
+    come back as host tensors (each cohort's stack copied once). Evaluation: the wire's
+    evaluation jobs, as :class:`RayBackend`'s.
+
+    With ``cohort_size`` set the slices do not depend on the number of actors, so neither
+    do the results: the same cohorts as the local cohort engine with that ``cohort_size``.
+    Without it, the cohorts (and so the last bits of float arithmetic) follow the actor count.
+    """
+
+    encodes = False  # as the local cohort engine: the clients read the global state
+    actor_class = CohortActor
+
+    def __init__(
+        self,
+        work: Workload,
+        settings: RaySettings,
+        clients: int,
+        cohort_size: int | None = None,
+        trainable: frozenset[str] | None = None,
+    ) -> None:
+        check_batchable(work.model)  # the local cohort engine's one line, before Ray starts
+        super().__init__(work, settings, clients)
+        self.cohort_size = cohort_size
+        self.trainable = trainable
+
+    def _new_actor(self) -> Any:
+        return self._remote.remote(
+            self.work.model_fn, self._context, self.cohort_size, self.trainable
+        )
+
+    def slices(self, n: int, actors: int) -> list[slice]:
+        """The round's ``n`` training tasks cut into contiguous slices, in sampling order:
+        of ``cohort_size`` tasks, else one per actor (``actors`` of them)."""
+        size = self.cohort_size or -(-n // max(1, actors))
+        return [slice(lo, min(n, lo + size)) for lo in range(0, n, size)]
+
+    def train(
+        self, global_state: StateDict, tasks: Sequence[ClientTask], **kwargs: Any
+    ) -> list[ClientResult | None]:
+        """``Backend.train``: its keyword arguments are passed on to each actor's
+        ``CohortBackend.train`` as they are, those holding one entry per task (a list or a
+        tuple as long as ``tasks``: seeds, step caps, downloads, error-feedback memories) cut
+        with the tasks, a state dict (a download codec's start state) put once."""
+        n = len(tasks)
+        if not n:
+            return []
+        per_task = {k for k, v in kwargs.items() if type(v) in (list, tuple) and len(v) == n}
+        ray = ray_module()
+        kwargs = {k: ray.put(v) if is_state(v) else v for k, v in kwargs.items()}
+        cuts = self.slices(n, len(self.actors))
+        jobs = [
+            (
+                global_state,
+                list(tasks[s]),
+                {k: v[s] if k in per_task else v for k, v in kwargs.items()},
             )
-        for i in sorted(lost):
-            try:
-                out[i], nodes[i] = ray.get(self.actors[0].run.remote(fn_worker, *sent[i]))
-                self._lost_streak = 0
-                continue
-            except RayActorError:
-                self.actors[0] = self._new_actor()
-            self._lost_streak += 1
-            # An actor that cannot start (its model fails) loses every job: stop then.
-            if what != "client" or self._lost_streak >= 3:
-                raise RuntimeError(
-                    f"Ray actors died on {self._lost_streak} {what} job(s) in a row, each "
-                    f"retried once: giving up (an actor's own error, if any, is above)"
-                )
-            client = getattr(jobs[i][0], "client_id", "?")
-            print(
-                f"fedapt: client {client} dropped: its Ray actor died again on the retry",
-                file=sys.stderr,
-                flush=True,
-            )
-        if what == "client":
-            self.placements.extend(
-                (jobs[i][0].client_id, nodes[i]) for i in range(len(jobs)) if i in nodes
-            )
+            for s in cuts
+        ]
+        parts = self._map(cohort_job, cohort_job, jobs, what="cohort")
+        self.puts[-1] += sum(isinstance(v, ray.ObjectRef) for v in kwargs.values())
+        out: list[ClientResult | None] = []
+        for s, part in zip(cuts, parts, strict=True):
+            out.extend([None] * (s.stop - s.start) if part is None else part)
         return out

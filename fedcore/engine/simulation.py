@@ -24,7 +24,7 @@ from fedcore.engine.backends import Backend, CohortBackend, SequentialBackend, W
 from fedcore.engine.config import FederationConfig, initial_model
 from fedcore.engine.pool import PoolBackend
 from fedcore.engine.ray_cluster import RaySettings
-from fedcore.engine.ray_pool import RayBackend
+from fedcore.engine.ray_pool import RayBackend, RayCohortBackend
 from fedcore.engine.round import play_round
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, History, RoundRecord
@@ -66,11 +66,6 @@ class Simulation:
         model holds them)."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
-        if engine == "cohort" and ray is not None:
-            raise ConfigError(
-                "runtime.clients: ray trains clients one by one on Ray actors; it needs "
-                "runtime.engine: sequential (or auto), not cohort"
-            )
         self.ray = ray
         # the model's float buffers (BatchNorm's running statistics) travel as they are
         self.codecs = codecs or Codecs()
@@ -152,6 +147,10 @@ class Simulation:
     def _backend(self, work: Workload) -> Backend:
         """Where the clients train: the cohort engine, Ray actors, worker processes, or
         this process."""
+        if self.engine == "cohort" and self.ray is not None:
+            return RayCohortBackend(
+                work, self.ray, self.cfg.clients_per_round, self.cohort_size, self.trainable
+            )
         if self.engine == "cohort":
             return CohortBackend(work, max_clients=self.cohort_size, trainable=self.trainable)
         if self.ray is not None:

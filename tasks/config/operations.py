@@ -67,7 +67,8 @@ class RuntimeSection(Section):
     # at ray_address, or a local Ray of ray_actors CPUs); the same bytes either way.
     clients: Literal["local", "ray"] = "local"
     # Client actors (one model replica each); auto: what the cluster's CPUs (GPUs) hold, at
-    # most the round's clients (a local Ray: as many as runtime.workers would be).
+    # most the round's clients (a local Ray: as many as runtime.workers would be; the local
+    # Ray runner's, shared with the cells: this machine's cores / ray_workers per cell).
     ray_actors: int | Literal["auto"] = "auto"
     # GPUs each client actor requests (Ray shows an actor only the GPUs it requested);
     # auto: 1 when the clients train on CUDA (runtime.device), else 0.
