@@ -1,0 +1,165 @@
+"""The Ray head of ``fedapt up ray``: its command line, when it is ready, and every process
+of it (for ``down``).
+
+``ray start --head --block`` runs in the foreground as the service's process: the GCS, the
+raylet and Ray's other daemons are its children, in its process group, and it stops them when
+it ends, so the supervisor stops it like any other service (SIGTERM to the group, then
+SIGKILL). Never ``ray stop``: that stops every Ray of this user on the machine (another run's,
+another engineer's). Everything binds to 127.0.0.1; no dashboard; the head's session files live
+in its own temporary folder (``ray_temp_dir``), so it never touches ``/tmp/ray`` and its
+processes can be told from any other Ray's by that folder in their command lines.
+
+Its address is ``127.0.0.1:<port>`` (``FEDAPT_RAY_PORT``, default 6379): what ``ray.init``,
+``RAY_ADDRESS`` and ``runtime.ray_address`` take; the Ray Client server
+(``ray://127.0.0.1:<port>``) listens on a free port, recorded as ``client_url``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from flows.services.config import HOST
+from flows.services.ports import free_port, health_url, probe
+from flows.services.process import is_ours
+
+ADDRESS_VAR = "RAY_ADDRESS"  # what `fedapt env` exports (ray.init() and the ray CLI read it)
+AUTH_VAR = "RAY_AUTH_MODE"  # token: what a client of the head needs (ray_env)
+READY_FILE = "ray_current_cluster"  # written by `ray start` into its temp dir once it is up
+# A session's socket paths (<temp>/session_<date>_<pid>/sockets/plasma_store) must fit the
+# 107 bytes of a Unix socket path: a longer state folder gets a short folder in the temp dir.
+_MAX_TEMP_LEN = 40
+
+
+def ray_temp_dir(sd: Path) -> Path:
+    """The head's session folder root: ``<state_dir>/ray``, or, where that path is too long
+    for Ray's sockets, ``<tmp>/fedapt-ray-<hash of the state dir>``."""
+    own = sd / "ray"
+    if len(str(own)) <= _MAX_TEMP_LEN:
+        return own
+    digest = hashlib.sha256(str(sd).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"fedapt-ray-{digest}"
+
+
+def ray_cmd(sd: Path, port: int) -> list[str]:
+    """``ray start`` for a head on 127.0.0.1:``port`` (its Ray Client server on a free port)."""
+    temp = ray_temp_dir(sd)
+    temp.mkdir(parents=True, exist_ok=True)
+    (temp / READY_FILE).unlink(missing_ok=True)  # a stale one of an earlier head
+    return [
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        "--block",  # stays in the foreground: the supervised process
+        "--node-ip-address",
+        HOST,
+        "--port",
+        str(port),
+        "--ray-client-server-port",
+        str(free_port()),
+        # fixed by default (52365): another Ray on this machine would clash
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+        "--include-dashboard",
+        "false",
+        "--dashboard-host",
+        HOST,
+        "--disable-usage-stats",
+        "--temp-dir",
+        str(temp),
+    ]
+
+
+def ray_record(cmd: list[str]) -> dict[str, str]:
+    """What the service's record keeps of a ``ray_cmd``: its address, its Ray Client URL and
+    its session folder's root."""
+
+    def arg(flag: str) -> str:
+        return cmd[cmd.index(flag) + 1]
+
+    return {
+        "address": f"{HOST}:{arg('--port')}",
+        "client_url": f"ray://{HOST}:{arg('--ray-client-server-port')}",
+        "temp_dir": arg("--temp-dir"),
+    }
+
+
+def ray_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The head's environment: no address of another cluster, no usage stats, and token
+    authentication: whatever ``--node-ip-address`` says, Ray's GCS listens on every interface,
+    so a client needs the token (``~/.ray/auth_token``, made by Ray if missing) and
+    ``RAY_AUTH_MODE=token``, as ``fedapt env`` exports it."""
+    out = {k: v for k, v in env.items() if k != ADDRESS_VAR}
+    out["RAY_USAGE_STATS_ENABLED"] = "0"
+    out[AUTH_VAR] = "token"
+    return out
+
+
+def ray_ready(rec: Mapping[str, Any]) -> bool:
+    """The head is up: ``ray start`` wrote its address file (after the GCS and the raylet
+    started) and the GCS accepts connections."""
+    ready = Path(rec["temp_dir"]) / READY_FILE
+    return ready.is_file() and probe(health_url("ray", int(rec["port"])), timeout=2.0)
+
+
+def ray_processes(rec: Mapping[str, Any]) -> list[psutil.Process]:
+    """The live processes of the head: its process group, and any process of this user that
+    names its session folder on its command line or holds a file under it open (a worker
+    that left the group; Ray's workers rename themselves ``ray::...``)."""
+    pgid, temp = int(rec["pid"]), str(rec.get("temp_dir") or "")
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status", "uids"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            if os.getpgid(proc.pid) == pgid or (temp and _names(proc, temp)):
+                found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def _names(proc: psutil.Process, temp: str) -> bool:
+    if any(temp in arg for arg in proc.info.get("cmdline") or []):
+        return True
+    uids = proc.info.get("uids")
+    if uids is None or uids.real != os.getuid():
+        return False
+    fds = Path(f"/proc/{proc.pid}/fd")
+    try:
+        return any(os.readlink(fd).startswith(temp + os.sep) for fd in fds.iterdir())
+    except OSError:
+        return False
+
+
+def stop_head(rec: Mapping[str, Any], timeout: float) -> None:
+    """Stop the head: SIGTERM to ``ray start --block`` alone, which drains the node and stops
+    its daemons in order (a signal to the whole group at once leaves the GCS waiting for the
+    raylet it lost); then, after ``timeout`` or once it is gone, SIGKILL to what is left."""
+    pid = int(rec["pid"])
+    if is_ours(pid, "ray"):  # never a recycled pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while ray_processes(rec) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kill_stragglers(rec)
+
+
+def kill_stragglers(rec: Mapping[str, Any]) -> None:
+    """SIGKILL what is left of the head."""
+    procs = ray_processes(rec)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=5.0)
