@@ -103,6 +103,64 @@ def test_the_heads_session_folder_fits_rays_socket_paths(tmp_path):
     assert rayhead.ray_temp_dir(tmp_path / ("x" * 60)) == long  # one per state folder
 
 
+# ----------------------------------------------------------------------------- runs
+
+
+def _params(*sets: str):  # type: ignore[no-untyped-def]
+    from tasks.config import load_params
+
+    return load_params(REPO / "params.yaml", list(sets))
+
+
+def test_a_run_on_ray_uses_ray_address_only_where_runtime_ray_address_is_null(monkeypatch):
+    from flows.runners import cells_share_ray, grid_parallelism, grid_task_runner
+    from tasks.cell import ray_address, ray_settings
+
+    both = ("runtime.task_runner=ray", "runtime.clients=ray", "runtime.device=cpu")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_address(_params(*both)) is None  # a local Ray of the run's own
+    assert cells_share_ray(_params(*both)) and grid_task_runner(_params(*both)).address is None
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")  # eval "$(fedapt env)"
+    run = _params(*both)
+    assert run.runtime.ray_address is None  # the params stay as written
+    assert ray_address(run) == "127.0.0.1:6390"
+    assert grid_task_runner(run).address == "127.0.0.1:6390"
+    settings = ray_settings(run, "cpu")
+    assert settings is not None and settings.address == "127.0.0.1:6390"
+    assert not cells_share_ray(run) and grid_parallelism(run) is None  # a cluster's own size
+
+    explicit = _params(*both, "runtime.ray_address=auto")  # always wins
+    assert ray_address(explicit) == "auto" and grid_task_runner(explicit).address == "auto"
+    assert ray_address(_params()) == "127.0.0.1:6390"  # only read by runs that use Ray
+
+
+def test_a_ray_address_nothing_answers_at_is_one_line_never_a_local_ray(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{dead}")
+    base = ["--params", str(REPO / "params.yaml"), "--set", f"data.root={REPO / 'data/raw'}"]
+    base += ["--set", "storage.bucket=null", "--set", "runtime.tracking=false"]
+    base += ["--set", f"experiment.reports_dir={tmp_path / 'reports'}"]
+    for sets in (["runtime.clients=ray", "runtime.device=cpu"], ["runtime.task_runner=ray"]):
+        args = [a for kv in sets for a in ("--set", kv)]
+        res = CliRunner().invoke(app, ["run", *base, *args])
+        text = res.output.strip()
+        assert res.exit_code != 0 and "Traceback" not in text, text
+        assert text.splitlines()[-1].startswith(
+            f"fedapt: error: RAY_ADDRESS=127.0.0.1:{dead} (runtime.ray_address is null"
+        ), text
+        assert "fedapt up ray" in text
+        assert not (tmp_path / "reports").exists() or not any(
+            p.is_file() for p in (tmp_path / "reports").rglob("*")
+        )
+
+
 # ----------------------------------------------------------------------------- a real head
 
 CONNECT = """
