@@ -1,5 +1,6 @@
-"""Configuration of the local services: names, ports, dependencies, the state directory,
-the MLflow server's settings (``mlflow/server.toml``), the errors and ``ServiceStatus``."""
+"""Configuration of the local services: names (``ray`` only when named), ports, dependencies,
+the state directory, the MLflow server's settings (``mlflow/server.toml``), the errors and
+``ServiceStatus``."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ of it (for ``down``).
 raylet and Ray's other daemons are its children, in its process group, and it stops them when
 it ends, so the supervisor stops it like any other service (SIGTERM to the group, then
 SIGKILL). Never ``ray stop``: that stops every Ray of this user on the machine (another run's,
-another engineer's). Everything binds to 127.0.0.1; no dashboard; the head's session files live
+another engineer's). Started on 127.0.0.1 (``--node-ip-address``), though Ray 2.60's GCS,
+raylet and agents still listen on every interface or the machine's address: hence token
+authentication (``ray_env``). No dashboard; the head's session files live
 in its own temporary folder (``ray_temp_dir``), so it never touches ``/tmp/ray`` and its
 processes can be told from any other Ray's by that folder in their command lines.
 
