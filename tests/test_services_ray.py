@@ -86,7 +86,8 @@ def test_a_ray_that_fails_to_start_is_one_line_and_leaves_nothing(sd, monkeypatc
         "ray_cmd",
         lambda sd, port: [sys.executable, "-c", script, "--port", str(port), "--temp-dir", "x"],
     )
-    monkeypatch.setattr(supervisor, "ray_record", lambda cmd: {"temp_dir": str(sd.parent)})
+    (sd / "ray").mkdir(parents=True)
+    monkeypatch.setattr(supervisor, "ray_record", lambda cmd: {"temp_dir": str(sd / "ray")})
     with pytest.raises(S.ServiceError) as info:
         S.up(["ray"], state=sd, ports={"ray": 0})
     msg = str(info.value)
@@ -240,6 +241,8 @@ def test_up_ray_env_connect_down(sd):
         left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         assert left == [], left
         assert _ray_pids_of(temp, pgid) == set()
+        if not Path(temp).is_relative_to(sd):  # <tmp>/fedapt-ray-...: removed
+            assert not Path(temp).exists()
         res = _cli("env", sd=sd, FEDAPT_ENV_VARS="RAY_ADDRESS RAY_AUTH_MODE")
         assert "unset RAY_ADDRESS" in res.stdout.splitlines()
         assert "ray" in res.stderr and "fedapt up ray" in res.stderr

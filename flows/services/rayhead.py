@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -58,6 +59,8 @@ def ray_cmd(sd: Path, port: int) -> list[str]:
     temp = ray_temp_dir(sd)
     temp.mkdir(parents=True, exist_ok=True)
     (temp / READY_FILE).unlink(missing_ok=True)  # a stale one of an earlier head
+    for old in temp.glob("session_2*"):  # earlier heads' (stopped: up dropped their record)
+        shutil.rmtree(old, ignore_errors=True)
     return [
         str(Path(sys.executable).parent / "ray"),
         "start",
@@ -94,6 +97,13 @@ def ray_record(cmd: list[str]) -> dict[str, str]:
         "client_url": f"ray://{HOST}:{arg('--ray-client-server-port')}",
         "temp_dir": arg("--temp-dir"),
     }
+
+
+def ray_leftovers(sd: Path, temp: str) -> list[str]:
+    """What ``down`` removes once the head has stopped: its session folder where it is not in
+    the state folder (``<tmp>/fedapt-ray-...``); one in the state folder stays, with Ray's logs,
+    until the next head starts."""
+    return [] if Path(temp).is_relative_to(sd) else [temp]
 
 
 def ray_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -156,6 +166,8 @@ def stop_head(rec: Mapping[str, Any], timeout: float) -> None:
     while ray_processes(rec) and time.monotonic() < deadline:
         time.sleep(0.2)
     kill_stragglers(rec)
+    if rec.get("temp_dir"):  # it names a head that is gone
+        (Path(rec["temp_dir"]) / READY_FILE).unlink(missing_ok=True)
 
 
 def kill_stragglers(rec: Mapping[str, Any]) -> None:

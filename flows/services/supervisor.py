@@ -44,7 +44,14 @@ from flows.services.process import (
     spawn,
     terminate,
 )
-from flows.services.rayhead import ray_cmd, ray_env, ray_ready, ray_record, stop_head
+from flows.services.rayhead import (
+    ray_cmd,
+    ray_env,
+    ray_leftovers,
+    ray_ready,
+    ray_record,
+    stop_head,
+)
 from flows.services.s3 import (
     data_lock_path,
     ensure_buckets,
@@ -299,6 +306,7 @@ def up(
                     records[n]["leftovers"] = weed_leftovers(cmd)
                 if n == "ray":  # address, client_url, temp_dir
                     records[n].update(ray_record(cmd))
+                    records[n]["leftovers"] = ray_leftovers(sd, records[n]["temp_dir"])
                 if n == "mlflow":
                     records[n]["s3_url"] = records["s3"]["url"]
                 if n == "worker":
