@@ -249,3 +249,27 @@ def test_up_ray_env_connect_down(sd):
     finally:
         if temp:  # whatever is left of this test's head, never another Ray
             rayhead.kill_stragglers({"pid": pgid, "temp_dir": temp})
+
+
+def test_a_head_whose_ray_start_was_killed_is_stale_and_down_ends_the_rest(sd):
+    """kill -9 of `ray start`: Ray's fate sharing ends the GCS and the raylet, not its agents;
+    `fedapt status` says stale and `fedapt down ray` ends what is left (never by the dead
+    process group's id, only by the head's session folder)."""
+    temp = ""
+    try:
+        res = _cli("up", "ray", sd=sd, FEDAPT_RAY_PORT="0")
+        assert res.returncode == 0, res.stdout + res.stderr
+        rec = S.read_state(sd)["ray"]
+        temp = rec["temp_dir"]
+        os.kill(rec["pid"], 9)
+        deadline = time.monotonic() + 30
+        while S.status(["ray"], state=sd)["ray"].state != "stale":
+            assert time.monotonic() < deadline, "the record never turned stale"
+            time.sleep(0.2)
+        res = _cli("down", "ray", sd=sd)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert S.read_state(sd) == {}
+        assert rayhead.ray_processes({"pid": rec["pid"], "temp_dir": temp}, group=False) == []
+    finally:
+        if temp:
+            rayhead.kill_stragglers({"pid": -1, "temp_dir": temp}, group=False)

@@ -124,11 +124,14 @@ def ray_ready(rec: Mapping[str, Any]) -> bool:
     return ready.is_file() and probe(health_url("ray", int(rec["port"])), timeout=2.0)
 
 
-def ray_processes(rec: Mapping[str, Any]) -> list[psutil.Process]:
-    """The live processes of the head: its process group, and any process of this user that
-    names its session folder on its command line or holds a file under it open (a worker
-    that left the group; Ray's workers rename themselves ``ray::...``)."""
-    pgid, temp = int(rec["pid"]), str(rec.get("temp_dir") or "")
+def ray_processes(rec: Mapping[str, Any], *, group: bool = True) -> list[psutil.Process]:
+    """The live processes of the head: its process group (``group``: only while its
+    ``ray start`` is alive and ours, else the id may be another program's by now), and any
+    process of this user that names its session folder on its command line or holds a file
+    under it open (a worker that left the group; Ray's workers rename themselves
+    ``ray::...``)."""
+    pgid = int(rec["pid"]) if group else -1
+    temp = str(rec.get("temp_dir") or "")
     found = []
     for proc in psutil.process_iter(["cmdline", "status", "uids"]):
         try:
@@ -159,20 +162,21 @@ def stop_head(rec: Mapping[str, Any], timeout: float) -> None:
     its daemons in order (a signal to the whole group at once leaves the GCS waiting for the
     raylet it lost); then, after ``timeout`` or once it is gone, SIGKILL to what is left."""
     pid = int(rec["pid"])
-    if is_ours(pid, "ray"):  # never a recycled pid
+    ours = is_ours(pid, "ray")  # else: a head that died, a pid that may be recycled
+    if ours:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while ray_processes(rec) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    kill_stragglers(rec)
+        deadline = time.monotonic() + timeout
+        while ray_processes(rec) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    kill_stragglers(rec, group=ours)
     if rec.get("temp_dir"):  # it names a head that is gone
         (Path(rec["temp_dir"]) / READY_FILE).unlink(missing_ok=True)
 
 
-def kill_stragglers(rec: Mapping[str, Any]) -> None:
-    """SIGKILL what is left of the head."""
-    procs = ray_processes(rec)
+def kill_stragglers(rec: Mapping[str, Any], *, group: bool = True) -> None:
+    """SIGKILL what is left of the head (``group``: see ``ray_processes``)."""
+    procs = ray_processes(rec, group=group)
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.kill()

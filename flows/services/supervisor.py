@@ -233,11 +233,13 @@ def _wait_ray_ready(rec: Mapping[str, Any], deadline: float) -> None:
 
 
 def _stop(name: str, rec: Mapping[str, Any], timeout: float) -> None:
-    """Stop a recorded service that is still ours: its process group; for the Ray head also
-    any of its processes that left the group."""
+    """Stop a recorded service that is still ours: its process group (the Ray head: see
+    ``rayhead.stop_head``)."""
     if name == "ray":
         stop_head(rec, timeout)
-    terminate(int(rec["pid"]), timeout=timeout)  # the ray head: reaps it
+        if not group_alive(int(rec["pid"])):
+            return
+    terminate(int(rec["pid"]), timeout=timeout)
 
 
 def _alive_record(name: str, rec: Mapping[str, Any] | None) -> bool:
@@ -271,6 +273,8 @@ def up(
         records = read_state(sd)
         for n in list(records):
             if not _alive_record(n, records[n]):
+                if n == "ray":  # its `ray start` is gone: any process left of it
+                    stop_head(records[n], timeout=0)
                 remove_leftovers(records.pop(n).get("leftovers", []))
         # A service whose dependency moved (or is gone) is restarted against the new one.
         for n, dep, key, field in (
@@ -352,8 +356,9 @@ def down(
     state: str | os.PathLike[str] | None = None,
     timeout: float = STOP_TIMEOUT,
 ) -> dict[str, ServiceStatus]:
-    """Stop the services (default all, ray included) and those that depend on them (s3 -> mlflow too),
-    dependants first: SIGTERM to the process group, wait ``timeout``, then SIGKILL.
+    """Stop the services (default all, ray included) and those that depend on them (s3 ->
+    mlflow too), dependants first: SIGTERM to the process group, wait ``timeout``, then
+    SIGKILL (the Ray head: ``rayhead.stop_head``).
 
     Stale records are dropped. Returns the status after stopping.
     """
@@ -367,6 +372,8 @@ def down(
             rec = records[n]
             if is_ours(rec.get("pid"), n):
                 _stop(n, rec, timeout)
+            elif n == "ray":  # its `ray start` is gone: any process left of it
+                stop_head(rec, timeout=0)
             remove_leftovers(rec.get("leftovers", []))  # s3: its sockets and logs
             records.pop(n)
             write_state(sd, records)
