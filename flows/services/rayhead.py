@@ -2,14 +2,14 @@
 of it (for ``down``).
 
 ``ray start --head --block`` runs in the foreground as the service's process: the GCS, the
-raylet and Ray's other daemons are its children, in its process group, and it stops them when
-it ends, so the supervisor stops it like any other service (SIGTERM to the group, then
-SIGKILL). Never ``ray stop``: that stops every Ray of this user on the machine (another run's,
-another engineer's). Started on 127.0.0.1 (``--node-ip-address``), though Ray 2.60's GCS,
-raylet and agents still listen on every interface or the machine's address: hence token
-authentication (``ray_env``). No dashboard; the head's session files live
-in its own temporary folder (``ray_temp_dir``), so it never touches ``/tmp/ray`` and its
-processes can be told from any other Ray's by that folder in their command lines.
+raylet and Ray's other daemons are its children, in its process group, and it stops them in
+order when it gets SIGTERM (``stop_head``: then SIGKILL to whatever is left). Never
+``ray stop``: that stops every Ray of this user on the machine (another run's, another
+engineer's). Started on 127.0.0.1 (``--node-ip-address``), though Ray 2.60's GCS, raylet and
+agents still listen on every interface or the machine's address: hence token authentication
+(``ray_env``). No dashboard; the head's session files live in its own temporary folder
+(``ray_temp_dir``), so it never touches ``/tmp/ray`` and its processes can be told from any
+other Ray's by that folder in their command lines or open files.
 
 Its address is ``127.0.0.1:<port>`` (``FEDAPT_RAY_PORT``, default 6379): what ``ray.init``,
 ``RAY_ADDRESS`` and ``runtime.ray_address`` take; the Ray Client server
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -145,7 +146,10 @@ def ray_processes(rec: Mapping[str, Any], *, group: bool = True) -> list[psutil.
 
 
 def _names(proc: psutil.Process, temp: str) -> bool:
-    if any(temp in arg for arg in proc.info.get("cmdline") or []):
+    """``proc`` names the folder ``temp`` (or a path under it) on its command line, or holds a
+    file under it open (a process of this user)."""
+    within = re.compile(re.escape(temp) + r"(/|$)")
+    if any(within.search(arg) for arg in proc.info.get("cmdline") or []):
         return True
     uids = proc.info.get("uids")
     if uids is None or uids.real != os.getuid():
@@ -159,8 +163,9 @@ def _names(proc: psutil.Process, temp: str) -> bool:
 
 def stop_head(rec: Mapping[str, Any], timeout: float) -> None:
     """Stop the head: SIGTERM to ``ray start --block`` alone, which drains the node and stops
-    its daemons in order (a signal to the whole group at once leaves the GCS waiting for the
-    raylet it lost); then, after ``timeout`` or once it is gone, SIGKILL to what is left."""
+    its daemons in order (about 2.5 s; SIGTERM to the whole group at once left the GCS and
+    ``ray start`` running for over 20 s); then, after ``timeout`` or once all are gone, SIGKILL
+    to what is left. A head whose ``ray start`` is gone: what names its session folder."""
     pid = int(rec["pid"])
     ours = is_ours(pid, "ray")  # else: a head that died, a pid that may be recycled
     if ours:
