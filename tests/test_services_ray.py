@@ -178,18 +178,23 @@ def _ray_pids_of(temp: str, pgid: int) -> set[int]:
     return {p.pid for p in rayhead.ray_processes(rec)}
 
 
-def test_up_ray_env_connect_down(sd):
+def test_up_ray_env_connect_down(sd, tmp_path):
     pids: set[int] = set()
     temp = ""
     pgid = 0
+    home = tmp_path / "home"  # no Ray token yet: `fedapt up ray` has Ray make one
+    home.mkdir()
     try:
         t = time.monotonic()
-        res = _cli("up", "ray", sd=sd, FEDAPT_RAY_PORT="0")
+        res = _cli("up", "ray", sd=sd, FEDAPT_RAY_PORT="0", HOME=str(home))
         print(f"up ray: {time.monotonic() - t:.1f} s")
         assert res.returncode == 0, res.stdout + res.stderr
         rec = S.read_state(sd)["ray"]
         temp, pgid = rec["temp_dir"], rec["pid"]
         assert sorted(S.read_state(sd)) == ["ray"]  # nothing else was started
+        token = (home / ".ray" / "auth_token").read_text().strip()
+        assert token and token not in res.stdout + res.stderr
+        assert token not in Path(rec["log"]).read_text()
         address = rec["address"]
         assert address.startswith("127.0.0.1:") and f"Ray head: {address}" in res.stdout
 
@@ -215,6 +220,7 @@ def test_up_ray_env_connect_down(sd):
                 "FEDAPT_STATE_DIR": str(sd),
                 "PYTHONPATH": str(REPO),
                 "RAY_USAGE_STATS_ENABLED": "0",
+                "HOME": str(home),
             },
             capture_output=True,
             text=True,
@@ -225,7 +231,7 @@ def test_up_ray_env_connect_down(sd):
         cpus = float(job.stdout.split("CPU", 1)[1].split()[0])
         assert cpus >= 1
 
-        again = _cli("up", "ray", sd=sd, FEDAPT_RAY_PORT="0")  # idempotent
+        again = _cli("up", "ray", sd=sd, FEDAPT_RAY_PORT="0", HOME=str(home))  # idempotent
         assert again.returncode == 0 and S.read_state(sd)["ray"]["pid"] == pgid
         pids = _ray_pids_of(temp, pgid)
         assert pgid in pids and len(pids) >= 3  # ray start, the GCS, the raylet, ...
@@ -251,13 +257,13 @@ def test_up_ray_env_connect_down(sd):
             rayhead.kill_stragglers({"pid": pgid, "temp_dir": temp})
 
 
-def test_a_head_whose_ray_start_was_killed_is_stale_and_down_ends_the_rest(sd):
+def test_a_head_whose_ray_start_was_killed_is_stale_and_down_ends_the_rest(sd, tmp_path):
     """kill -9 of `ray start`: Ray's fate sharing ends the GCS and the raylet, not its agents;
     `fedapt status` says stale and `fedapt down ray` ends what is left (never by the dead
     process group's id, only by the head's session folder)."""
     temp = ""
     try:
-        res = _cli("up", "ray", sd=sd, FEDAPT_RAY_PORT="0")
+        res = _cli("up", "ray", sd=sd, FEDAPT_RAY_PORT="0", HOME=str(tmp_path))
         assert res.returncode == 0, res.stdout + res.stderr
         rec = S.read_state(sd)["ray"]
         temp = rec["temp_dir"]

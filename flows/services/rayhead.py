@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,6 +117,24 @@ def ray_env(env: Mapping[str, str]) -> dict[str, str]:
     out["RAY_USAGE_STATS_ENABLED"] = "0"
     out[AUTH_VAR] = "token"
     return out
+
+
+def ensure_token(env: Mapping[str, str]) -> None:
+    """A token for the head's authentication: the user's (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), else one made by Ray itself (``ray
+    get-auth-token --generate``, into ``~/.ray/auth_token``, as Ray does for a local
+    ``ray.init()``); ``ray start`` in token mode refuses to start without one. The token is
+    never printed: that command's output is dropped."""
+    if env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    home = Path(env.get("HOME") or Path.home())
+    if (home / ".ray" / "auth_token").is_file():
+        return
+    cmd = [str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):  # then `ray start` says it
+        subprocess.run(
+            cmd, env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120
+        )
 
 
 def ray_ready(rec: Mapping[str, Any]) -> bool:

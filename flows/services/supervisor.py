@@ -45,6 +45,7 @@ from flows.services.process import (
     terminate,
 )
 from flows.services.rayhead import (
+    ensure_token,
     ray_cmd,
     ray_env,
     ray_leftovers,
@@ -94,8 +95,9 @@ def worker_limit() -> int:
 def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
     env = base_env()
     if name == "ray":  # rayhead.py; cwd: its session folder's root
-        cmd = ray_cmd(sd, port)
-        return cmd, ray_env(env), Path(ray_record(cmd)["temp_dir"])
+        cmd, env = ray_cmd(sd, port), ray_env(env)
+        ensure_token(env)
+        return cmd, env, Path(ray_record(cmd)["temp_dir"])
     if name == "s3":  # its files live in its scratch folder, removed when it stops
         env["TMPDIR"] = str(scratch_dir(sd, port))
         return weed_cmd(sd, port), env, scratch_dir(sd, port)
