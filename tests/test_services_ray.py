@@ -1,7 +1,8 @@
 """The Ray head of ``fedapt up ray`` (flows/services/rayhead.py): started only when named,
-a busy port or a failed start is one line with nothing left running, and a real head (~10 s):
+a busy port or a failed start is one line with nothing left running; which Ray a run uses
+(``runtime.ray_address``, else ``RAY_ADDRESS``, else its own); and a real head (~10 s):
 ``fedapt up ray``, status healthy, a job connects to the address ``fedapt env`` exports,
-``fedapt down ray`` leaves none of its processes."""
+``fedapt down ray`` leaves none of its processes (also after kill -9 of its ``ray start``)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ def test_a_ray_that_fails_to_start_is_one_line_and_leaves_nothing(sd, monkeypatc
     )
     (sd / "ray").mkdir(parents=True)
     monkeypatch.setattr(supervisor, "ray_record", lambda cmd: {"temp_dir": str(sd / "ray")})
+    monkeypatch.setattr(supervisor, "ensure_token", lambda env: None)
     with pytest.raises(S.ServiceError) as info:
         S.up(["ray"], state=sd, ports={"ray": 0})
     msg = str(info.value)
