@@ -21,6 +21,7 @@ from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcore.errors import ConfigError
+from tasks.cell import check_ray_address, ray_address
 from tasks.config import Params
 
 
@@ -80,7 +81,8 @@ class _NoDashboardLine(logging.Filter):
 
 
 def ray_task_runner(params: Params) -> Any:
-    """prefect-ray's runner: the cluster at ``runtime.ray_address``, or a local Ray instance of
+    """prefect-ray's runner: the cluster at ``runtime.ray_address`` (else ``RAY_ADDRESS``:
+    ``tasks.cell.ray_address``), or a local Ray instance of
     ``runtime.ray_workers`` CPUs on 127.0.0.1 (no dashboard, no usage stats); each training
     task takes one CPU, so that many cells train at once. With the clients on Ray actors
     too (``cells_share_ray``): CPUs for every cell's actors, the cells a resource of their
@@ -92,8 +94,8 @@ def ray_task_runner(params: Params) -> Any:
     if ctx is not None and "PREFECT_API_URL" not in os.environ:
         os.environ["PREFECT_API_URL"] = str(ctx.client.api_url)
     rt = params.runtime
-    if rt.ray_address:
-        return RayTaskRunner(address=rt.ray_address)
+    if address := ray_address(params):
+        return RayTaskRunner(address=address)
     shared: dict[str, Any] = {}
     if cells_share_ray(params):  # the cells' client actors: CPUs of their own
         shared = {"resources": {CELL_RESOURCE: rt.ray_workers}}
@@ -124,7 +126,7 @@ def cells_share_ray(params: Params) -> bool:
     CPU each: the local Ray has ``ray_workers`` x ``actors_per_cell`` CPUs, so no actor waits
     for CPUs the cells hold."""
     rt = params.runtime
-    return rt.task_runner == "ray" and not rt.ray_address and rt.clients == "ray"
+    return rt.task_runner == "ray" and not ray_address(params) and rt.clients == "ray"
 
 
 def actors_per_cell(params: Params) -> int:
@@ -142,7 +144,7 @@ def grid_parallelism(params: Params) -> int | None:
     rt = params.runtime
     if rt.task_runner == "thread":
         return 1
-    address = rt.dask_address if rt.task_runner == "dask" else rt.ray_address
+    address = rt.dask_address if rt.task_runner == "dask" else ray_address(params)
     if address:
         return None
     return rt.dask_workers if rt.task_runner == "dask" else rt.ray_workers
@@ -157,7 +159,7 @@ def cell_params(params: Params) -> Params:
         runtime = rt.model_copy(update={"ray_actors": actors_per_cell(params)})
         return params.model_copy(update={"runtime": runtime})
     local = {"dask": rt.dask_workers, "ray": rt.ray_workers}.get(rt.task_runner)
-    address = rt.dask_address if rt.task_runner == "dask" else rt.ray_address
+    address = rt.dask_address if rt.task_runner == "dask" else ray_address(params)
     if local is not None and not address and rt.workers == "auto":
         share = (os.cpu_count() or 1) // local
         runtime = rt.model_copy(update={"workers": share if share > 1 else 0})
@@ -178,7 +180,8 @@ def ray_gpus(params: Params, node_gpus: Sequence[float]) -> float:
             asked = 1.0  # refused just below, naming the device setting
     else:
         asked = float(rt.ray_gpus)
-    where = f"the Ray cluster at {rt.ray_address}" if rt.ray_address else "the local Ray"
+    address = ray_address(params)
+    where = f"the Ray cluster at {address}" if address else "the local Ray"
     if asked > most:
         setting = "runtime.device: cuda" if rt.ray_gpus == "auto" else "runtime.ray_gpus"
         raise ConfigError(
@@ -200,10 +203,15 @@ def local_node_gpus(params: Params) -> list[float]:
 
 
 def check_gpus(params: Params) -> None:
-    """Preflight: a local Ray that cannot meet the cells' GPU request -> one line, before
-    anything runs (a cluster at an address is asked when the grid starts)."""
+    """Preflight: a local Ray that cannot meet the cells' GPU request, or an environment's
+    ``RAY_ADDRESS`` nothing answers at -> one line, before anything runs (a cluster's GPUs
+    are asked when the grid starts)."""
     rt = params.runtime
-    if rt.task_runner == "ray" and not rt.ray_address:
+    if rt.task_runner != "ray":
+        return
+    if not rt.ray_address and ray_address(params):  # RAY_ADDRESS (fedapt env)
+        check_ray_address(params)
+    elif not rt.ray_address:
         ray_gpus(params, local_node_gpus(params))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,8 +122,40 @@ def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn
     return initial_model(model_factory(params, data, adapter), federation_config(params))
 
 
+RAY_ADDRESS_VAR = "RAY_ADDRESS"  # Ray's own variable; `fedapt env` exports it (fedapt up ray)
+
+
+def ray_address(params: Params) -> str | None:
+    """The Ray cluster a run that uses Ray (``runtime.clients`` or ``runtime.task_runner``
+    ray) connects to: ``runtime.ray_address``; where that is null, ``RAY_ADDRESS`` from the
+    environment (what ``ray.init()`` itself connects to; ``eval "$(fedapt env)"`` sets it to
+    the head of ``fedapt up ray``); None where neither is set: a local Ray of the run's own."""
+    return params.runtime.ray_address or os.environ.get(RAY_ADDRESS_VAR) or None
+
+
+def check_ray_address(params: Params) -> None:
+    """One line where nothing answers at the address of ``ray_address`` (before Ray spends
+    minutes retrying), naming where it came from; never a fallback to a local Ray."""
+    address = ray_address(params)
+    if not address:
+        return
+    if params.runtime.ray_address:
+        check_reachable(address)
+        return
+    try:
+        check_reachable(address)
+    except ConfigError as err:
+        raise ConfigError(
+            f"{RAY_ADDRESS_VAR}={address} (runtime.ray_address is null, so the run uses the "
+            f"environment's RAY_ADDRESS): nothing answers there; start it (fedapt up ray) or "
+            f'unset RAY_ADDRESS for a local Ray (eval "$(fedapt env)" does after fedapt down '
+            f"ray)"
+        ) from err
+
+
 def ray_settings(params: Params, device: str) -> RaySettings | None:
-    """Where the clients train on Ray (``runtime.clients: ray``); None: on this machine."""
+    """Where the clients train on Ray (``runtime.clients: ray``; the cluster of
+    ``ray_address``); None: on this machine."""
     rt = params.runtime
     if rt.clients != "ray":
         return None
@@ -138,7 +171,7 @@ def ray_settings(params: Params, device: str) -> RaySettings | None:
         import torch
 
         local_gpus = torch.cuda.device_count()
-    return RaySettings(rt.ray_address, actors, 1.0, gpus, local_cpus, local_gpus)
+    return RaySettings(ray_address(params), actors, 1.0, gpus, local_cpus, local_gpus)
 
 
 def check_ray_clients(params: Params) -> None:
@@ -151,7 +184,7 @@ def check_ray_clients(params: Params) -> None:
     settings = ray_settings(params, device)
     assert settings is not None
     if settings.address:
-        check_reachable(settings.address)
+        check_ray_address(params)
     else:
         check_gpus(settings, device, [{"GPU": float(settings.local_gpus)}])
 

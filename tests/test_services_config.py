@@ -20,12 +20,14 @@ def test_ports_from_argument_then_environment_then_default(monkeypatch):
     monkeypatch.setenv("FEDAPT_MLFLOW_PORT", "5123")
     monkeypatch.delenv("FEDAPT_PREFECT_PORT", raising=False)
     monkeypatch.delenv("FEDAPT_WORKER_PORT", raising=False)
+    monkeypatch.delenv("FEDAPT_RAY_PORT", raising=False)
     ports = S.resolve_ports({"s3": 0})
     assert ports == {
         "s3": 0,
         "mlflow": 5123,
         "prefect": S.DEFAULT_PORTS["prefect"],
         "worker": S.DEFAULT_PORTS["worker"],
+        "ray": 6379,
     }
     monkeypatch.setenv("FEDAPT_MLFLOW_PORT", "fivethousand")
     with pytest.raises(ConfigError, match="FEDAPT_MLFLOW_PORT"):

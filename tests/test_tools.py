@@ -73,6 +73,7 @@ def test_env_script_quotes_values_and_keeps_the_users_s3(tmp_path, monkeypatch):
 
     def healthy(names, state=None):  # type: ignore[no-untyped-def]
         urls = {"s3": "http://127.0.0.1:1", "mlflow": "http://127.0.0.1:2", "prefect": "x y"}
+        urls["ray"] = "127.0.0.1:3"
         return {n: S.ServiceStatus(n, "running", True, url=urls[n]) for n in names}
 
     monkeypatch.setattr(envfile, "status", healthy)
@@ -80,6 +81,8 @@ def test_env_script_quotes_values_and_keeps_the_users_s3(tmp_path, monkeypatch):
     assert down == []
     assert "export PREFECT_API_URL='x y/api'" in text.splitlines()
     assert "export AWS_ENDPOINT_URL=http://127.0.0.1:1" in text.splitlines()
+    assert "export RAY_ADDRESS=127.0.0.1:3" in text.splitlines()
+    assert "export RAY_AUTH_MODE=token" in text.splitlines()
     assert text.splitlines()[-1].startswith("export FEDAPT_ENV_VARS='PREFECT_API_URL ")
     text, _ = envfile.env_script(tmp_path, environ={"AWS_PROFILE": "work"})
     assert "AWS_" not in text and "MLFLOW_S3" not in text  # the user's S3 wins

@@ -2,7 +2,8 @@
 
 s3 (SeaweedFS), mlflow (tracking server: SQLite store, artifacts in s3://fedapt/mlflow) and
 prefect (API + UI). ``fedapt run`` uses whichever are up and falls back to the embedded
-defaults otherwise (see flows/services/).
+defaults otherwise (see flows/services/). ray (a local Ray head) starts only when named
+(``fedapt up ray``); a run uses it where ``RAY_ADDRESS`` names it (``eval "$(fedapt env)"``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from flows.cli.common import err, guarded, out
 
 ServiceArg = Annotated[
     list[str] | None,
-    typer.Argument(help="services (s3, mlflow, prefect, worker); default: all", show_default=False),
+    typer.Argument(
+        help="services (s3, mlflow, prefect, worker, ray); default: all (up: all but ray)",
+        show_default=False,
+    ),
 ]
 
 
@@ -42,7 +46,8 @@ def _table(statuses: dict) -> Table:
 @guarded
 def up(services: ServiceArg = None) -> None:
     """Start the services (ports: FEDAPT_S3_PORT, FEDAPT_MLFLOW_PORT, FEDAPT_PREFECT_PORT,
-    FEDAPT_WORKER_PORT); the worker runs the scheduled deployments of `fedapt deploy`."""
+    FEDAPT_WORKER_PORT, FEDAPT_RAY_PORT); the worker runs the scheduled deployments of
+    `fedapt deploy`. A local Ray head starts only when named: fedapt up ray."""
 
     from flows import services as svc
 
@@ -58,9 +63,18 @@ def up(services: ServiceArg = None) -> None:
         out.print(f"Prefect UI: {statuses['prefect'].url}")
     if "worker" in healthy:
         out.print(f"Prefect worker: runs the deployments of work pool {svc.WORK_POOL}")
-    out.print("fedapt run now tracks to these services; stop them with: fedapt down")
+    if "ray" in healthy:
+        out.print(
+            f"Ray head: {statuses['ray'].url} (RAY_ADDRESS; runs use it with runtime.clients "
+            "or runtime.task_runner ray once RAY_ADDRESS is set, see fedapt env)",
+            highlight=False,
+        )
+    if healthy - {"ray"}:
+        out.print("fedapt run now tracks to these services; stop them with: fedapt down")
     if svc.write_env_file():
-        out.print('point prefect, mlflow and AWS tools at them: eval "$(.venv/bin/fedapt env)"')
+        out.print(
+            'point prefect, mlflow, AWS and Ray tools at them: eval "$(.venv/bin/fedapt env)"'
+        )
 
 
 @guarded
@@ -80,10 +94,11 @@ def down(services: ServiceArg = None) -> None:
 
 @guarded
 def env_() -> None:
-    """Point prefect, mlflow and AWS tools at the services: eval "$(fedapt env)".
+    """Point prefect, mlflow, AWS and Ray tools at the services: eval "$(fedapt env)".
 
-    Prints export lines (PREFECT_API_URL, MLFLOW_TRACKING_URI, AWS_*) for the services that
-    are up; for those that are down it unsets what an earlier eval set and says so on stderr.
+    Prints export lines (PREFECT_API_URL, MLFLOW_TRACKING_URI, AWS_*, RAY_ADDRESS and
+    RAY_AUTH_MODE) for the services that are up; for those that are down it unsets what an
+    earlier eval set and says so on stderr.
     """
 
     from flows import services as svc
@@ -92,8 +107,13 @@ def env_() -> None:
     sys.stdout.write(text)
     if down:
         names = ", ".join(down)
+        how = " / ".join(
+            c
+            for c, need in (("fedapt up", down != ["ray"]), ("fedapt up ray", "ray" in down))
+            if need
+        )
         err.print(
-            f"fedapt env: not running: {names} (start with: fedapt up)",
+            f"fedapt env: not running: {names} (start with: {how})",
             highlight=False,
             markup=False,
         )

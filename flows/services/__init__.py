@@ -1,5 +1,6 @@
 """Local services on 127.0.0.1 for the UI workflows: S3 (SeaweedFS), MLflow server, Prefect server
-and a Prefect worker that runs the scheduled deployments (work pool ``fedapt-process``).
+and a Prefect worker that runs the scheduled deployments (work pool ``fedapt-process``); and,
+only when named (``up(["ray"])``), a local Ray head (``rayhead``).
 
 ``up`` starts each service as a detached server process (own session and process group,
 stdout/stderr appended to ``<state_dir>/logs/<name>.log``), polls its health endpoint until a
@@ -25,6 +26,8 @@ Modules by job, each importing only those before it and only their public names:
   of a process group and whether a pid is still ours (psutil), ``terminate``, and
   ``flock_fd``, the package's one raw flock, for the locks a server inherits or shares.
 - ``s3``: SeaweedFS (command line, data-folder lock, leftovers), the S3 client, buckets.
+- ``rayhead``: the Ray head (``ray start --head --block``: command line, readiness, every
+  process of it, its stop).
 - ``supervisor``: each service's command and environment, ``up``, ``down``, ``status``.
 - ``embedded``: the servers a run starts for itself (``embedded_s3``, ``temporary_prefect``)
   and ``patched_environ``.
@@ -49,6 +52,7 @@ from flows.services.clients import (
 from flows.services.config import (
     DEFAULT_BUCKET,
     DEFAULT_PORTS,
+    DEFAULT_SERVICES,
     DEPENDS,
     HEALTH_PATHS,
     HOST,
@@ -82,6 +86,7 @@ from flows.services.supervisor import down, status, up, work_pool_status, worker
 __all__ = [
     "DEFAULT_BUCKET",
     "DEFAULT_PORTS",
+    "DEFAULT_SERVICES",
     "DEPENDS",
     "ENV_FILE",
     "LOCK_NAME",

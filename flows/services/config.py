@@ -1,5 +1,6 @@
-"""Configuration of the local services: names, ports, dependencies, the state directory,
-the MLflow server's settings (``mlflow/server.toml``), the errors and ``ServiceStatus``."""
+"""Configuration of the local services: names (``ray`` only when named), ports, dependencies,
+the state directory, the MLflow server's settings (``mlflow/server.toml``), the errors and
+``ServiceStatus``."""
 
 from __future__ import annotations
 
@@ -14,17 +15,22 @@ from fedcore.errors import ConfigError, FedaptError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (flows/services/config.py)
 HOST = "127.0.0.1"
-SERVICES = ("s3", "mlflow", "prefect", "worker")
+SERVICES = ("s3", "mlflow", "prefect", "worker", "ray")
+# What a plain `fedapt up` starts: all but ray (a Ray head holds ~1 GB of memory and takes
+# seconds to start, and a run starts its own local Ray unless told to use one), which starts
+# only when named: `fedapt up ray`.
+DEFAULT_SERVICES = ("s3", "mlflow", "prefect", "worker")
 # worker: the port of the Prefect worker's health check (`prefect worker start --with-healthcheck`)
-DEFAULT_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200, "worker": 4201}
+# ray: the port of the Ray head's GCS (its address: 127.0.0.1:<port>, what RAY_ADDRESS takes)
+DEFAULT_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200, "worker": 4201, "ray": 6379}
 DEFAULT_BUCKET = "fedapt"  # s3://fedapt/mlflow (MLflow artifacts), s3://fedapt/dvc, outputs
-DEPENDS = {"s3": (), "mlflow": ("s3",), "prefect": (), "worker": ("prefect",)}
+DEPENDS = {"s3": (), "mlflow": ("s3",), "prefect": (), "worker": ("prefect",), "ray": ()}
 HEALTH_PATHS = {
     "s3": "/healthz",
     "mlflow": "/health",
     "prefect": "/api/health",
     "worker": "/health",
-}
+}  # ray: no HTTP endpoint (no dashboard); healthy when its GCS port accepts a connection
 WORK_POOL = "fedapt-process"  # the process work pool of `fedapt deploy` and prefect.yaml
 WORK_POOL_TYPE = "process"
 STATE_FILE = "services.json"
@@ -52,7 +58,13 @@ QUIET_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
 }
 # expected in the cmdline (guards against recycled pids)
-CMDLINE_MARKERS = {"s3": "weed", "mlflow": "mlflow", "prefect": "prefect", "worker": "worker"}
+CMDLINE_MARKERS = {
+    "s3": "weed",
+    "mlflow": "mlflow",
+    "prefect": "prefect",
+    "worker": "worker",
+    "ray": "ray start --head",
+}
 
 State = Literal["running", "stopped", "stale"]
 
@@ -181,8 +193,8 @@ def resolve_ports(ports: Mapping[str, int] | None = None) -> dict[str, int]:
     return out
 
 
-def service_names(services: Iterable[str] | None) -> list[str]:
-    names = list(SERVICES) if services is None else list(services)
+def service_names(services: Iterable[str] | None, default: Iterable[str] = SERVICES) -> list[str]:
+    names = list(default) if services is None else list(services)
     unknown = [n for n in names if n not in SERVICES]
     if unknown:
         raise ConfigError(f"unknown service {unknown[0]!r}; valid: {', '.join(SERVICES)}")

@@ -10,6 +10,11 @@ user's) and says on stderr which services are down.
 
 The S3 group (``AWS_ENDPOINT_URL`` ...) is left out when the user configured S3 themselves
 (``USER_S3_VARS`` set, and not by fedapt), so their endpoint never meets fedapt's keys.
+
+The Ray head of ``fedapt up ray`` gives ``RAY_ADDRESS`` (127.0.0.1:<port>; ``ray.init()``, the
+``ray`` CLI and ``fedapt run`` without ``runtime.ray_address`` read it) and
+``RAY_AUTH_MODE=token`` (rayhead.ray_env). Ray is started only when named, so a stopped head
+is named among the services that are down only where an earlier eval exported its address.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from flows.services.clients import user_configured_s3
 from flows.services.config import state_dir
+from flows.services.rayhead import ADDRESS_VAR, AUTH_VAR
 from flows.services.s3 import s3_client_env
 from flows.services.supervisor import status
 
@@ -31,6 +37,7 @@ _GROUPS = {
     "prefect": ("PREFECT_API_URL",),
     "mlflow": ("MLFLOW_TRACKING_URI",),
     "s3": tuple(s3_client_env("")),
+    "ray": (ADDRESS_VAR, AUTH_VAR),
 }
 
 
@@ -42,8 +49,15 @@ def tool_env(
     state: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
     """The variables of the services that are up and healthy, and the services that are not
-    (of prefect, mlflow, s3)."""
-    env = os.environ if environ is None else environ
+    (of prefect, mlflow, s3; ray where an earlier eval exported its address)."""
+    found, down, _ = _tool_env(state, os.environ if environ is None else environ)
+    return found, down
+
+
+def _tool_env(
+    state: str | os.PathLike[str] | None, env: Mapping[str, str]
+) -> tuple[dict[str, str], list[str], bool]:
+    """``tool_env``, and whether any of the services is up."""
     ours = set(env.get(MARK, "").split())
     st = status(list(_GROUPS), state=state)
     found: dict[str, str] = {}
@@ -56,7 +70,13 @@ def tool_env(
         users = {k: v for k, v in env.items() if k not in ours}
         if not user_configured_s3(users):
             found.update(s3_client_env(str(st["s3"].url)))
-    return found, down
+    if "ray" not in down:
+        found[ADDRESS_VAR] = str(st["ray"].url)  # 127.0.0.1:<port>
+        found[AUTH_VAR] = "token"
+    any_up = len(down) < len(_GROUPS)
+    if "ray" in down and ADDRESS_VAR not in ours:
+        down.remove("ray")  # never started by a plain `fedapt up`: not worth a line
+    return found, down, any_up
 
 
 def env_script(
@@ -82,8 +102,9 @@ def write_env_file(
     """Write ``<state_dir>/env`` for the services that are up (atomically, mode 0600); remove
     it when none is. Returns its path, or None when removed."""
     path = env_path(state)
-    text, down = env_script(state, environ=environ)
-    if len(down) == len(_GROUPS):
+    env = os.environ if environ is None else environ
+    text, _ = env_script(state, environ=env)
+    if not _tool_env(state, env)[2]:
         path.unlink(missing_ok=True)
         return None
     # Sourced, not evaluated: no unset lines of a shell's earlier values (none are known here).

@@ -54,7 +54,15 @@ def check_port(name: str, port: int) -> None:
 
 
 def probe(url: str, timeout: float = 1.0) -> bool:
-    """HTTP GET; healthy when it answers 2xx."""
+    """HTTP GET; healthy when it answers 2xx. ``tcp://host:port`` (the Ray head's GCS, which
+    speaks gRPC only): healthy when the port accepts a connection."""
+    if url.startswith("tcp://"):
+        host, _, port = url[len("tcp://") :].rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            return False
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return 200 <= resp.status < 300
@@ -63,6 +71,8 @@ def probe(url: str, timeout: float = 1.0) -> bool:
 
 
 def health_url(name: str, port: int) -> str:
+    if name == "ray":
+        return f"tcp://{HOST}:{port}"
     return f"http://{HOST}:{port}{HEALTH_PATHS[name]}"
 
 

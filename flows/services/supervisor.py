@@ -15,6 +15,7 @@ from typing import Any
 from fedcore.errors import ConfigError
 from flows.services.config import (
     DEFAULT_BUCKET,
+    DEFAULT_SERVICES,
     HOST,
     QUIET_ENV,
     ROOT,
@@ -42,6 +43,15 @@ from flows.services.process import (
     returncode,
     spawn,
     terminate,
+)
+from flows.services.rayhead import (
+    ensure_token,
+    ray_cmd,
+    ray_env,
+    ray_leftovers,
+    ray_ready,
+    ray_record,
+    stop_head,
 )
 from flows.services.s3 import (
     data_lock_path,
@@ -84,6 +94,10 @@ def worker_limit() -> int:
 
 def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
     env = base_env()
+    if name == "ray":  # rayhead.py; cwd: its session folder's root
+        cmd, env = ray_cmd(sd, port), ray_env(env)
+        ensure_token(env)
+        return cmd, env, Path(ray_record(cmd)["temp_dir"])
     if name == "s3":  # its files live in its scratch folder, removed when it stops
         env["TMPDIR"] = str(scratch_dir(sd, port))
         return weed_cmd(sd, port), env, scratch_dir(sd, port)
@@ -160,6 +174,8 @@ def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
         rec["api_url"] = base_url(port) + "/api"
     if name == "worker":
         rec["pool"] = WORK_POOL
+    if name == "ray":  # its address, not a URL: 127.0.0.1:<port> (RAY_ADDRESS)
+        rec["url"] = f"{HOST}:{port}"
     return rec
 
 
@@ -206,6 +222,28 @@ def _wait_pool_ready(rec: Mapping[str, Any], deadline: float) -> None:
         time.sleep(0.25)
 
 
+def _wait_ray_ready(rec: Mapping[str, Any], deadline: float) -> None:
+    """The Ray head is up once ``ray start`` wrote its address file (rayhead.ray_ready)."""
+    while not ray_ready(rec):
+        if not pid_alive(rec["pid"]):
+            code = returncode(rec["pid"])
+            why = f"exited during start (code {code})" if code is not None else "exited"
+            raise _fail("ray", rec["pid"], Path(rec["log"]), why)
+        if time.monotonic() >= deadline:
+            raise _fail("ray", rec["pid"], Path(rec["log"]), "did not start in time")
+        time.sleep(0.25)
+
+
+def _stop(name: str, rec: Mapping[str, Any], timeout: float) -> None:
+    """Stop a recorded service that is still ours: its process group (the Ray head: see
+    ``rayhead.stop_head``)."""
+    if name == "ray":
+        stop_head(rec, timeout)
+        if not group_alive(int(rec["pid"])):
+            return
+    terminate(int(rec["pid"]), timeout=timeout)
+
+
 def _alive_record(name: str, rec: Mapping[str, Any] | None) -> bool:
     return bool(rec) and is_ours(rec.get("pid"), name)  # type: ignore[union-attr]
 
@@ -218,14 +256,15 @@ def up(
     timeout: float = START_TIMEOUT,
     buckets: Iterable[str] = (DEFAULT_BUCKET,),
 ) -> dict[str, ServiceStatus]:
-    """Start the services (default all; mlflow pulls in s3) and wait until they are healthy.
+    """Start the services (default all but ray; mlflow pulls in s3) and wait until they are
+    healthy.
 
     Idempotent: a recorded service that is alive and healthy is left as it is; stale records
     are dropped. Every port is checked before anything starts. Raises ``PortInUseError`` or
     ``ServiceError`` (one line naming the service and its log); a failed service is stopped.
     """
     sd = state_dir(state)
-    names = with_dependencies(service_names(services))
+    names = with_dependencies(service_names(services, DEFAULT_SERVICES))
     wanted = resolve_ports(ports)
     buckets = list(buckets)
     if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
@@ -236,6 +275,8 @@ def up(
         records = read_state(sd)
         for n in list(records):
             if not _alive_record(n, records[n]):
+                if n == "ray":  # its `ray start` is gone: any process left of it
+                    stop_head(records[n], timeout=0)
                 remove_leftovers(records.pop(n).get("leftovers", []))
         # A service whose dependency moved (or is gone) is restarted against the new one.
         for n, dep, key, field in (
@@ -257,7 +298,7 @@ def up(
                 rec = records[n]
                 _wait_running(n, rec, deadline)
         # s3 first (mlflow needs it), then mlflow and prefect side by side, then the worker.
-        for group in (["s3"], ["mlflow", "prefect"], ["worker"]):
+        for group in (["s3"], ["mlflow", "prefect", "ray"], ["worker"]):
             pending = {}
             for n in group:
                 if n not in to_start:
@@ -269,6 +310,9 @@ def up(
                 records[n] = _record(n, pid, port, log)
                 if n == "s3":
                     records[n]["leftovers"] = weed_leftovers(cmd)
+                if n == "ray":  # address, client_url, temp_dir
+                    records[n].update(ray_record(cmd))
+                    records[n]["leftovers"] = ray_leftovers(sd, records[n]["temp_dir"])
                 if n == "mlflow":
                     records[n]["s3_url"] = records["s3"]["url"]
                 if n == "worker":
@@ -282,8 +326,12 @@ def up(
                         ensure_buckets(rec["url"], buckets, deadline)
                     if n == "worker":
                         _wait_pool_ready(rec, deadline)
+                    if n == "ray":
+                        _wait_ray_ready(rec, deadline)
             except BaseException:  # also Ctrl-C: a failed group leaves nothing half-started
                 for n, rec in pending.items():
+                    if n == "ray":
+                        stop_head(rec, timeout=5.0)
                     if group_alive(rec["pid"]):
                         terminate(rec["pid"], timeout=5.0)
                     remove_leftovers(rec.get("leftovers", []))
@@ -310,8 +358,9 @@ def down(
     state: str | os.PathLike[str] | None = None,
     timeout: float = STOP_TIMEOUT,
 ) -> dict[str, ServiceStatus]:
-    """Stop the services (default all) and those that depend on them (s3 -> mlflow too),
-    dependants first: SIGTERM to the process group, wait ``timeout``, then SIGKILL.
+    """Stop the services (default all, ray included) and those that depend on them (s3 ->
+    mlflow too), dependants first: SIGTERM to the process group, wait ``timeout``, then
+    SIGKILL (the Ray head: ``rayhead.stop_head``).
 
     Stale records are dropped. Returns the status after stopping.
     """
@@ -324,7 +373,9 @@ def down(
                 continue
             rec = records[n]
             if is_ours(rec.get("pid"), n):
-                terminate(int(rec["pid"]), timeout=timeout)
+                _stop(n, rec, timeout)
+            elif n == "ray":  # its `ray start` is gone: any process left of it
+                stop_head(rec, timeout=0)
             remove_leftovers(rec.get("leftovers", []))  # s3: its sockets and logs
             records.pop(n)
             write_state(sd, records)
