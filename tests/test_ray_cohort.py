@@ -95,6 +95,7 @@ def test_cohort_size_slices_give_the_same_bytes_whatever_the_actor_count(local_r
         assert ray_cohort_bytes(actors, 2, **FED) == ref, actors
 
 
+@pytest.mark.slow  # two codecs x two engines on Ray (~40 s); the codecs' engines: test_codecs
 @pytest.mark.parametrize(("name", "options"), [("topk", {"fraction": 0.05}), ("int8", {})])
 def test_update_codecs_through_ray_cohorts_give_the_local_cohort_bytes(local_ray, name, options):
     """Top-k with error feedback (each client's memory comes back from its actor, kept by

@@ -180,6 +180,7 @@ def _ray_pids_of(temp: str, pgid: int) -> set[int]:
     return {p.pid for p in rayhead.ray_processes(rec)}
 
 
+@pytest.mark.slow  # a real Ray head (8-10 s), as the other real-server tests
 def test_up_ray_env_connect_down(sd, tmp_path):
     pids: set[int] = set()
     temp = ""
@@ -259,6 +260,7 @@ def test_up_ray_env_connect_down(sd, tmp_path):
             rayhead.kill_stragglers({"pid": pgid, "temp_dir": temp})
 
 
+@pytest.mark.slow  # a real Ray head (8-10 s), as the other real-server tests
 def test_a_head_whose_ray_start_was_killed_is_stale_and_down_ends_the_rest(sd, tmp_path):
     """kill -9 of `ray start`: Ray's fate sharing ends the GCS and the raylet, not its agents;
     `fedapt status` says stale and `fedapt down ray` ends what is left (never by the dead
