@@ -193,14 +193,11 @@ def test_experiment_name_derived_when_absent(tmp_path):
             ["partition.scheme=labels_per_client"],
             ["grid.algorithms=[fedavg,fedprox]"],
             ["grid.adapters=[full,lora]"],
-            ["grid.codecs=[none,int8]"],
         )
     }
-    assert len(names) == 10
+    assert len(names) == 9
     grid = load_params(f, ["grid.algorithms=[fedavg,fedprox]", "grid.adapters=[head,lora]"])
     assert grid.experiment.name == "fashion_mnist-cifar_cnn-dir05n10-fedavg.fedprox-head.lora"
-    codecs = load_params(f, ["grid.codecs=[none,int8,topk]"])
-    assert codecs.experiment.name == "fashion_mnist-cifar_cnn-dir05n10-fedavg-full-none.int8.topk"
     assert load_params(f, ["experiment.name=mine"]).experiment.name == "mine"
 
 

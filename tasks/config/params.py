@@ -84,9 +84,8 @@ MAX_NAME = 96
 
 def derived_name(params: Params) -> str:
     """The name of an experiment given no ``experiment.name``:
-    ``<dataset>-<model>-<scheme tag><option>n<clients>-<algorithms>-<adapters>[-<codecs>]``
-    (the codecs only when the grid has one besides ``none``), lists joined with ``.``, e.g.
-    ``fashion_mnist-efficientnet_lite0-dir05n10-fedavg-full``. Numbers drop
+    ``<dataset>-<model>-<scheme tag><option>n<clients>-<algorithms>-<adapters>``, lists joined
+    with ``.``, e.g. ``fashion_mnist-efficientnet_lite0-dir05n10-fedavg-full``. Numbers drop
     their point (0.5 -> 05, 1.0 -> 1); a name over MAX_NAME characters is cut and ends with 8
     hex digits of the full name's sha256, so two grids never share a directory."""
     import hashlib
@@ -102,8 +101,6 @@ def derived_name(params: Params) -> str:
         ".".join(params.grid.algorithms),
         ".".join(params.grid.adapters),
     ]
-    if tuple(params.grid.codecs) != ("none",):  # a codec grid never shares the plain one's
-        parts.append(".".join(params.grid.codecs))
     name = "-".join(parts)
     if len(name) > MAX_NAME:
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]
