@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 
 import pytest
@@ -64,3 +65,13 @@ def _prefect_api_url_restored():
         os.environ.pop("PREFECT_API_URL", None)
     else:
         os.environ["PREFECT_API_URL"] = before
+
+
+@pytest.fixture
+def busy_port():
+    """A port on 127.0.0.1 that something listens on (a service must refuse it)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    yield s.getsockname()[1]
+    s.close()

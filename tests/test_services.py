@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,15 +32,6 @@ def no_spawn(monkeypatch):
 
     for module in (supervisor, embedded):  # where up and embedded_s3 look spawn up
         monkeypatch.setattr(module, "spawn", fail)
-
-
-@pytest.fixture
-def busy_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    s.listen(1)
-    yield s.getsockname()[1]
-    s.close()
 
 
 @pytest.fixture

@@ -27,15 +27,6 @@ def sd(tmp_path):
     return tmp_path / "state"
 
 
-@pytest.fixture
-def busy_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    s.listen(1)
-    yield s.getsockname()[1]
-    s.close()
-
-
 def _cli(*args: str, sd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {
         k: v
