@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.reproduce.spec import Cell
+from tasks.reproduce.spec import Cell, ExperimentResult
 
 MIB = float(2**20)
 
@@ -22,6 +22,27 @@ def final_accuracy(cell: Cell) -> float | None:
         accs = evaluated(cell)
         return accs[-1] if accs else None
     return float(acc)
+
+
+def end_level(cell: Cell, window: int) -> float | None:
+    """A verdict metric: the mean test accuracy (fraction) of the cell's last ``window``
+    evaluations (``Claim.window``), never one final evaluation alone (on 1,000 test images
+    one evaluation has a standard error of about 1.3 points)."""
+    return last_mean(cell, window)
+
+
+def start_level(result: ExperimentResult) -> float | None:
+    """What a cell's training starts from (fraction): the pretrained base's test accuracy when
+    the experiment has one, else the class prior (the accuracy of a model that learned nothing
+    but the most frequent class; a random initialisation is about there). None when unknown."""
+    return result.base_accuracy if result.base_accuracy is not None else result.majority
+
+
+def learned_points(cell: Cell, result: ExperimentResult, window: int) -> float | None:
+    """How far (points) the cell's end level (:func:`end_level`) lies above what its training
+    started from (:func:`start_level`): the value of a "the method learned" guard."""
+    end, start = end_level(cell, window), start_level(result)
+    return None if end is None or start is None else 100 * (end - start)
 
 
 def step_variance(cell: Cell, tail: float = 0.5) -> float | None:

@@ -84,6 +84,7 @@ class ExperimentResult:
     seconds: float | None = None
     majorities: Mapping[int, float | None] = field(default_factory=dict)
     bases: Mapping[int, float | None] = field(default_factory=dict)
+    rules: Mapping[str, str] = field(default_factory=dict)  # claim id -> rule hash at its start
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -111,6 +112,7 @@ class ExperimentResult:
             self.seconds,
             {seed: self.majorities.get(seed)},
             {seed: self.bases.get(seed)},
+            self.rules,
         )
 
 
@@ -128,18 +130,46 @@ def one_seed(results: Results, seed: int) -> dict[str, ExperimentResult]:
     return {k: r.seed(seed) for k, r in results.items() if seed in r.runs}
 
 
+SIDES = ("<=", "<", ">=", ">")  # where a check's value must lie, against its threshold
+
+
 @dataclass(frozen=True)
 class Check:
-    """One comparison a claim's rule makes on one seed's results: the measured ``value``,
-    whether it is on the side where the claim holds (None: not measurable), and the rule in
-    words (``"<= 1.5"``). A ``guard`` is a precondition of the comparison (e.g. the exits
-    learned anything at all): when it fails the claim cannot be decided, rather than failing."""
+    """One comparison a claim's rule makes on one seed's results: the measured ``value`` and
+    the side of ``threshold`` on which the claim holds (``"<="``, ``"<"``, ``">="``, ``">"``;
+    None: not measurable). Over the seeds the verdict reads the 95% interval of the values'
+    mean (``tasks.reproduce.verdict``), so a check is always a number against a threshold,
+    never a yes/no: a difference between two methods is taken within each seed (paired). A
+    ``guard`` is a precondition of the comparison (e.g. the method learned at all): when its
+    interval is not on its side the claim cannot be decided, rather than failing."""
 
     name: str
     value: float | None
-    ok: bool | None
-    rule: str
+    side: str
+    threshold: float
     guard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.side not in SIDES:
+            raise ValueError(f"Check {self.name!r}: side {self.side!r}; valid: {SIDES}")
+
+    @property
+    def rule(self) -> str:
+        return f"{self.side} {self.threshold:g}"
+
+    @property
+    def ok(self) -> bool | None:
+        """Whether this seed's value is on the holding side (None: not measured)."""
+        return None if self.value is None else on_side(self.value, self.side, self.threshold)
+
+
+def on_side(value: float, side: str, threshold: float) -> bool:
+    return {
+        "<=": value <= threshold,
+        "<": value < threshold,
+        ">=": value >= threshold,
+        ">": value > threshold,
+    }[side]
 
 
 @dataclass(frozen=True)
@@ -161,6 +191,19 @@ class Verdict:
     holds: bool | None
     text: str
     table: str = ""
+    more_seeds: bool = False  # a check straddles and the seed policy allows one seed more
+    seeds: int = 0  # the seeds it stands on
+
+
+@dataclass(frozen=True)
+class SeedPolicy:
+    """How many seeds a verdict stands on, fixed before anything runs: ``start`` seeds
+    (0 .. start-1) first; while some check's 95% interval straddles its threshold, one seed
+    more, up to ``most``. A verdict is read only once at least ``start`` seeds finished."""
+
+    start: int = 3
+    most: int = 8
+    confidence: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -169,12 +212,18 @@ class Claim:
 
     ``measure`` and ``plot`` are pure: they read ``Results`` (only the experiments the claim
     names in ``experiments`` and ``reads``) and never touch files; ``measure`` gets one seed's
-    view and says which checks hold on it, and ``tasks.reproduce.verdict`` decides over the
-    seeds (holds only when every check holds on every seed; "cannot say" when the seeds
-    straddle a threshold). ``requires`` names registry
+    view and gives its checks (numbers against thresholds), and ``tasks.reproduce.verdict``
+    decides over the seeds by 95% intervals (holds when every check's interval is on its
+    side, does not hold when one is wholly on the other, cannot say when one straddles or a
+    guard's is not on its side). ``requires`` names registry
     entries (``adapter:<name>``, ``algorithm:<name>``, ``dataset:<name>``, ``model:<name>``)
     that must exist for the claim to run; a claim whose requirements are missing is listed in
-    the report as not available in this build (the hook for methods added later)."""
+    the report as not available in this build (the hook for methods added later).
+
+    The rule is pre-registered: :meth:`rule_hash` covers its text, its ``thresholds`` (every
+    number the checks compare with, by name), ``window`` (the last evaluations a verdict
+    metric averages) and the seed policy; each record keeps the hash its run started under,
+    and the report refuses a record whose hash is not the claim's."""
 
     id: str
     title: str  # the claim in one sentence
@@ -188,10 +237,16 @@ class Claim:
     reads: tuple[str, ...] = ()  # other claims' experiments it reads (by name)
     scaled: Mapping[str, str] = field(default_factory=dict)  # profile -> what was scaled, why
     requires: tuple[str, ...] = ()
-    min_seeds: int = 3  # seeds behind a verdict (the ci smoke test needs only its own two)
+    thresholds: Mapping[str, float] = field(default_factory=dict)  # every number the rule uses
+    window: int = 5  # verdict metrics: the mean of the last ``window`` evaluations
+    seeds: SeedPolicy = SeedPolicy()
+
+    @property
+    def min_seeds(self) -> int:
+        return self.seeds.start
 
     def seeds_needed(self, profile: str) -> int:
-        return len(SEEDS[profile]) if profile == "ci" else self.min_seeds
+        return len(SEEDS[profile]) if profile == "ci" else self.seeds.start
 
     def runs(self, profile: str) -> tuple[Experiment, ...]:
         return tuple(e for e in self.experiments if profile in e.profiles)
@@ -199,6 +254,22 @@ class Claim:
     def needs_all(self) -> tuple[str, ...]:
         """Names of every experiment the verdict may read (any profile)."""
         return (*(e.name for e in self.experiments), *self.reads)
+
+    def rule_hash(self) -> str:
+        """12 hex digits over what decides the verdict: the rule's text, its thresholds, the
+        window and the seed policy (not the measure's code: its refactors keep the rule)."""
+        import hashlib
+        import json
+
+        what = {
+            "id": self.id,
+            "rule": self.rule,
+            "thresholds": {k: float(v) for k, v in sorted(self.thresholds.items())},
+            "window": self.window,
+            "seeds": [self.seeds.start, self.seeds.most, self.seeds.confidence],
+        }
+        blob = json.dumps(what, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
 
 
 def dedupe(overrides: Sequence[str]) -> list[str]:
