@@ -54,6 +54,12 @@ class Experiment:
     scale: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     profiles: tuple[str, ...] = PROFILES  # the profiles that run it
     tune: Mapping[str, Tune] = field(default_factory=dict)
+    # Settings read off other experiments' records (e.g. FedNILO's kick-off round from
+    # FedAvg's measured rounds to its level): ``after`` names those experiments, ``derive``
+    # maps a profile to a pure function of their results (every seed) -> ``key=value``
+    # overrides applied after the profile's scale. The experiment waits until they are done.
+    after: tuple[str, ...] = ()
+    derive: Mapping[str, Callable[[Results], tuple[str, ...]]] = field(default_factory=dict)
 
     def overrides(self, profile: str) -> tuple[str, ...]:
         """The protocol, then the profile's scale and settings (a key set twice: its last)."""
@@ -196,6 +202,16 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Dropped:
+    """A design tried and dropped before the committed runs (a forking path), shown in the
+    report as a sensitivity row: what it was, what it measured, and why it was dropped."""
+
+    design: str
+    measured: str
+    why: str
+
+
+@dataclass(frozen=True)
 class SeedPolicy:
     """How many seeds a verdict stands on, fixed before anything runs: ``start`` seeds
     (0 .. start-1) first; while some check's 95% interval straddles its threshold, one seed
@@ -240,6 +256,7 @@ class Claim:
     thresholds: Mapping[str, float] = field(default_factory=dict)  # every number the rule uses
     window: int = 5  # verdict metrics: the mean of the last ``window`` evaluations
     seeds: SeedPolicy = SeedPolicy()
+    dropped: tuple[Dropped, ...] = ()  # designs dropped after probes: sensitivity rows
 
     @property
     def min_seeds(self) -> int:
