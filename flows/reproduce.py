@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -28,6 +30,9 @@ from tasks import tracking
 from tasks.progress import clock
 from tasks.reproduce import records, report, revalidate, runs
 from tasks.reproduce.registry import select
+
+if TYPE_CHECKING:
+    from tasks.reproduce.spec import Claim
 
 
 def _run_name() -> str:
@@ -87,10 +92,11 @@ def reproduce_flow(
 ) -> str:
     """Run what the profile's claims still need, then write (and track) the report.
     Returns the report's path."""
-    records.loaded_code_version()  # the code this run computes with, pinned before it starts
+    records.loaded_sources()  # the code this run computes with, pinned before it starts
+    records.checkout()  # ... and its commit and whether its tree was clean
     sets = list(overrides or [])
     chosen = select(claims)
-    items = runs.plan(chosen, profile, params_file, sets, out)
+    items = list(runs.plan(chosen, profile, params_file, sets, out))
     if items:  # a deployment's run: the numerics before anything computes
         numerics.apply(items[0].params.runtime.numerics, items[0].params.runtime.threads)
     root = runs.reproduce_root(params_file, sets, profile)
@@ -105,13 +111,17 @@ def reproduce_flow(
         done, spent = 0, 0.0  # this session's cell-rounds and seconds: the ETA's pace
         for k, (item, state) in enumerate(zip(items, states, strict=True), 1):
             name = f"experiment {k} of {len(items)}: {item.params.experiment.name}"
-            if state == "tuning":  # its tuning runs came before it: their lrs, now
-                item = runs.replan(item, chosen, profile, params_file, sets, out)
+            if state == "tuning":  # its tuning runs (or those it derives from) came before it
+                item = items[k - 1] = runs.replan(item, chosen, profile, params_file, sets, out)
                 state = runs.status(item)
-                log.info("%s: client lr per cell from its tuning runs: %s", name, item.lrs)
+                log.info("%s: planned from the records before it: %s", name, item.overrides[-3:])
             if state == "done":
-                log.info("%s: recorded for this configuration and code, skipped", name)
-                continue
+                if (refused := runs.refusal(item, profile)) is None:
+                    log.info("%s: recorded for this configuration and code, skipped", name)
+                    continue
+                if not rerun_stale:
+                    raise ValueError(refused)
+                state = "stale"
             if state == "finished":  # ran to the end, its record not yet written
                 runs.write_record(item)
                 log.info("%s: finished earlier, recorded in %s", name, item.record)
@@ -121,7 +131,7 @@ def reproduce_flow(
             if state == "stale":
                 if not rerun_stale:
                     raise ValueError(runs.stale_text(item))
-                log.info("%s: its record is another code's: rerun from scratch", name)
+                log.info("%s: its record cannot stand (%s): rerun from scratch", name, "stale")
                 shutil.rmtree(item.dir, ignore_errors=True)
             log.info(
                 "%s: %s (%d cell-rounds; %s)",
@@ -130,24 +140,68 @@ def reproduce_flow(
                 runs.work(item),
                 runs.eta_text(done, spent, left),
             )
-            if (source := runs.share_base(item, root)) is not None:
-                log.info("%s: frozen base from %s (same data, model, pretrain)", name, source)
-            started = time.perf_counter()
-            experiment_flow(
-                params=item.params,
-                params_file=params_file or "params.yaml",
-                overrides=list(item.overrides),
-                entry="reproduce",
-            )
-            seconds = time.perf_counter() - started
-            runs.write_stamp(item, seconds, resumed=state == "resume")
+            seconds = _run_experiment(item, root, params_file, name, resumed=state == "resume")
             runs.write_record(item)
             done, spent, left = done + runs.work(item), spent + seconds, left - runs.work(item)
             log.info("%s: done in %s", name, clock(seconds))
+        if profile != "ci":  # the smoke test's verdicts mean nothing: no seeds added
+            _more_seeds(chosen, items, profile, params_file, root, log)
         path = report_task(profile, claims, params_file, sets, command, out)
         if runs.base_params(params_file, sets).runtime.tracking:
             log_report_task(profile, str(runs.out_root(profile, out)))
     return path
+
+
+def _run_experiment(
+    item: runs.Planned, root: Path, params_file: str | None, name: str, resumed: bool
+) -> float:
+    """Pre-register ``item`` (the rules it runs under), run it through the experiment flow,
+    stamp it; returns the seconds it took."""
+    log = get_run_logger()
+    runs.register(item)
+    if (source := runs.share_base(item, root)) is not None:
+        log.info("%s: frozen base from %s (same data, model, pretrain)", name, source)
+    started = time.perf_counter()
+    experiment_flow(
+        params=item.params,
+        params_file=params_file or "params.yaml",
+        overrides=list(item.overrides),
+        entry="reproduce",
+    )
+    seconds = time.perf_counter() - started
+    runs.write_stamp(item, seconds, resumed=resumed)
+    return seconds
+
+
+def _more_seeds(
+    chosen: Sequence[Claim],
+    items: Sequence[runs.Planned],
+    profile: str,
+    params_file: str | None,
+    root: Path,
+    log: Any,
+) -> None:
+    """The seed policy: while a claim's verdict has a check whose interval straddles its
+    threshold, run one seed more of each of its experiments (up to ``Claim.seeds.most``),
+    each joining its experiment's record."""
+    from tasks.reproduce.report import verdicts
+
+    for claim in chosen:
+        mine = [it for it in items if it.experiment.name in claim.needs_all()]
+        if not mine or any(runs.status(it) != "done" for it in mine):
+            continue
+        while (v := verdicts([claim], mine, runs.results(mine), profile)[claim.id]).more_seeds:
+            seed = v.seeds  # seeds 0 .. n-1 ran: the next one
+            log.info(
+                "claim %s: an interval straddles on %d seeds: seed %d", claim.id, v.seeds, seed
+            )
+            for it in mine:
+                extra = runs.extra_seed(it, seed, params_file)
+                if runs.status(extra) == "done":
+                    continue
+                name = f"{extra.params.experiment.name} (seed {seed} of {it.experiment.name})"
+                _run_experiment(extra, root, params_file, name, resumed=False)
+                runs.merge_seed(it, extra, seed)
 
 
 @flow(name="fedapt-reproduce-revalidate", flow_run_name=_run_name)
@@ -157,13 +211,20 @@ def revalidate_flow(
     overrides: list[str] | None = None,
     claims: list[str] | None = None,
     out: str | None = None,
-    rounds: int = revalidate.ROUNDS,
+    seed: int = revalidate.SEED,
 ) -> list[str]:
-    """Check the records of another code version by rerunning the first ``rounds`` rounds of
-    their seed 0 (``tasks.reproduce.revalidate``); identical ones are stamped with this code
-    version. Returns one line per record that could not be revalidated."""
-    records.loaded_code_version()
+    """Check the records of another code version by rerunning one whole seed of each
+    (``tasks.reproduce.revalidate``); identical ones are stamped with this code version.
+    Returns one line per record that could not be revalidated."""
+    records.loaded_sources()
+    where = records.checkout()
     sets = list(overrides or [])
+    if profile != "ci" and not where["clean"]:
+        return [
+            "fedapt reproduce --revalidate: the checkout has uncommitted changes "
+            f"({', '.join(where['changed'])}): commit them first (a revalidation stamps "
+            "records with this commit's code)"
+        ]
     chosen = select(claims)
     items = runs.plan(chosen, profile, params_file, sets, out)
     if items:
@@ -190,23 +251,21 @@ def revalidate_flow(
                     f"{item.params.runtime.numerics}: rerun it with --rerun-stale"
                 )
                 continue
-            check = revalidate.check_item(item, rounds, params_file, root)
+            if str(seed) not in rec.get("seeds", {}):
+                failed.append(f"{item.record}: has no seed {seed}: revalidate with another --seed")
+                continue
+            check = revalidate.check_item(item, seed, params_file, root)
             shutil.rmtree(check.dir, ignore_errors=True)  # a check never reuses an older one's
             runs.share_base(check, root / revalidate.REVALIDATE)
-            log.info(
-                "%s: code %s, checking seed 0's first %d rounds",
-                name,
-                rec.get("code"),
-                check.params.federation.stop_after,
-            )
+            log.info("%s: code %s, rerunning seed %d whole", name, rec.get("code"), seed)
             experiment_flow(
                 params=check.params,
                 params_file=params_file or "params.yaml",
                 overrides=list(check.overrides),
                 entry="reproduce",
             )
-            seeds = runs.finished_seeds(check.dir) or {}
-            diffs = revalidate.compare(rec, seeds, rounds)
+            got = runs.finished_seeds(check.dir) or {}
+            diffs = revalidate.compare(rec, got, seed)
             if diffs:
                 failed.append(
                     f"{item.record}: {diffs[0]} (and {len(diffs) - 1} more); rerun "
@@ -214,7 +273,7 @@ def revalidate_flow(
                 )
                 log.info("%s: differs: %s", name, "; ".join(diffs[:3]))
                 continue
-            cells = sorted(rec["seeds"]["0"]["cells"])
-            revalidate.restamp(item.record, rec, rounds, cells)
-            log.info("%s: identical, stamped %s", name, records.loaded_code_version())
+            cells = sorted(rec["seeds"][str(seed)]["cells"])
+            path = revalidate.restamp(item.record, rec, seed, cells)
+            log.info("%s: identical, stamped %s", name, records.read_record(path)["code"])
     return failed

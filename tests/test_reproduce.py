@@ -20,8 +20,9 @@ from tests.test_reproduce_verdicts import MB, _transformer, cell, exp
 
 
 def two_seeds(result):
-    """The same cells for seeds 0 and 1 (the ci profile's two)."""
-    return ExperimentResult(result.params, {0: result.cells, 1: result.cells})
+    """The same cells for seeds 0 and 1 (the ci profile's two), run under every claim's rule."""
+    rules = {c.id: c.rule_hash() for c in registry.CLAIMS}
+    return ExperimentResult(result.params, {0: result.cells, 1: result.cells}, rules=rules)
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,7 +143,10 @@ def test_status_from_records_and_the_experiment_folder(tmp_path):
     runs.write_record(it)
     assert runs.status(it) == "done"
     rec = json.loads(it.record.read_text())
-    assert rec["code"] == records.code_version() and rec["numerics"] == "portable"
+    assert rec["code"] == records.record_code(it.params.flat()) and rec["numerics"] == "portable"
+    by = rec["computed_by"]
+    assert by["code"] == rec["code"] and by["cpu"] and by["numerics"] == "portable"
+    assert set(by) == {"commit", "code", "clean", "cpu", "numerics"}
     assert rec["seconds"] == 12.5 and sorted(rec["seeds"]) == ["0", "1"]
     result = runs.results([it])[it.experiment.name]
     assert result.seeds == (0, 1) and result.majorities == {0: 0.65, 1: 0.65}
@@ -157,7 +161,7 @@ def test_status_from_records_and_the_experiment_folder(tmp_path):
     assert runs.status(it) == "stale" and not runs.results([it])
     assert "--rerun-stale" in runs.stale_text(it) and "0123456789ab" in runs.stale_text(it)
     # a record of another configuration does not count
-    rec["code"], rec["config"]["client.lr"] = records.code_version(), 0.5
+    rec["code"], rec["config"]["client.lr"] = records.record_code(it.params.flat()), 0.5
     it.record.write_text(json.dumps(rec))
     assert runs.status(it) == "pending"
 
@@ -426,6 +430,9 @@ def _record(item, accs):
         seconds=1.0,
         resumed=False,
         seeds={"0": {"majority": None, "cells": cells}},
+        code=records.record_code(item.params.flat()),
+        computed_by=records.computed_by(item.params.flat(), item.params.runtime.numerics),
+        rules=runs.rules_for(item),
     )
 
 
@@ -452,42 +459,57 @@ def test_server_lr_tuning_sets_each_server_optimisers_lr(tmp_path):
     assert main.params.grid.algorithms == ("fedavg", "fedadam", "fedadagrad")
 
 
-def test_revalidation_compares_every_round_value_and_restamps(tmp_path):
-    """A record of another code version is checked round value by round value (times
-    aside); identical, it is stamped with this code version and keeps what was checked."""
+def test_revalidation_compares_a_whole_seed_and_restamps(tmp_path):
+    """A record of another code version is checked against one whole seed rerun: every round
+    value of every cell and every cell's summary record (times aside); identical, it is
+    stamped with this code version and keeps what was checked and by whom."""
     from tasks.reproduce import revalidate
 
     rounds = [
         {"round": 1, "accuracy": 0.5, "train_loss": 1.25, "clients": [0, 1], "seconds": 3.0},
-        {"round": 2, "accuracy": None, "train_loss": 1.0, "clients": [1, 2], "seconds": 3.0},
+        {"round": 2, "accuracy": 0.6, "train_loss": 1.0, "clients": [1, 2], "seconds": 3.0},
         {"round": 3, "accuracy": 0.7, "train_loss": 0.75, "clients": [0, 2], "seconds": 3.0},
     ]
+    summary = {"final_accuracy": 0.7, "personalized_accuracy": 0.9, "local_train_seconds": 2.0}
     rec = {
         "code": "0123456789ab",
-        "params": {"experiment.seeds": [0, 1]},
-        "seeds": {"0": {"base_accuracy": 0.8, "cells": {"fedavg-full": {"rounds": rounds}}}},
+        "numerics": "portable",
+        "params": {"experiment.seeds": [0, 1], "grid.algorithms": ["fedavg"]},
+        "seeds": {
+            "1": {
+                "base_accuracy": 0.8,
+                "cells": {"fedavg-full": {"record": summary, "rounds": rounds}},
+            }
+        },
     }
-    now = [dict(r, seconds=9.0) for r in rounds[:2]]
-    now[1]["accuracy"] = 0.6  # the check's last round is evaluated where the run's was not
-    seeds = {"0": {"base_accuracy": 0.8, "cells": {"fedavg-full": {"rounds": now}}}}
-    assert revalidate.compare(rec, seeds, 2) == []
-    now[0]["clients"] = [0, 2]
-    assert revalidate.compare(rec, seeds, 2) == [
-        "fedavg-full round 1 clients: [0, 1] recorded, [0, 2] now"
+    now = [dict(r, seconds=9.0) for r in rounds]
+    again = dict(summary, local_train_seconds=5.0)
+    seeds = {
+        "1": {"base_accuracy": 0.8, "cells": {"fedavg-full": {"record": again, "rounds": now}}}
+    }
+    assert revalidate.compare(rec, seeds, 1) == []
+    now[2]["clients"] = [0, 1]  # the last round counts as much as the first
+    assert revalidate.compare(rec, seeds, 1) == [
+        "fedavg-full round 3 clients: [0, 2] recorded, [0, 1] now"
     ]
-    assert revalidate.compare(rec, seeds, 3) == [
-        "fedavg-full: 2 rounds, 3 recorded",
-        "fedavg-full round 1 clients: [0, 1] recorded, [0, 2] now",
-        "fedavg-full round 2 accuracy: None recorded, 0.6 now",
+    now[2]["clients"] = [0, 2]
+    again["personalized_accuracy"] = 0.85  # what runs after training is compared too
+    assert revalidate.compare(rec, seeds, 1) == [
+        "fedavg-full personalized_accuracy: 0.9 recorded, 0.85 now"
     ]
-    seeds["0"]["base_accuracy"] = 0.81
-    assert revalidate.compare(rec, seeds, 1)[0] == "base accuracy 0.8 recorded, 0.81 now"
-    assert revalidate.compare(rec, {}, 1) == ["the check run has no seed 0"]
-    sets = revalidate.check_sets(rec, 2, 30, tmp_path)
-    assert "federation.stop_after=2" in sets and "experiment.seeds=[0]" in sets
-    assert "federation.stop_after=6" in revalidate.check_sets({}, 10, 6, tmp_path)
-    path = revalidate.restamp(tmp_path / "r.json", rec, 2, ["fedavg-full"])
+    del now[2]
+    assert revalidate.compare(rec, seeds, 1)[0] == "fedavg-full: 2 rounds, 3 recorded"
+    seeds["1"]["base_accuracy"] = 0.81
+    assert revalidate.compare(rec, seeds, 1)[0] == "base_accuracy 0.8 recorded, 0.81 now"
+    assert revalidate.compare(rec, {}, 1) == ["the check run has no seed 1"]
+    assert revalidate.compare(rec, seeds, 0) == ["the record has no seed 0"]
+    sets = revalidate.check_sets(rec, 1, tmp_path)
+    assert "experiment.seeds=[1]" in sets and not any("stop_after" in x for x in sets)
+    assert not any("personalize" in x for x in sets)  # personalization runs as recorded
+    path = revalidate.restamp(tmp_path / "r.json", rec, 1, ["fedavg-full"])
     new = json.loads(path.read_text())
-    assert new["code"] == records.loaded_code_version() != "0123456789ab"
-    assert new["revalidated"][0]["from"] == "0123456789ab"
-    assert new["revalidated"][0]["rounds"] == 2 and new["seeds"] == rec["seeds"]
+    assert new["code"] == records.record_code(rec["params"]) != "0123456789ab"
+    checked = new["revalidated"][0]
+    assert checked["from"] == "0123456789ab" and checked["seed"] == 1
+    assert checked["rounds"] == "all" and checked["computed_by"]["code"] == new["code"]
+    assert new["seeds"] == rec["seeds"]

@@ -63,13 +63,13 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
         bool,
         typer.Option(
             "--revalidate",
-            help="check records of another code version: rerun seed 0's first --rounds "
-            "rounds; identical ones are stamped with this code version",
+            help="check records of another code version: rerun one whole seed (--seed) of "
+            "each; identical ones are stamped with this code version",
         ),
     ] = False,
-    rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="rounds each --revalidate check reruns")
-    ] = 2,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="the seed each --revalidate check reruns whole")
+    ] = 0,
 ) -> None:
     """Run the experiments behind the seeds' claims and write the reproduction report.
     Rerun the same command to skip what finished and resume what did not."""
@@ -90,11 +90,14 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
         other = "--report" if report_only else "--rerun-stale"
         raise ConfigError(f"--revalidate checks stale records; it does not go with {other}")
     if revalidate:
-        _revalidate(profile, claims, params_file, overrides, where, rounds)
+        _revalidate(profile, claims, params_file, overrides, where, seed)
         return
     stale = [it for it in items if runs.status(it) == "stale"]
     if stale and not rerun_stale:  # numbers of two code versions never mix in a report
         raise ConfigError(runs.stale_text(stale[0]))
+    refused = [line for it in items if (line := runs.refusal(it, profile)) is not None]
+    if refused and not rerun_stale:  # a verdict never reads a record it cannot stand on
+        raise ConfigError(refused[0])
     words = ["fedapt reproduce", f"--profile {profile}"]
     words += [f"--claim {c}" for c in claim or []]
     words += [f"--params {params}"] if params is not None else []
@@ -202,7 +205,7 @@ def _revalidate(
     params_file: str | None,
     overrides: list[str],
     where: str | None,
-    rounds: int,
+    seed: int,
 ) -> None:
     """``--revalidate``, under the run's guards; one line per record left stale, exit 1."""
     from flows import services
@@ -223,7 +226,7 @@ def _revalidate(
                 overrides=overrides,
                 claims=[c.id for c in claims],
                 out=where,
-                rounds=rounds,
+                seed=seed,
             )
     for line in failed:
         err.print(line, highlight=False, soft_wrap=True)

@@ -43,33 +43,271 @@ NOT_NUMBERS = (
     "tasks/validate.py",
 )
 PINS = ("numpy==", "peft==", "timm==", "torch==", "torchvision==", "transformers==")
+# Packages of plug-ins: a top-level class there with a ``name = "..."`` attribute is the
+# plug-in of that registry name (an algorithm, an adapter method); its kind is the key.
+PLUGINS = {"algorithm": "fedcore/algorithms/", "adapter": "models/adapters/"}
 
 
-def code_version(root: Path = ROOT) -> str:
-    """12 hex digits of a hash over the number-computing source files (path and bytes) and
-    the pins of the numeric libraries in constraints.txt."""
-    h = hashlib.sha256()
+def code_files(root: Path = ROOT) -> dict[str, bytes]:
+    """The number-computing source files (path relative to ``root`` -> bytes)."""
     files = sorted(
         p
         for top in CODE
         for p in (root / top).rglob("*.py")
         if not p.relative_to(root).as_posix().startswith(NOT_NUMBERS)
     )
-    for p in files:
-        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    pins = root / "constraints.txt"
-    if pins.is_file():
-        lines = [x for x in pins.read_text().splitlines() if x.startswith(PINS)]
-        h.update("\n".join(lines).encode())
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in files}
+
+
+def pins(root: Path = ROOT) -> str:
+    path = root / "constraints.txt"
+    if not path.is_file():
+        return ""
+    return "\n".join(x for x in path.read_text().splitlines() if x.startswith(PINS))
+
+
+def uses(flat: Mapping[str, Any]) -> frozenset[str]:
+    """The plug-ins a run's flat params use: ``algorithm:<name>``, ``adapter:<name>``."""
+    out = set()
+    for kind, key in (("algorithm", "grid.algorithms"), ("adapter", "grid.adapters")):
+        names = flat.get(key) or ()
+        out |= {f"{kind}:{n}" for n in ([names] if isinstance(names, str) else names)}
+    return frozenset(out)
+
+
+def code_version(
+    root: Path = ROOT,
+    used: frozenset[str] | None = None,
+    sources: Mapping[str, bytes] | None = None,
+) -> str:
+    """12 hex digits of a hash over what computes a record's numbers: the syntax trees of the
+    number-computing source files (comments, docstrings and layout left out) and the pins of
+    the numeric libraries in constraints.txt. With ``used`` (see :func:`uses`), the plug-ins
+    the record does not use are left out (their classes and every reference to them in
+    imports and literal lists, tuples, sets and dicts; a file left with nothing else is
+    skipped), so adding or changing an algorithm or adapter method that a record does not run
+    leaves it current; the classes a used plug-in derives from stay in. ``used`` None: every
+    plug-in counts (the whole code's version)."""
+    files = dict(sources) if sources is not None else code_files(root)
+    trees = {path: _parsed(path, text) for path, text in files.items()}
+    drop = _unused_plugins(trees, used) if used is not None else frozenset()
+    h = hashlib.sha256()
+    for path in sorted(trees):
+        dumped = _dump(path, files[path], drop & _names(path, files[path]))
+        if dumped is None:
+            continue
+        h.update(path.encode() + b"\0" + dumped.encode() + b"\0")
+    h.update(pins(root).encode())
     return h.hexdigest()[:12]
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed(path: str, text: bytes) -> Any:
+    import ast
+
+    return ast.parse(text, filename=path)
+
+
+@functools.lru_cache(maxsize=4096)
+def _names(path: str, text: bytes) -> frozenset[str]:
+    """Every name a file defines, imports or refers to (what dropping a plug-in can touch)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(_parsed(path, text)):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.alias):
+            out.add(node.name)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def _dump(path: str, text: bytes, drop: frozenset[str]) -> str | None:
+    import ast
+
+    tree = _reduced(_parsed(path, text), set(drop))
+    return None if tree is None else ast.dump(tree)
+
+
+def _plugin_classes(trees: Mapping[str, Any]) -> dict[str, tuple[str, list[str]]]:
+    """Class name -> (its registry key ``kind:name`` or "", its base names), for the classes
+    of the plug-in packages."""
+    import ast
+
+    out: dict[str, tuple[str, list[str]]] = {}
+    for path, tree in trees.items():
+        kind = next((k for k, pre in PLUGINS.items() if path.startswith(pre)), None)
+        if kind is None:
+            continue
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            key = ""
+            for stmt in node.body:
+                target = value = None
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                    target, value = stmt.targets[0], stmt.value
+                elif isinstance(stmt, ast.AnnAssign):
+                    target, value = stmt.target, stmt.value
+                if (
+                    isinstance(target, ast.Name)
+                    and target.id == "name"
+                    and isinstance(value, ast.Constant)
+                    and isinstance(value.value, str)
+                ):
+                    key = f"{kind}:{value.value}"
+            bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+            out[node.name] = (key, bases)
+    return out
+
+
+def _unused_plugins(trees: Mapping[str, Any], used: frozenset[str]) -> frozenset[str]:
+    """The class names of plug-ins ``used`` does not name nor derive from."""
+    classes = _plugin_classes(trees)
+    keep: set[str] = set()
+    todo = [c for c, (key, _) in classes.items() if key in used]
+    while todo:
+        c = todo.pop()
+        if c in keep or c not in classes:
+            continue
+        keep.add(c)
+        todo += classes[c][1]
+    return frozenset(c for c, (key, _) in classes.items() if key and c not in keep)
+
+
+def _reduced(tree: Any, drop: set[str]) -> Any:
+    """``tree`` without docstrings and without the classes in ``drop`` and the references to
+    them in imports and literal containers; None when nothing but imports is left of a file
+    that had a dropped class (a plug-in's own file)."""
+    import ast
+    import copy
+
+    tree = copy.deepcopy(tree)
+    had = False
+
+    class Strip(ast.NodeTransformer):
+        def generic_visit(self, node: Any) -> Any:
+            super().generic_visit(node)
+            body = getattr(node, "body", None)
+            if (
+                isinstance(body, list)
+                and body
+                and isinstance(
+                    node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+                )
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+            return node
+
+        def visit_ClassDef(self, node: Any) -> Any:
+            nonlocal had
+            if node.name in drop:
+                had = True
+                return None
+            return self.generic_visit(node)
+
+        def visit_ImportFrom(self, node: Any) -> Any:
+            node.names = [a for a in node.names if a.name not in drop]
+            return node if node.names else None
+
+        def _elts(self, node: Any) -> Any:
+            self.generic_visit(node)
+            node.elts = [e for e in node.elts if not (isinstance(e, ast.Name) and e.id in drop)]
+            return node
+
+        visit_Tuple = visit_List = visit_Set = _elts
+
+        def visit_Dict(self, node: Any) -> Any:
+            self.generic_visit(node)
+            pairs = [
+                (k, v)
+                for k, v in zip(node.keys, node.values, strict=True)
+                if not (isinstance(v, ast.Name) and v.id in drop)
+            ]
+            node.keys = [k for k, _ in pairs]
+            node.values = [v for _, v in pairs]
+            return node
+
+    tree = Strip().visit(tree)
+    if had and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Pass)) for n in tree.body):
+        return None
+    return tree
+
+
 @functools.cache
-def loaded_code_version() -> str:
-    """The code version of this process: read once, at the first call (the start of a
-    reproduce run), so source files changed on disk under a running reproduction (a pull, a
+def loaded_sources() -> tuple[tuple[str, bytes], ...]:
+    """The number-computing source of this process, read once, at the first call (the start of
+    a reproduce run), so source files changed on disk under a running reproduction (a pull, a
     merge) cannot stamp its records with code it did not run."""
-    return code_version()
+    return tuple(sorted(code_files().items()))
+
+
+@functools.cache
+def loaded_code_version(used: frozenset[str] | None = None) -> str:
+    """:func:`code_version` of the source this process loaded (:func:`loaded_sources`)."""
+    return code_version(used=used, sources=dict(loaded_sources()))
+
+
+def record_code(flat: Mapping[str, Any]) -> str:
+    """The code version a record of these flat params is computed by (its plug-ins only)."""
+    return loaded_code_version(uses(flat))
+
+
+def _git(*args: str) -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's word for it."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def checkout() -> dict[str, Any]:
+    """The commit of this checkout and whether its tree was clean, read once, at the first call
+    (the start of a run): no tracked file changed and no untracked file, outside the
+    reproduction's own outputs (``reproduce/``). Not a git checkout: commit None, clean False."""
+    head = _git("rev-parse", "HEAD")
+    if head is None:
+        return {"commit": None, "clean": False, "changed": ["not a git checkout"]}
+    lines = (_git("status", "--porcelain", "--untracked-files=normal") or "").splitlines()
+    changed = [x[3:] for x in lines if not x[3:].startswith("reproduce/")]
+    return {"commit": head.strip(), "clean": not changed, "changed": changed[:5]}
+
+
+def computed_by(flat: Mapping[str, Any], numerics: str) -> dict[str, Any]:
+    """Who computed a record: the commit, the record's code version, whether the tree was
+    clean, the CPU model and the numerics mode."""
+    where = checkout()
+    return {
+        "commit": where["commit"],
+        "code": record_code(flat),
+        "clean": where["clean"],
+        "cpu": cpu_model(),
+        "numerics": numerics,
+    }
 
 
 def record_path(records_dir: Path, name: str) -> Path:
@@ -136,13 +374,19 @@ def write_record(
     seconds: float,
     resumed: bool,
     seeds: Mapping[str, Any],
+    code: str,
+    computed_by: Mapping[str, Any],
+    rules: Mapping[str, str],
 ) -> Path:
+    """The record, with who computed it and the rules its run started under."""
     return atomic_write_json(
         path,
         {
             "experiment": experiment,
             "claim": claim,
-            "code": loaded_code_version(),
+            "code": code,
+            "computed_by": dict(computed_by),
+            "rules": dict(rules),
             "numerics": numerics,
             "seconds": round(seconds, 1),
             "resumed": resumed,
@@ -165,4 +409,6 @@ def result(record: Mapping[str, Any]) -> ExperimentResult:
         }
         majorities[int(seed)] = entry.get("majority")
         bases[int(seed)] = entry.get("base_accuracy")
-    return ExperimentResult(record["params"], runs, record.get("seconds"), majorities, bases)
+    return ExperimentResult(
+        record["params"], runs, record.get("seconds"), majorities, bases, record.get("rules") or {}
+    )

@@ -1,19 +1,17 @@
 """Records of another code version checked instead of rerun (``fedapt reproduce
 --revalidate``).
 
-A record counts only for the code version that computed it (``records.code_version``), so a
-change to the number code that leaves every number as it was (a refactor, a comment) would
-otherwise cost a whole profile's rerun. A revalidation reruns, with this checkout's code,
-the first ``rounds`` rounds of seed 0 of each such experiment (``federation.stop_after``:
-the same run, its schedules still reading the full round count) and compares every round
-record of every cell with the committed one, value for value (accuracy, losses, bytes,
-clients, lr, the algorithm's series), and the pretrained base's accuracy. Identical: the
-record is stamped with this code version and keeps what was checked under
-``revalidated``. Any difference: the record stays stale, named in one line per experiment
-(rerun it with ``--rerun-stale``).
-
-What a revalidation does not check: the rounds after the first ``rounds``, the seeds after
-the first, and what runs after training (personalization: switched off in the check).
+A record counts only for the code version that computes it (``records.record_code``: the
+number code it runs, its unused plug-ins left out), so a change to that code that leaves every
+number as it was (a refactor) would otherwise cost the record's whole rerun. A revalidation
+reruns, with this checkout's code (a clean commit), one whole seed of each such experiment
+(seed 0 unless ``--seed``): every round, with freezing, lr milestones and personalization as
+the record ran them; and compares every round record of every cell with the committed one,
+value for value (accuracy, losses, bytes, clients, lr, the algorithm's series), every cell's
+summary record (personalization's accuracies included) and the pretrained base's accuracy.
+Identical: the record is stamped with this code version and keeps what was checked, and by
+whom, under ``revalidated``. Any difference: the record stays stale, named in one line per
+experiment (rerun it with ``--rerun-stale``). Timings are never compared.
 """
 
 from __future__ import annotations
@@ -33,22 +31,22 @@ if TYPE_CHECKING:
     from tasks.reproduce.runs import Planned
 
 REVALIDATE = "revalidate"  # under <reports_dir>/reproduce/<profile>: the check runs' folders
-ROUNDS = 2  # rounds of seed 0 each check reruns, by default
+SEED = 0  # the seed each check reruns whole, by default
 
 
-def check_sets(record: Mapping[str, Any], rounds: int, total: int, root: Path) -> list[str]:
-    """The overrides that turn an experiment into its check: seed 0 alone (a sweep of one seed
-    when the record is a sweep's), ``rounds`` rounds of the ``total`` it is configured for,
-    its own folder, no personalization, tracking or uploads (a check is not a result)."""
+def check_sets(record: Mapping[str, Any], seed: int, root: Path) -> list[str]:
+    """The overrides that turn an experiment into its check: ``seed`` alone (a sweep of one
+    seed when the record is a sweep's), all of its rounds, its own folder, no tracking or
+    uploads (a check is not a result)."""
     sets = [
         f"experiment.reports_dir={root / REVALIDATE}",
-        f"federation.stop_after={min(rounds, total)}",
-        "personalize.enabled=false",
         "runtime.tracking=false",
         "storage.bucket=null",
     ]
     if record.get("params", {}).get("experiment.seeds") is not None:
-        sets.append("experiment.seeds=[0]")
+        sets += [f"experiment.seeds=[{seed}]", f"experiment.seed={seed}"]
+    else:
+        sets.append(f"experiment.seed={seed}")
     return sets
 
 
@@ -56,65 +54,69 @@ def _timing(key: str) -> bool:
     return "seconds" in key or key.endswith("_time")
 
 
-def compare(record: Mapping[str, Any], seeds: Mapping[str, Any], rounds: int) -> list[str]:
-    """How the check run's seed 0 (``records.collect`` of its folder) differs from the
-    record's, in its first ``rounds`` rounds; empty: identical. (The check's last round is
-    evaluated as a stopped run's is: where the record did not evaluate it, that is skipped.)"""
-    want = record.get("seeds", {}).get("0")
-    got = seeds.get("0")
+def compare(record: Mapping[str, Any], seeds: Mapping[str, Any], seed: int = SEED) -> list[str]:
+    """How the check run's ``seed`` (``records.collect`` of its folder) differs from the
+    record's: every round of every cell, every cell's summary record and the base's accuracy,
+    timings aside; empty: identical."""
+    want = record.get("seeds", {}).get(str(seed))
+    got = seeds.get(str(seed))
     if want is None:
-        return ["the record has no seed 0"]
+        return [f"the record has no seed {seed}"]
     if got is None:
-        return ["the check run has no seed 0"]
+        return [f"the check run has no seed {seed}"]
     diffs = []
-    if want.get("base_accuracy") != got.get("base_accuracy"):
-        diffs.append(
-            f"base accuracy {want.get('base_accuracy')} recorded, {got.get('base_accuracy')} now"
-        )
+    for key in ("base_accuracy", "majority"):
+        if want.get(key) != got.get(key):
+            diffs.append(f"{key} {want.get(key)} recorded, {got.get(key)} now")
     for cell, entry in sorted(want["cells"].items()):
         new = got["cells"].get(cell)
         if new is None:
             diffs.append(f"{cell}: not in the check run")
             continue
-        old_rounds = entry["rounds"][:rounds]
-        new_rounds = new["rounds"][: len(old_rounds)]
-        if len(new_rounds) < len(old_rounds):
+        old_rounds, new_rounds = entry["rounds"], new["rounds"]
+        if len(new_rounds) != len(old_rounds):
             diffs.append(f"{cell}: {len(new_rounds)} rounds, {len(old_rounds)} recorded")
-        for i, (a, b) in enumerate(zip(old_rounds, new_rounds, strict=False)):
-            skip = (
-                {"accuracy", "test_loss"} if i == rounds - 1 and a.get("accuracy") is None else ()
-            )
-            for key in sorted(k for k in a if not _timing(k) and k not in skip):
-                if a[key] != b.get(key):
+        for a, b in zip(old_rounds, new_rounds, strict=False):
+            for key in sorted(k for k in {*a, *b} if not _timing(k)):
+                if a.get(key) != b.get(key):
                     diffs.append(
-                        f"{cell} round {a.get('round')} {key}: {a[key]!r} recorded, "
+                        f"{cell} round {a.get('round')} {key}: {a.get(key)!r} recorded, "
                         f"{b.get(key)!r} now"
                     )
+        old_rec, new_rec = entry.get("record", {}), new.get("record", {})
+        for key in sorted(k for k in {*old_rec, *new_rec} if not _timing(k)):
+            if old_rec.get(key) != new_rec.get(key):
+                diffs.append(
+                    f"{cell} {key}: {old_rec.get(key)!r} recorded, {new_rec.get(key)!r} now"
+                )
     return diffs
 
 
-def restamp(path: Path, record: Mapping[str, Any], rounds: int, cells: Sequence[str]) -> Path:
-    """``record`` stamped with this code version, what was checked appended to its
+def restamp(path: Path, record: Mapping[str, Any], seed: int, cells: Sequence[str]) -> Path:
+    """``record`` stamped with this code version, what was checked and by whom appended to its
     ``revalidated`` list (earlier revalidations kept)."""
+    flat = record.get("params", {})
+    code = records.record_code(flat)
     checked = {
         "from": record.get("code"),
-        "to": records.loaded_code_version(),
-        "seed": 0,
-        "rounds": rounds,
+        "to": code,
+        "seed": seed,
+        "rounds": "all",
         "cells": sorted(cells),
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "computed_by": records.computed_by(flat, str(record.get("numerics"))),
     }
     new = dict(record)
-    new["code"] = records.loaded_code_version()
+    new["code"] = code
     new["revalidated"] = [*record.get("revalidated", []), checked]
     return atomic_write_json(path, new)
 
 
-def check_item(item: Planned, rounds: int, params_file: str | Path | None, root: Path) -> Planned:
-    """``item``'s revalidation check: its configuration, seed 0's first ``rounds`` rounds, in
+def check_item(item: Planned, seed: int, params_file: str | Path | None, root: Path) -> Planned:
+    """``item``'s revalidation check: its configuration, ``seed`` whole, in
     ``<root>/revalidate/<experiment>``."""
     rec = records.read_record(item.record) or {}
-    sets = check_sets(rec, rounds, item.params.federation.rounds, root)
+    sets = check_sets(rec, seed, root)
     full = tuple(dedupe([*item.overrides, *sets]))
     params = resolved(load_params(params_file, list(full)), "portable")
     return dataclasses.replace(item, params=params, overrides=full)

@@ -12,7 +12,7 @@ cannot change a cell's numbers). ``reproduce.json`` beside it records how long t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ from tasks.config import Params, experiment_dir, load_params, resolved
 from tasks.io import atomic_write_bytes, atomic_write_json
 from tasks.reproduce import records
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
-from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, dedupe
+from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, Results, dedupe
 from tasks.reproduce.tuning import chosen_sets, tuning_sets
 
 STAMP = "reproduce.json"
@@ -44,7 +44,8 @@ class Planned:
     tunes: str | None = None  # a tuning run: the name of the experiment whose lr it tunes
     tried: float | None = None  # ... and the lr it tries
     tune_key: str = "client.lr"  # ... of the clients, or "server_lr" (Tune.key)
-    waiting: bool = False  # an experiment whose lr waits for its tuning runs' records
+    waiting: bool = False  # waits for its tuning runs' records, or those it derives from
+    joins: str | None = None  # a seed added by the seed policy: the record it joins
 
     @property
     def lrs(self) -> dict[str, float]:
@@ -57,7 +58,7 @@ class Planned:
 
     @property
     def record(self) -> Path:
-        return records.record_path(self.records, self.params.experiment.name)
+        return records.record_path(self.records, self.joins or self.params.experiment.name)
 
 
 def base_params(params_file: str | Path | None, overrides: Sequence[str]) -> Params:
@@ -125,10 +126,31 @@ def plan(
                 lrs = chosen_lrs(probes)
                 waiting = lrs is None
                 more = [f"data.validation={tune.validation}", *chosen_sets(tune, lrs or {})]
+            if (derive := exp.derive.get(profile)) is not None:
+                got = derived_sets(exp, derive, planned)
+                waiting = waiting or got is None
+                more += list(got or ())
             params, full = typed(exp.name, more)
             check_seeds(claim, profile, params)
             planned.append(Planned(owning, exp, params, full, kept, waiting=waiting))
     return planned
+
+
+def derived_sets(
+    exp: Experiment, derive: Callable[[Results], tuple[str, ...]], planned: Sequence[Planned]
+) -> tuple[str, ...] | None:
+    """``exp``'s settings read off the records of the experiments it runs ``after`` (planned
+    before it); None until each of them has a current record."""
+    by_name = {it.experiment.name: it for it in planned}
+    found: dict[str, ExperimentResult] = {}
+    for name in exp.after:
+        it = by_name.get(name)
+        if it is None:
+            raise ValueError(f"experiment {exp.name!r} runs after {name!r}, not planned before it")
+        if status(it) != "done" or (rec := records.read_record(it.record)) is None:
+            return None
+        found[name] = records.result(rec)
+    return tuple(derive(found))
 
 
 def _typed(
@@ -199,9 +221,70 @@ def check_seeds(claim: Claim, profile: str, params: Params) -> None:
         )
 
 
+# A record holds its seeds one by one (a seed added later joins the record), so which seeds
+# ran is not part of the configuration.
+SEED_KEYS = ("experiment.seeds", "experiment.seed")
+
+
 def config_key(flat: dict[str, Any]) -> dict[str, Any]:
-    """The flat params that determine an experiment's numbers, as plain JSON values."""
-    return json.loads(json.dumps(significant(flat), sort_keys=True, default=str))
+    """The flat params that determine an experiment's numbers (its seeds aside), as plain JSON
+    values."""
+    kept = {k: v for k, v in significant(flat).items() if k not in SEED_KEYS}
+    return json.loads(json.dumps(kept, sort_keys=True, default=str))
+
+
+def planned_seeds(item: Planned) -> tuple[int, ...]:
+    p = item.params.experiment
+    return tuple(p.seeds) if p.seeds else (p.seed,)
+
+
+def readers(name: str) -> tuple[Claim, ...]:
+    """The claims whose verdicts read the experiment ``name``."""
+    return tuple(c for c in CLAIMS if name in c.needs_all())
+
+
+def rules_for(item: Planned) -> dict[str, str]:
+    """The rule hash of every claim that reads ``item``, as its run starts (pre-registered)."""
+    return {c.id: c.rule_hash() for c in readers(item.experiment.name)}
+
+
+def refusal(item: Planned, profile: str) -> str | None:
+    """Why ``item``'s current record cannot stand behind a verdict, in one line naming the
+    record and the fix; None when it can (or there is no current record)."""
+    rec = records.read_record(item.record)
+    if rec is None or status(item) != "done":
+        return None
+    by = rec.get("computed_by")
+    if not isinstance(by, dict):
+        return (
+            f"{item.record}: no computed_by (commit, code, clean tree, CPU, numerics): "
+            "rerun it with --rerun-stale"
+        )
+    # the code it is current for: its own run's, or that of its last whole-seed revalidation
+    last = (rec.get("revalidated") or [{}])[-1]
+    stamped = by if by.get("code") == rec.get("code") else None
+    if stamped is None and last.get("to") == rec.get("code"):
+        stamped = last.get("computed_by") if isinstance(last.get("computed_by"), dict) else None
+    if stamped is None:
+        return (
+            f"{item.record}: its code {rec.get('code')} is neither the one that computed it "
+            f"({by.get('code')}) nor a whole-seed revalidation's: revalidate it "
+            "(--revalidate) or rerun it (--rerun-stale)"
+        )
+    if profile != "ci" and not (by.get("clean") is True and stamped.get("clean") is True):
+        return (
+            f"{item.record}: computed or revalidated from a checkout with uncommitted changes "
+            f"(commit {stamped.get('commit')}): rerun it from a clean commit with --rerun-stale"
+        )
+    for claim_id, want in rules_for(item).items():
+        got = (rec.get("rules") or {}).get(claim_id)
+        if got != want:
+            return (
+                f"{item.record}: ran under rule {got} of claim {claim_id!r}, whose rule is now "
+                f"{want}: rerun it with --rerun-stale (a verdict reads only records run under "
+                "its rule)"
+            )
+    return None
 
 
 def _summary(directory: Path) -> dict[str, Any] | None:
@@ -223,17 +306,19 @@ def status(item: Planned) -> str:
     another configuration) or ``pending``."""
     if item.waiting:
         return "tuning"
-    key = config_key(item.params.flat())
+    flat = item.params.flat()
+    key = config_key(flat)
+    code = records.record_code(flat)
     rec = records.read_record(item.record)
     if rec is not None and rec.get("config") == key:
-        same = (rec.get("code"), rec.get("numerics")) == (
-            records.loaded_code_version(),
-            item.params.runtime.numerics,
-        )
-        return "done" if same else "stale"
+        same = (rec.get("code"), rec.get("numerics")) == (code, item.params.runtime.numerics)
+        if not same:
+            return "stale"
+        if set(map(str, planned_seeds(item))) <= set(rec.get("seeds", {})):
+            return "done"
     summary = _summary(item.dir)
     if summary is not None and config_key(summary["params"]) == key:
-        if read_stamp(item.dir).get("code") == records.loaded_code_version():
+        if read_stamp(item.dir).get("code") == code:
             return "finished"
     checkpoints = item.dir / "checkpoints"
     if checkpoints.is_dir() and any(checkpoints.rglob("*.pt")):
@@ -244,9 +329,10 @@ def status(item: Planned) -> str:
 def stale_text(item: Planned) -> str:
     """One line on a stale record: whose code and numerics, and how to go on."""
     rec = records.read_record(item.record) or {}
+    code = records.record_code(item.params.flat())
     return (
         f"{item.record}: computed by code {rec.get('code')} in {rec.get('numerics')} numerics; "
-        f"this checkout is code {records.loaded_code_version()} in {item.params.runtime.numerics}: "
+        f"this checkout is code {code} in {item.params.runtime.numerics}: "
         "rerun it with --rerun-stale (its numbers would not be this code's)"
     )
 
@@ -304,19 +390,41 @@ def share_base(item: Planned, root: Path) -> Path | None:
     return source
 
 
-def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:
-    """reproduce.json in the experiment's folder: how long the run that finished it took (this
-    session's seconds; a resumed run's earlier sessions are not counted), its overrides and
-    the code version that computed it."""
+def register(item: Planned) -> Path:
+    """Pre-register ``item`` before its run starts: reproduce.json in its folder with the rule
+    hash of every claim that reads it (:func:`rules_for`) and who computes it. A resumed run
+    keeps the registration its first start wrote (the rules it started under)."""
+    stamp = read_stamp(item.dir)
+    if stamp.get("rules") is not None and stamp.get("config") == config_key(item.params.flat()):
+        return item.dir / STAMP
     return atomic_write_json(
         item.dir / STAMP,
         {
             "claim": item.claim.id,
             "experiment": item.experiment.name,
+            "config": config_key(item.params.flat()),
+            "rules": rules_for(item),
+            "registered_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "computed_by": records.computed_by(item.params.flat(), item.params.runtime.numerics),
+        },
+    )
+
+
+def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:
+    """reproduce.json in the experiment's folder, completed when its run finished: how long
+    it took (this session's seconds; a resumed run's earlier sessions are not counted), its
+    overrides and the code version that computed it (its registration kept)."""
+    stamp = read_stamp(item.dir)
+    return atomic_write_json(
+        item.dir / STAMP,
+        {
+            **stamp,
+            "claim": item.claim.id,
+            "experiment": item.experiment.name,
             "overrides": list(item.overrides),
             "seconds": round(seconds, 1),
             "resumed": resumed,
-            "code": records.loaded_code_version(),
+            "code": records.record_code(item.params.flat()),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
     )
@@ -328,18 +436,78 @@ def write_record(item: Planned) -> Path:
     if summary is None:
         raise FileNotFoundError(f"{item.dir / 'summary.json'}: the experiment has not finished")
     stamp = read_stamp(item.dir)
+    flat = item.params.flat()
+    by = records.computed_by(flat, item.params.runtime.numerics)
+    if (stamp.get("computed_by") or {}).get("code") not in (None, by["code"]):
+        by["clean"] = False  # the code changed between the run's start and its end
+    if not (stamp.get("computed_by") or {}).get("clean", True):
+        by["clean"] = False
     return records.write_record(
         item.record,
         experiment=item.params.experiment.name,
         claim=item.claim.id,
-        config=config_key(item.params.flat()),
+        config=config_key(flat),
         params=json.loads(json.dumps(summary["params"], default=str)),
         numerics=item.params.runtime.numerics,
         overrides=list(item.overrides),
         seconds=float(stamp.get("seconds") or 0.0),
         resumed=bool(stamp.get("resumed")),
         seeds=records.collect(item.dir, summary),
+        code=by["code"],
+        computed_by=by,
+        rules=stamp.get("rules") or {},
     )
+
+
+def extra_seed(item: Planned, seed: int, params_file: str | Path | None) -> Planned:
+    """One seed more of ``item`` (the seed policy): ``seed`` alone, in its own folder
+    ``<experiment>-seed<seed>``, joining ``item``'s record."""
+    import dataclasses
+
+    name = item.params.experiment.name
+    sets = (
+        *item.overrides,
+        f"experiment.seeds=[{seed}]",
+        f"experiment.seed={seed}",
+        f"experiment.name={name}-seed{seed}",
+    )
+    params = resolved(load_params(params_file, list(dedupe(sets))), "portable")
+    return dataclasses.replace(
+        item, params=params, overrides=tuple(dedupe(sets)), joins=name, tunes=None
+    )
+
+
+def merge_seed(item: Planned, extra: Planned, seed: int) -> Path:
+    """``extra``'s finished seed joins ``item``'s record, which must be of the same
+    configuration, code and rules (a record never mixes them)."""
+    rec = records.read_record(item.record)
+    summary = _summary(extra.dir)
+    if rec is None or summary is None:
+        raise FileNotFoundError(f"{extra.dir}: seed {seed} has not finished")
+    stamp = read_stamp(extra.dir)
+    flat = extra.params.flat()
+    by = records.computed_by(flat, extra.params.runtime.numerics)
+    same = (
+        rec.get("config") == config_key(flat)
+        and rec.get("code") == by["code"]
+        and (stamp.get("rules") or {}) == (rec.get("rules") or {})
+    )
+    if not same:
+        raise ValueError(
+            f"{item.record}: seed {seed} ran with another configuration, code or rules than "
+            "the record's: rerun the record with --rerun-stale"
+        )
+    if not (stamp.get("computed_by") or {}).get("clean", True):
+        by["clean"] = False
+    new = dict(rec)
+    new["seeds"] = {**rec["seeds"], **records.collect(extra.dir, summary)}
+    new["seed_runs"] = [
+        *rec.get("seed_runs", []),
+        {"seed": seed, "seconds": stamp.get("seconds"), "computed_by": by},
+    ]
+    if by["clean"] is not True:  # a seed from a dirty tree makes the whole record one
+        new["computed_by"] = {**rec.get("computed_by", {}), "clean": False}
+    return atomic_write_json(item.record, new)
 
 
 def read_stamp(directory: Path) -> dict[str, Any]:
