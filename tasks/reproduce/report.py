@@ -66,19 +66,20 @@ def write_figures(claims: Sequence[Claim], results: Results, root: Path) -> dict
     return out
 
 
-def cells_table(name: str, result: ExperimentResult) -> str:
-    """One experiment's cells: final accuracy (%) and MiB per round, mean ± std over seeds."""
-    from tasks.reproduce.measures import final_accuracy, mib_per_round
+def cells_table(name: str, result: ExperimentResult, window: int = 5) -> str:
+    """One experiment's cells: the end level (mean test accuracy of the last ``window``
+    evaluations, %, what the verdicts read) and MiB per round, mean ± std over seeds."""
+    from tasks.reproduce.measures import end_level, mib_per_round
     from tasks.reproduce.verdict import mean_std
 
     rows = [
-        f"| `{name}` cell | final acc % | MiB/round | seeds |",
+        f"| `{name}` cell | acc % (last {window} evaluations) | MiB/round | seeds |",
         "|---|--:|--:|--:|",
     ]
     cells = sorted({c for per in result.runs.values() for c in per})
     for c in cells:
         got = [result.runs[s][c] for s in result.seeds if c in result.runs[s]]
-        accs = [final_accuracy(x) for x in got]
+        accs = [end_level(x, window) for x in got]
         mib = [mib_per_round(x) if "upload_bytes_per_round" in x.record else None for x in got]
         rows.append(
             f"| {c} | {mean_std([None if a is None else 100 * a for a in accs])} "
@@ -132,35 +133,79 @@ def _minutes(seconds: Any) -> str:
 
 def _experiments_table(items: Sequence[Planned]) -> tuple[str, float]:
     rows = [
-        "| experiment | claim | cells | seeds | status | minutes | resumed |",
+        "| experiment | claim | cells | seeds | status | minutes | computed by |",
         "|---|---|---|---|---|--:|---|",
     ]
     total = 0.0
     for item in items:
-        stamp = records.read_record(item.record) or {}
-        seconds = stamp.get("seconds") if (st := status(item)) == "done" else None
+        rec = records.read_record(item.record) or {}
+        done = (st := status(item)) == "done"
+        extra = sum(float(r.get("seconds") or 0) for r in rec.get("seed_runs", []))
+        seconds = float(rec.get("seconds") or 0) + extra if done else None
         total += float(seconds or 0)
         g = item.params.grid
         cells = ", ".join(f"{a}-{d}" for a in g.algorithms for d in g.adapters)
-        seeds = ", ".join(map(str, item.params.experiment.seeds or [item.params.experiment.seed]))
+        if done:
+            seeds = ", ".join(sorted(rec.get("seeds", {}), key=int))
+        else:
+            p = item.params.experiment
+            seeds = ", ".join(map(str, p.seeds or [p.seed]))
+        by = rec.get("computed_by") or {}
+        who = ""
+        if done and by:
+            commit = str(by.get("commit") or "?")[:10]
+            who = (
+                f"{commit}{'' if by.get('clean') else ' (dirty)'}, code {rec.get('code')}, "
+                f"{by.get('cpu')}, {by.get('numerics')}"
+                + (", resumed" if rec.get("resumed") else "")
+            )
         rows.append(
             f"| `{item.params.experiment.name}` | {item.claim.id} | {cells} | {seeds} | {st} | "
-            f"{_minutes(seconds)} | {'yes' if stamp.get('resumed') else ''} |"
+            f"{_minutes(seconds)} | {who} |"
         )
     return "\n".join(rows), total
 
 
 def _revalidated(item: Planned) -> str:
-    """Where an experiment's numbers come from an older code version whose first rounds this
-    one reproduced (``--revalidate``): the codes and what was checked."""
+    """Where an experiment's numbers come from an older code version that this one reproduced
+    (``--revalidate``: one whole seed rerun, identical): the codes and what was checked."""
     rec = records.read_record(item.record) or {}
     checks = rec.get("revalidated") or []
     if not checks:
         return ""
     first, last = checks[0], checks[-1]
     return (
-        f"; computed by code {first['from']}, revalidated at {last['to']}: seed 0's first "
-        f"{last['rounds']} rounds identical"
+        f"; computed by code {first['from']}, revalidated at {last['to']}: seed "
+        f"{last['seed']} rerun whole, every value identical"
+    )
+
+
+def _dropped(claim: Claim) -> list[str]:
+    """The designs dropped after probes, as sensitivity rows."""
+    if not claim.dropped:
+        return []
+    rows = [
+        "**Designs tried and dropped before the committed runs** (sensitivity: what the "
+        "verdict would have stood on instead):",
+        "",
+        "| design | measured | why dropped |",
+        "|---|---|---|",
+        *(f"| {d.design} | {d.measured} | {d.why} |" for d in claim.dropped),
+        "",
+    ]
+    return rows
+
+
+def counts(decided: Mapping[str, Verdict]) -> str:
+    """How many claims are decided (holds or does not hold), and how the rest stand."""
+    vs = list(decided.values())
+    holds = sum(v.holds is True for v in vs)
+    fails = sum(v.holds is False for v in vs)
+    unrun = sum(v.holds is None and v.text.startswith(("not ", "refused")) for v in vs)
+    cannot = len(vs) - holds - fails - unrun
+    return (
+        f"{holds + fails} of {len(vs)} claims decided ({holds} hold, {fails} do not hold); "
+        f"{cannot} cannot say; {unrun} not run, not available or refused."
     )
 
 
@@ -187,25 +232,31 @@ def markdown(
     if profile == "ci":
         lines += [SMOKE, ""]
     lines += [
-        f"Written {now} by `{command}` on {machine}, code version "
-        f"{records.loaded_code_version()}. Each claim's experiments are ordinary `fedapt run` seed "
-        "sweeps (commands below); a claim's verdict is computed from their committed records "
-        f"(`{RECORDS_HINT}`) by a fixed rule stated with it, decided before any run, on every "
-        "seed: it holds when every check holds on every seed, does not hold when a check "
-        "fails on every seed, and cannot be said when the seeds straddle a threshold. Times "
-        "are the "
-        "wall-clock minutes of the run that finished each experiment; on a machine shared "
-        "with other jobs they are pessimistic.",
+        f"Written {now} by `{command}` on {machine}. Each claim's experiments are ordinary "
+        "`fedapt run` seed sweeps (commands below); a claim's verdict is computed from their "
+        f"committed records (`{RECORDS_HINT}`) by a rule fixed before any run (its hash is "
+        "stored in every record the claim reads; a record of another rule, another code "
+        "version, or from a checkout with uncommitted changes is refused). Each check is a "
+        "number against a threshold, taken within a seed (paired); over the seeds it gets the "
+        "95% Student-t interval of its mean. A claim holds when every interval lies on the "
+        "claim's side of its threshold, does not hold when one lies wholly on the other side, "
+        "and cannot be said when one straddles its threshold (then the seed policy adds "
+        "seeds, up to 8) or a guard (a precondition: the method learned, the driver is "
+        "present) is not met. Times are the wall-clock minutes of the runs that finished each "
+        "experiment; on a machine shared with other jobs they are pessimistic.",
         "",
         "## Summary",
         "",
-        "| # | claim | source | direction |",
-        "|--:|---|---|---|",
+        counts(decided),
+        "",
+        "| # | claim | source | verdict | seeds | rule |",
+        "|--:|---|---|---|--:|---|",
     ]
     for i, claim in enumerate(claims, 1):
+        v = decided[claim.id]
         lines.append(
             f"| {i} | [{claim.id}](#{i}-{claim.id}) {claim.title} | {claim.source} | "
-            f"{label(decided[claim.id], profile)} |"
+            f"{label(v, profile)} | {v.seeds or '-'} | `{claim.rule_hash()}` |"
         )
     for i, claim in enumerate(claims, 1):
         v = decided[claim.id]
@@ -234,17 +285,20 @@ def markdown(
             if tuned := tuning_table(items, exp_name):
                 lines += ["", tuned]
         lines += ["", f"**fedapt's result.** {v.text}", ""]
-        per_cell = [cells_table(n, results[n]) for n in claim.needs_all() if n in results]
+        per_cell = [
+            cells_table(n, results[n], claim.window) for n in claim.needs_all() if n in results
+        ]
         if per_cell:
             lines += [
-                "Each cell's final test accuracy and traffic, mean ± sample std (ddof=1) over "
-                "the seeds:",
+                "Each cell's test accuracy (the mean of its last evaluations) and traffic, "
+                "mean ± sample std (ddof=1) over the seeds:",
                 "",
                 *(t + "\n" for t in per_cell),
             ]
         if v.table:
             lines += [v.table, ""]
-        lines += [f"**Direction:** {label(v, profile)}."]
+        lines += _dropped(claim)
+        lines += [f"**Verdict:** {label(v, profile)} (rule `{claim.rule_hash()}`)."]
         if claim.id in figures:
             lines += ["", f"![{claim.id}]({FIGURES}/{claim.id}.png)"]
     table, total = _experiments_table(items)
@@ -278,7 +332,15 @@ def write_report(
     figs = write_figures(claims, results, root)
     atomic_write_json(
         root / "verdicts.json",
-        {c.id: {"holds": decided[c.id].holds, "text": decided[c.id].text} for c in claims},
+        {
+            c.id: {
+                "holds": decided[c.id].holds,
+                "seeds": decided[c.id].seeds,
+                "rule": c.rule_hash(),
+                "text": decided[c.id].text,
+            }
+            for c in claims
+        },
     )
     text = markdown(profile, claims, items, results, decided, figs, command)
     return atomic_write_text(root / REPORT, text)
