@@ -7,17 +7,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tasks.reproduce import plots
-from tasks.reproduce.claim_adapters import CI_RESNET, CPU_RESNET, SEED000
-from tasks.reproduce.measures import final_accuracy, num, pct, table
-from tasks.reproduce.spec import (
-    Check,
-    Claim,
-    Experiment,
-    ExperimentResult,
-    Reading,
-    Results,
-    missing,
+from tasks.reproduce.claim_adapters import (
+    CI_RESNET,
+    CPU_RESNET,
+    LEARNED,
+    SEED000,
+    adapter_gaps,
 )
+from tasks.reproduce.spec import Claim, Dropped, Experiment, Reading, Results, missing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,14 +31,15 @@ CROSS_DEVICE = (
     "client.local_epochs=5",
 )
 # cpu (shared with the gaussian-noise claim): the adapters claim's cpu ResNet26 (width 0.25 at
-# 32x32, a base trained on 20,000 held-out rows of all classes for 3 epochs: a base of classes
-# 5-9 alone left residual adapters 8.7 points behind full on Dir(0.5), measured 2026-11-26,
-# since frozen 3x3 kernels cannot build the features of classes the base never separated), 30
-# rounds with the lr step at round 18 (= 30/50).
+# 32x32) and its base pretrained out of domain (20,000 held-out rows of classes 5-9 only, 3
+# epochs), 30 rounds with the lr step at round 18 (= 30/50), evaluated every second round on
+# 2,000 test images (the same evaluation cost as every round on 1,000): the verdict's window
+# of 5 evaluations is rounds 22-30, all after the step.
 CPU_SEED000 = (
     *CPU_RESNET,
-    "data.test_subset=1000",
+    "data.test_subset=2000",
     "federation.rounds=30",
+    "federation.eval_every=2",
     "lr_schedule.milestones=[18]",
 )
 # cpu, cross-device: 2,400 images over the 100 clients (24 each on average, 10-53 under
@@ -81,65 +79,13 @@ DIR05 = Experiment(
 # (FedNova), with per-cell standard deviations of 0.32-0.81 over 5 seeds: the seed's largest
 # gap plus its largest std, 2.1 points, still agrees.
 GAP = 2.1
-LEARNED = 0.30  # guard: full fine-tuning ends at least 30 points above the class prior
-
-
-def adapter_gaps(result: ExperimentResult, gap: float, learned: float) -> Reading:
-    """Per algorithm: full - residual final accuracy (points) at most ``gap``; a guard that
-    full fine-tuning learned (``learned`` above the class prior, 10% when unknown). Shared
-    by the gaussian-noise claim."""
-    cells = result.cells
-    prior = result.majority if result.majority is not None else 0.1
-    rows, checks, failed = [], [], []
-    for alg in sorted({name.split("-", 1)[0] for name in cells}):
-        full, res = cells.get(f"{alg}-full"), cells.get(f"{alg}-residual")
-        if full is None or res is None:
-            continue
-        a_full, a_res = final_accuracy(full), final_accuracy(res)
-        diff = None if a_full is None or a_res is None else 100 * (a_full - a_res)
-        checks += [
-            Check(f"{alg}: full acc - class prior (points)",
-                  None if a_full is None else 100 * (a_full - prior),
-                  None if a_full is None else a_full - prior >= learned,
-                  f">= {100 * learned:.0f}", guard=True),
-            Check(f"{alg}: full - residual (points)", diff,
-                  None if diff is None else diff <= gap, f"<= {gap:g}"),
-        ]  # fmt: skip
-        rows.append([alg, pct(a_full), pct(a_res), num(diff)])
-        if diff is not None and diff > gap:
-            failed.append(alg)
-    if not rows:
-        return Reading(note="no algorithm ran both full and residual")
-    note = ""
-    if failed:
-        note = (
-            f"{', '.join(failed)}: the adapters end more than {gap:g} points below full "
-            f"fine-tuning; {trend(result)}"
-        )
-    tab = table(["algorithm", "full acc %", "residual acc %", "full - residual (points)"], rows)
-    return Reading(tuple(checks), tab, note)
-
-
-def trend(result: ExperimentResult, last: int = 5) -> str:
-    """What the curves say about a gap: each cell's change over its last ``last`` evaluated
-    rounds (still rising: more rounds would narrow or widen it) and its best round."""
-    parts = []
-    for name, cell in sorted(result.cells.items()):
-        accs = [100 * float(r["accuracy"]) for r in cell.rounds if r.get("accuracy") is not None]
-        if len(accs) < 2:
-            continue
-        tail = accs[-min(last, len(accs)) :]
-        parts.append(
-            f"{name} {tail[-1] - tail[0]:+.1f} points over its last {len(tail)} evaluations "
-            f"(best {max(accs):.1f}%)"
-        )
-    return "; ".join(parts) if parts else "no per-round accuracies to say more"
+WINDOW = 5  # cpu: evaluations at rounds 22, 24, ..., 30 (all after the lr step)
 
 
 def measure(results: Results) -> Reading:
     if (r := missing(results, [DIR05.name])) is not None:
         return r
-    return adapter_gaps(results[DIR05.name], GAP, LEARNED)
+    return adapter_gaps(results[DIR05.name], GAP, WINDOW)
 
 
 def plot(results: Results) -> Figure | None:
@@ -171,29 +117,53 @@ CLAIM = Claim(
     experiments=(DIR05,),
     measure=measure,
     rule="Holds if, for every algorithm, residual adapters end at most 2.1 points below full "
-    "fine-tuning (a negative gap: the adapters ahead), provided full fine-tuning learned (its "
-    "final accuracy at least 30 points above always predicting the most frequent class; "
-    "otherwise cannot say).",
+    "fine-tuning (end levels: the mean test accuracy of each cell's last 5 evaluations; a "
+    "negative gap: the adapters ahead), provided each method learned (its end level at least "
+    "2 points above its starting model: the pretrained base's test accuracy when the base was "
+    "trained on the federation's own classes, else the class prior), otherwise cannot say.",
     tolerance="Table II's FashionMNIST Dir(0.5) gaps are 1.21-1.31 points with per-cell "
     "standard deviations of 0.32-0.81 over 5 seeds: 2.1 is the largest gap plus the largest "
-    "std.",
+    "std. The learned guard's 2 points are about three standard errors of one evaluation on "
+    "2,000 test images (about 0.8 points); it replaces a guard (full fine-tuning 30 points "
+    "above the class prior) that a base of the federation's own classes met alone.",
     plot=plot,
+    thresholds={"gap_points": GAP, "learned_points": LEARNED},
+    window=WINDOW,
     scaled={
         "gpu": "The seed's cross-device protocol (100 clients, 20 per round with replacement, "
         "E = 5, batch 64, lr 0.1 -> 0.01 at round 30, 50 rounds, FedAvg, FedProx mu 0.01 and "
         "FedNova) on all of FashionMNIST except 10,000 rows that pretrain the frozen base "
         "(ResNet26 ImageNet weights are not available offline; FashionMNIST is the seed's own "
         "dataset here).",
-        "cpu": "ResNet26 at width 0.25 and 32x32 on the adapters claim's base (20,000 held-out "
-        "rows of all classes, 3 epochs; a base of classes 5-9 alone left residual adapters "
-        "8.7 points behind full, measured: frozen kernels cannot build features for classes "
-        "the base never separated); 2,400 training images over the 100 clients (10-53 each), batch 8 so that E = 5 "
-        "epochs are about 17 local steps per round (the seed's: 40), the protocol's lr 0.1 "
-        "-> 0.01 at round 18 of 30, 1,000 test images; FedAvg only (each cell "
-        "takes about half of the claim's cpu budget; FedProx and FedNova on the gpu profile). "
-        "Kept: the 100 clients, a fifth of them per round drawn with replacement, five local "
-        "epochs over few non-IID images.",
+        "cpu": "ResNet26 at width 0.25 and 32x32 on the adapters claim's base, pretrained out "
+        "of domain (20,000 held-out rows of classes 5-9 only, 3 epochs: a base of those "
+        "classes left residual adapters 8.7 points behind full in a cross-silo probe, "
+        "2026-11-26); 2,400 training images over the 100 clients (10-53 each), batch 8 so "
+        "that E = 5 epochs are about 17 local steps per round (the seed's: 40), the protocol's "
+        "lr 0.1 -> 0.01 at round 18 of 30, evaluated every second round on 2,000 test images "
+        "(the whole test split, 10-20 s per evaluation of 10,000 images here, would add 12-24 "
+        "minutes to the claim's ~25-32); FedAvg only (each cell takes about half of the "
+        "claim's cpu budget; FedProx and FedNova on the gpu profile). Kept: the 100 clients, "
+        "a fifth of them per round drawn with replacement, five local epochs over few non-IID "
+        "images.",
         "ci": "Smoke test: width 0.125, 300 images over 10 clients, 2 sampled per round with "
         "replacement, 2 rounds of 2 steps, FedAvg.",
     },
+    dropped=(
+        Dropped(
+            "Client lr 0.025 (a probe on one seed, 2026-11-26)",
+            "residual adapters stayed 2.3-6.6 points behind full fine-tuning over 30 rounds",
+            "the seed's protocol lr for Dir(0.5) is 0.1 (-> 0.01), which the claim keeps; at "
+            "0.1 the adapters closed to the seed's gap",
+        ),
+        Dropped(
+            "Base of all classes (committed cpu records, 2026-11-27, 3 seeds): 20,000 held-out "
+            "rows of classes 0-9 x 3 epochs, 1,000 test images every round",
+            "full - residual -1.52, -1.96, -2.18 points (end levels over the last 5 "
+            "evaluations); full fine-tuning ended -0.2, +1.0, +0.2 points from its base "
+            "(89.1, 86.8, 86.9%), residual +1.3, +2.9, +2.4",
+            "in domain: full fine-tuning never moved off a base that already knew the "
+            "federation's classes, so the gap said nothing about adapting (issue 44)",
+        ),
+    ),
 )

@@ -33,9 +33,24 @@ def end_level(cell: Cell, window: int) -> float | None:
 
 def start_level(result: ExperimentResult) -> float | None:
     """What a cell's training starts from (fraction): the pretrained base's test accuracy when
-    the experiment has one, else the class prior (the accuracy of a model that learned nothing
-    but the most frequent class; a random initialisation is about there). None when unknown."""
-    return result.base_accuracy if result.base_accuracy is not None else result.majority
+    the experiment has one pretrained on its own task (:func:`base_in_domain`), else the class
+    prior (the accuracy of a model that learned nothing but the most frequent class; a random
+    initialisation, or a base of other classes or another dataset under the federation's fresh
+    classifier, is about there). None when unknown."""
+    if result.base_accuracy is not None and base_in_domain(result.params):
+        return result.base_accuracy
+    return result.majority
+
+
+def base_in_domain(params: Mapping[str, Any]) -> bool:
+    """Whether a pretrained base's test accuracy (its card) was measured on the federation's
+    task: a base of ``pretrain.classes`` or of another ``pretrain.dataset`` was tested on its
+    own source classes (``tasks/pretrain.py``), and the federated model copies everything but
+    its classifier (``tasks.backbone.load_base``), so on the federation's task it starts about
+    at the class prior."""
+    source = params.get("pretrain.dataset")
+    same = source is None or source == params.get("data.dataset")
+    return same and params.get("pretrain.classes") is None
 
 
 def learned_points(cell: Cell, result: ExperimentResult, window: int) -> float | None:
