@@ -251,22 +251,25 @@ def _seeds(values, guard=None):
 
     out = []
     for s, v in enumerate(values):
-        checks = [Check("gap", v, v <= 1.5, "<= 1.5")]
+        checks = [Check("gap", v, "<=", 1.5)]
         if guard is not None:
-            checks.append(Check("learned", guard[s], guard[s] >= 2, ">= 2", guard=True))
+            checks.append(Check("learned", guard[s], ">=", 2, guard=True))
         out.append((s, Reading(tuple(checks))))
     return out
 
 
-def test_seeds_hold_fail_or_straddle():
+def test_seeds_hold_fail_or_straddle_by_the_interval():
     claim = claim_adapters.CLAIM
-    v = combine(claim, _seeds([1.0, 1.2, 0.8]))
+    v = combine(claim, _seeds([1.0, 1.1, 0.9]))  # mean 1.0, interval [0.75, 1.25]
     assert v.holds is True and "Over 3 seeds (0, 1, 2)" in v.text
-    assert "| gap | <= 1.5 | 1.00 ± 0.20 | 1.00, 1.20, 0.80 | 3 of 3 |" in v.table
-    v = combine(claim, _seeds([2.0, 2.5, 3.0]))
-    assert v.holds is False and "fails on every seed" in v.text
+    assert "| gap | <= 1.5 | 1.00 ± 0.10 | [0.75, 1.25] | 1.00, 1.10, 0.90 | holds |" in v.table
+    v = combine(claim, _seeds([3.0, 3.5, 4.0]))
+    assert v.holds is False and "'gap' lies on the other side" in v.text
     v = combine(claim, _seeds([1.0, 2.0, 1.2]))  # one seed across the threshold
-    assert v.holds is None and "the seeds straddle the threshold of 'gap'" in v.text
+    assert v.holds is None and "the interval of 'gap' straddles its threshold" in v.text
+    assert v.more_seeds
+    v = combine(claim, _seeds([1.0, 1.4, 0.2]))  # every seed below, the interval not
+    assert v.holds is None and v.more_seeds
     v = combine(claim, _seeds([1.0, 1.0, 1.0], guard=[5, 1, 5]))
     assert v.holds is None and "the precondition 'learned'" in v.text
     v = combine(claim, _seeds([1.0, 1.0]))  # two of the three seeds a verdict needs
