@@ -3,13 +3,9 @@ hand-made records: holds, does not hold, and missing experiments."""
 
 from __future__ import annotations
 
-import pytest
-
 from tasks.reproduce import (
     claim_adapters,
     claim_anytime,
-    claim_fednilo,
-    claim_server_opt,
     claim_train_time,
     claim_transformer,
     registry,
@@ -53,89 +49,6 @@ def judge(claim, results):
     return combine(claim, [(0, claim.measure(results))], min_seeds=1)
 
 
-# ---- claim 3: FedNILO traffic to FedAvg's ACC levels ---------------------------------------
-
-
-def _nilo(per_round, accs):
-    return exp({"fednilo-full": cell(accs=accs, per_round=per_round)}, **{"report.window": 2})
-
-
-def test_fednilo_levels_are_half_points_below_fedavgs_best():
-    assert claim_fednilo.levels(0.7537) == [0.73, 0.735, 0.74, 0.745, 0.75]
-
-
-def test_fednilo_holds_when_it_reaches_the_levels_for_less():
-    accs = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8, 0.8]  # window 2: FedAvg level over its last 2 rounds
-    base = exp({"fedavg-full": cell(accs=accs, per_round=10 * MB)}, **{"report.window": 2})
-    r = {"fednilo-fedavg": base, "fednilo-k350f25": _nilo(5 * MB, accs)}
-    v = judge(claim_fednilo.CLAIM, r)
-    assert v.holds is True and "| mean saving (%) | >= 30 | 50.00 |" in v.table  # half the bytes
-
-
-def test_fednilo_fails_when_it_saves_less_or_never_reaches():
-    accs = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8, 0.8]
-    base = exp({"fedavg-full": cell(accs=accs, per_round=10 * MB)}, **{"report.window": 2})
-    v = judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base, "fednilo-k350f25": _nilo(8 * MB, accs)})
-    assert v.holds is False and "| mean saving (%) | >= 30 | 20.00 |" in v.table
-    low = _nilo(MB, [0.3] * 7)
-    v = judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base, "fednilo-k500f75": low})
-    assert v.holds is False and "none" in v.text and "its best ACC" in v.text and "30.00%" in v.text
-    assert "not reached" in v.table
-
-
-def test_fednilo_cannot_say_while_fedavg_still_rises():
-    rising = [0.5, 0.6, 0.7, 0.8, 0.9]  # +20 points over the last 2 rounds (the window)
-    base = exp({"fedavg-full": cell(accs=rising, per_round=10 * MB)}, **{"report.window": 2})
-    v = judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base, "fednilo-k350f25": _nilo(MB, rising)})
-    assert v.holds is None and "precondition" in v.text and "still" not in v.table
-
-
-def test_fednilo_missing():
-    assert judge(claim_fednilo.CLAIM, {}).holds is None
-    base = exp({"fedavg-full": cell(accs=[0.5, 0.6])}, **{"report.window": 2})
-    assert judge(claim_fednilo.CLAIM, {"fednilo-fedavg": base}).holds is None
-
-
-# ---- claim 4: server optimisers' round-to-round variance -----------------------------------
-
-
-def test_server_opt_variance_decides():
-    jumpy = cell(accs=[0.5, 0.6, 0.4, 0.7, 0.3, 0.7, 0.4, 0.62])
-    smooth = cell(accs=[0.5, 0.52, 0.54, 0.56, 0.57, 0.59, 0.60, 0.62])
-    r = {
-        "server-opt-lenet5": exp(
-            {"fedavg-full": jumpy, "fedadam-full": smooth, "fedadagrad-full": smooth}
-        )
-    }
-    assert judge(claim_server_opt.CLAIM, r).holds is True
-    steady = cell(accs=[0.5 + 0.01 * i for i in range(8)])  # equal steps: variance 0
-    r = {
-        "server-opt-lenet5": exp(
-            {"fedavg-full": smooth, "fedadam-full": jumpy, "fedadagrad-full": steady}
-        )
-    }
-    v = judge(claim_server_opt.CLAIM, r)
-    assert v.holds is False and "Does not hold: 'lenet5 fedadam: variance / FedAvg's'" in v.text
-    assert judge(claim_server_opt.CLAIM, {}).holds is None
-    # steadier but ending well below FedAvg: slower learning, not steadier training
-    slow = cell(accs=[0.30, 0.31, 0.32, 0.33, 0.34, 0.35, 0.36, 0.37])
-    r = {"server-opt-lenet5": exp({"fedavg-full": jumpy, "fedadam-full": slow})}
-    v = judge(claim_server_opt.CLAIM, r)
-    assert v.holds is False and "'lenet5 fedadam: final acc below FedAvg (points)'" in v.text
-
-
-def test_step_variance_by_hand():
-    from tasks.reproduce.measures import step_variance
-
-    # last half of [50, 60, 40, 70, 80, 75], at least 3 rounds: [70, 80, 75] -> steps 10, -5
-    assert step_variance(cell(accs=[0.5, 0.6, 0.4, 0.7, 0.8, 0.75])) == pytest.approx(56.25)
-    # [50, 60, 40, 70]: the last 3 rounds -> steps -20, 30; all rounds -> 10, -20, 30
-    assert step_variance(cell(accs=[0.5, 0.6, 0.4, 0.7])) == pytest.approx(625.0)
-    whole = step_variance(cell(accs=[0.5, 0.6, 0.4, 0.7]), tail=1.0)
-    assert whole == pytest.approx(
-        ((10 - 20 / 3) ** 2 + (-20 - 20 / 3) ** 2 + (30 - 20 / 3) ** 2) / 3
-    )
-    assert step_variance(cell(accs=[0.5, 0.6])) is None
 
 
 # ---- claim 5: transformer adapters vs full fine-tuning --------------------------------------

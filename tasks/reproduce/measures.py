@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -71,6 +72,34 @@ def step_variance(cell: Cell, tail: float = 0.5) -> float | None:
     if len(steps) < 2:
         return None
     return statistics.pvariance(steps)
+
+
+def trend_rise(cell: Cell, share: float = 0.5, least: int = 5) -> float | None:
+    """How far (points) a curve still climbs at its end: the rise, from its first to its last
+    round, of the least-squares line through the last ``share`` of its evaluated rounds (at
+    least ``least``): a plateau guard's value. A line through many rounds rather than the
+    difference of two short means: on a curve that jumps 2-3 points between rounds, the
+    latter's noise is as large as the rises it is meant to find. None with fewer than
+    ``least`` evaluated rounds."""
+    ev = [
+        (float(r["round"]), 100 * float(r["accuracy"]))
+        for r in cell.rounds
+        if r.get("accuracy") is not None
+    ]
+    if len(ev) < max(2, least):
+        return None
+    ev = ev[-max(least, math.ceil(len(ev) * share)) :]
+    xs, ys = [x for x, _ in ev], [y for _, y in ev]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in ev) / sxx
+    return slope * (xs[-1] - xs[0])
+
+
+def upto(cell: Cell, rounds: int) -> Cell:
+    """The cell's curve up to round ``rounds`` (its summary record unchanged): curves that ran
+    for different numbers of rounds read over the rounds all of them ran."""
+    return Cell(cell.record, [r for r in cell.rounds if int(r["round"]) <= rounds])
 
 
 def last_mean(cell: Cell, last: int = 5) -> float | None:
