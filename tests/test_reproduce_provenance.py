@@ -76,6 +76,9 @@ def test_a_guard_not_met_makes_the_claim_undecided_not_failed():
     claim = _claim()
     v = combine(claim, _readings([3.0, 3.5, 4.0], guard=[0.5, 1.0, 0.2]))
     assert v.holds is None and "the precondition 'learned'" in v.text
+    assert not v.more_seeds  # wholly below: more seeds would not meet it
+    v = combine(claim, _readings([0.1, 0.2, 0.3], guard=[5.0, 1.0, 6.0]))
+    assert v.holds is None and v.more_seeds  # straddling: more seeds may meet it
     assert combine(claim, _readings([0.1, 0.2, 0.3], guard=[5, 6, 7])).holds is True
     v = combine(claim, _readings([0.1, 0.2, 0.3], guard=[5, None, 7]))
     assert v.holds is None and "not measured on every seed" in v.text

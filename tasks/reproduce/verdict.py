@@ -11,8 +11,8 @@ two-sided 95% Student-t interval (``mean ± t(0.975, n-1) · sd / sqrt(n)``, sd 
   some check fails (its guards holding); it **cannot say** when a guard's interval is not on
   its side (a precondition of the comparison, e.g. the method learned anything), when a check
   straddles, when something could not be measured, or before ``Claim.seeds.start`` seeds
-  finished. While a check straddles and fewer than ``Claim.seeds.most`` seeds ran, the verdict
-  asks for one seed more (``Verdict.more_seeds``).
+  finished. While a check's (or a guard's) interval straddles and fewer than
+  ``Claim.seeds.most`` seeds ran, the verdict asks for one seed more (``Verdict.more_seeds``).
 
 One seed alone (the unit tests' hand-made readings) has an interval of zero width: its value.
 """
@@ -127,6 +127,7 @@ def combine(claim: Claim, readings: Sequence[tuple[int, Reading]], min_seeds: in
                 by_name[c.name] = {}
             by_name[c.name][s] = c
     rows, failed, straddled, guarded, unmeasured = [], [], [], [], []
+    guard_straddled: list[str] = []
     for name in names:
         per = [by_name[name].get(s) for s in seeds]
         values = [c.value if c is not None else None for c in per]
@@ -141,6 +142,8 @@ def combine(claim: Claim, readings: Sequence[tuple[int, Reading]], min_seeds: in
         if first.guard:
             if where != "holds" and name not in unmeasured:
                 guarded.append(name)
+                if where == "straddles":
+                    guard_straddled.append(name)
         elif where == "fails":
             failed.append(name)
         elif where == "straddles":
@@ -189,6 +192,9 @@ def combine(claim: Claim, readings: Sequence[tuple[int, Reading]], min_seeds: in
             "(its interval is not on its side, or it was not measured on every seed).",
             None,
         )
+        # a guard whose interval straddles may be met with more seeds; one wholly on the
+        # other side, or not measured, will not
+        more = guard_straddled == guarded and not guard_unmeasured and n < claim.seeds.most
     elif failed:
         word, holds = f"Does not hold: {_names(failed)} lies on the other side.", False
     elif unmeasured:
