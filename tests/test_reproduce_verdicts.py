@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from tasks.reproduce import (
     claim_adapters,
-    claim_anytime,
-    claim_train_time,
     claim_transformer,
-    registry,
 )
 from tasks.reproduce.spec import Cell, ExperimentResult
 from tasks.reproduce.verdict import combine
@@ -49,8 +46,6 @@ def judge(claim, results):
     return combine(claim, [(0, claim.measure(results))], min_seeds=1)
 
 
-
-
 # ---- claim 5: transformer adapters vs full fine-tuning --------------------------------------
 
 
@@ -64,95 +59,12 @@ def _transformer(adapter_acc, head_acc, share=0.01):
     return {"transformer-full": full, "transformer-adapters": exp(cells)}
 
 
-def test_transformer_holds_fails_and_is_inconclusive():
-    v = judge(claim_transformer.CLAIM, _transformer(0.61, 0.50))
-    assert v.holds is True and "| houlsby: above the head alone (points) (guard) |" in v.table
-    assert "| houlsby | 61.00 | 1.00 |" in v.table
-    assert judge(claim_transformer.CLAIM, _transformer(0.55, 0.50)).holds is False  # 7 points below
-    assert judge(claim_transformer.CLAIM, _transformer(0.61, 0.50, share=0.05)).holds is False
-    v = judge(claim_transformer.CLAIM, _transformer(0.61, 0.61))  # the head alone is as good
-    assert v.holds is None and "the precondition" in v.text
-    assert judge(claim_transformer.CLAIM, {}).holds is None
+# the transformer claim's rule tests: tests/test_reproduce_rules_s003.py (``_transformer``
+# above stays: tests/test_reproduce.py builds its hand-made report from it)
 
 
-# ---- claim 6: Accumulator vs layer-wise linear heads at every exit -------------------------
-
-
-def test_anytime_every_exit():
-    def r(acc_exits):
-        return {
-            "anytime-exits": exp(
-                {
-                    "fedavg-lw_linear": cell(exits=[0.40, 0.45, 0.50]),
-                    "fedavg-accumulator": cell(exits=acc_exits),
-                }
-            )
-        }
-
-    assert judge(claim_anytime.CLAIM, r([0.41, 0.45, 0.60])).holds is True
-    assert judge(claim_anytime.CLAIM, r([0.398, 0.45, 0.50])).holds is True  # within half a point
-    v = judge(claim_anytime.CLAIM, r([0.30, 0.50, 0.60]))
-    assert v.holds is False and "'exit 1: Accumulator - linear (points)'" in v.text
-    assert judge(claim_anytime.CLAIM, r([])).holds is None
-    assert judge(claim_anytime.CLAIM, {}).holds is None
-
-
-def test_anytime_cannot_say_when_no_exit_beats_the_class_prior():
-    """Both methods at the majority class (as the cpu profile's 60 rounds gave on 2026-11-25):
-    "at least as accurate" would hold vacuously; the verdict is "cannot say"."""
-
-    def r(lw, acc, majority):
-        cells = {"fedavg-lw_linear": cell(exits=lw), "fedavg-accumulator": cell(exits=acc)}
-        return {"anytime-exits": exp(cells, majority=majority)}
-
-    v = judge(claim_anytime.CLAIM, r([0.424, 0.426], [0.424, 0.424], 0.4347))
-    assert v.holds is None and "Cannot say: the precondition" in v.text
-    assert "| best exit above the class prior (points) (guard) | >= 2 | -0.87 |" in v.table
-    assert "| 2 |" in v.table  # the numbers are still shown
-    assert judge(claim_anytime.CLAIM, r([0.424, 0.46], [0.424, 0.424], 0.4347)).holds is False
-    assert judge(claim_anytime.CLAIM, r([0.424, 0.46], [0.43, 0.47], 0.4347)).holds is True
-
-
-def test_anytime_pa_judges_its_own_cells():
-    def r(acc_exits):
-        return {
-            "anytime-exits-pa": exp(
-                {
-                    "fedavg-lw_linear_pa": cell(exits=[0.40, 0.45, 0.50]),
-                    "fedavg-accumulator_pa": cell(exits=acc_exits),
-                }
-            )
-        }
-
-    def pa(results):
-        return judge(registry.ANYTIME_PA, results)
-
-    assert pa(r([0.41, 0.45, 0.60])).holds is True
-    v = pa(r([0.30, 0.50, 0.60]))
-    assert v.holds is False and "'exit 1: Accumulator - linear (points)'" in v.text
-    assert pa({}).holds is None
-    # the plain claim's cells do not count for "+ PA"
-    plain = {"anytime-exits-pa": exp({"fedavg-lw_linear": cell(exits=[0.4])})}
-    assert pa(plain).holds is None
-
-
-# ---- claim 7: local training time ------------------------------------------------------------
-
-
-def test_train_time_ratios():
-    def r(adapter_seconds):
-        t = _transformer(0.6, 0.5)
-        cells = {
-            k: Cell({**c.record, "local_train_seconds_mean": adapter_seconds}, c.rounds)
-            for k, c in t["transformer-adapters"].cells.items()
-        }
-        t["transformer-full"].cells["fedavg-full"].record["local_train_seconds_mean"] = 10.0
-        return {**t, "transformer-adapters": exp(cells)}
-
-    v = judge(claim_train_time.CLAIM, r(7.0))
-    assert v.holds is True and "0.70" in v.table
-    assert judge(claim_train_time.CLAIM, r(12.0)).holds is False
-    assert judge(claim_train_time.CLAIM, {}).holds is None
+# ---- claims 6 and 7 (anytime, anytime-pa; train-time): tests/test_reproduce_rules_s001.py
+# and tests/test_reproduce_rules_s003.py -------------------------------------------------------
 
 
 # ---- over seeds: every seed on the holding side, none, or straddling -------------------------

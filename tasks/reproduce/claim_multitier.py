@@ -7,12 +7,10 @@ Table 4 starts from "the pre-trained multi-tier model"): the ``personalize`` cla
 
 from __future__ import annotations
 
-import statistics
 from functools import partial
 
 from tasks.reproduce import claim_anytime
-from tasks.reproduce.measures import num
-from tasks.reproduce.spec import Cell, Claim, Experiment, Reading, Results
+from tasks.reproduce.spec import Claim, Dropped, Experiment
 
 # Seed 001 §5.1, App. A "Multi-tier based Federated Learning": FedAvg, SGD lr 5e-3 (no
 # momentum given), batch 10, 1 local epoch, 100 clients with 10% per round, LDA Dir(1.0)
@@ -20,9 +18,11 @@ from tasks.reproduce.spec import Cell, Claim, Experiment, Reading, Results
 # clients, 1500 rounds, cosine lr schedule (fedapt has none: constant). DeiT-small's ImageNet
 # weights and CIFAR-100 are not available offline: a ViT of DeiT-S's shape (12 blocks, 384
 # wide, 6 heads; 4-pixel patches on 28x28 FashionMNIST) pretrained by fedapt's pretrain stage
-# on 10,000 FashionMNIST rows the federation never sees stands in, so that, as in the seed,
-# its CLS token is trained (seed 001 Table 5: the pretrained CLS behind the Accumulator's
-# "parallel connection" drives most of its gain).
+# on FashionMNIST rows the federation never sees stands in, so that, as in the seed, its CLS
+# token is trained (seed 001 Table 5: the pretrained CLS behind the Accumulator's "parallel
+# connection" drives most of its gain). The base learns classes 5-9 only (out of domain, as
+# ImageNet is for CIFAR-100): with a base of all ten classes the linear heads read the task
+# about as well at every exit (claim_anytime.IN_DOMAIN), so the run lacked the claim's driver.
 TIERS = "[0,1,2,3,4,5,6,7,8,9,10,11]"
 SEED001_MULTITIER = (
     "data.dataset=fashion_mnist",
@@ -38,7 +38,7 @@ SEED001_MULTITIER = (
     "model.input_size=28",
     "model.base=pretrain",
     "pretrain.dataset=null",
-    "pretrain.classes=null",
+    "pretrain.classes=[5,6,7,8,9]",
     "pretrain.max_samples=10000",
     "pretrain.epochs=10",
     "federation.rounds=1500",
@@ -87,8 +87,8 @@ EXITS = Experiment(
             "pretrain.epochs=4",
             f"grid.adapter_options.lw_linear.tiers={CPU_TIERS}",
             f"grid.adapter_options.accumulator.tiers={CPU_TIERS}",
-            "federation.rounds=60",
-            "federation.eval_every=5",
+            "federation.rounds=150",
+            "federation.eval_every=3",
             "client.lr=0.05",
             "personalize.lr=0.05",
             "personalize.max_clients=30",
@@ -115,42 +115,15 @@ EXITS = Experiment(
     },
 )
 
-LAST = 3  # evaluations behind the note on an exit where the linear heads lead
-
-
-def exit_curve(cell: Cell, k: int) -> list[float]:
-    """Test accuracy (points) of exit ``k`` at every evaluated round."""
-    key = f"test_accuracy_exit_{k}"
-    return [100 * float(r["extra"][key]) for r in cell.rounds if key in (r.get("extra") or {})]
-
-
-def measure(results: Results) -> Reading:
-    """The anytime claim's comparison at every exit; where the linear heads lead, the note
-    says whether they led over the last evaluations too or only at the last one."""
-    reading = claim_anytime.measure(results, experiment=EXITS.name)
-    lost = [
-        int(c.name.split(":")[0].removeprefix("exit ")) - 1
-        for c in reading.checks
-        if c.name.startswith("exit ") and c.ok is False
-    ]
-    if not lost:
-        return reading
-    cells = results[EXITS.name].cells
-    parts = []
-    for k in lost:
-        lw = exit_curve(cells["fedavg-lw_linear"], k)[-LAST:]
-        acc = exit_curve(cells["fedavg-accumulator"], k)[-LAST:]
-        if lw and acc:
-            parts.append(
-                f"exit {k + 1}: linear {num(statistics.fmean(lw))} vs Accumulator "
-                f"{num(statistics.fmean(acc))} (Accumulator {' -> '.join(num(a, '.1f') for a in acc)})"
-            )
-    note = (
-        f"Where the linear heads lead, their mean over the last {LAST} evaluations against "
-        f"the Accumulator's (points): {'; '.join(parts)}; a lead at the last evaluation only "
-        "is the round-to-round noise of the heads, a lead over all of them a real one."
-    )
-    return Reading(reading.checks, reading.table, note if parts else "")
+IN_DOMAIN = Dropped(
+    design="base pretrained on all ten FashionMNIST classes (10,000 held-out rows, 4 epochs; "
+    "81.3% on the test rows with seed 0), 60 rounds, 1,000 test images every 5 rounds",
+    measured="read by this rule (means of the last 10 evaluations): headroom 1.18, 1.60, 0.15 "
+    "points over seeds 0-2; each method's last exit 0.3-8.8 points below the base; the "
+    "Accumulator ahead of the linear heads at every exit by 1.0-10.2 points",
+    why="the linear exits were saturated and neither method ended above the base: the run "
+    "could not test the claim's driver, so the Accumulator's lead says nothing about it",
+)
 
 
 CLAIM = Claim(
@@ -165,28 +138,41 @@ CLAIM = Claim(
         "the Accumulator above the layer-wise heads for the clients of every tier."
     ),
     experiments=(EXITS,),
-    measure=measure,
+    measure=partial(claim_anytime.measure, experiment=EXITS.name),
     rule=claim_anytime.RULE,
-    tolerance="Seed 001's Table 3 stds are 0.3-1.4 points against gaps of 26-36 points, so the "
-    "claim is about the direction; half a point absorbs test-set noise when the two are level.",
+    tolerance="Seed 001's Table 3 stds are 0.3-1.4 points per method against gaps of 26-36 "
+    "points, so the claim is about the direction: 2 points (about one such std of the two "
+    "methods' difference) count as level, and the seed-to-seed spread of each paired "
+    "difference is the interval's (a 10-evaluation mean instead of one evaluation). The "
+    "headroom guard measures the driver, as in the anytime claim: Table 3's linear heads "
+    "average 30.98% over the 12 exits, about 43 points below a linear head at the last exit "
+    "(73.85%, Table 1); 5 points (2.5 tolerances) is a floor far under that and above the "
+    "0.2-1.6 points of the cpu records with an in-domain base.",
     plot=partial(claim_anytime.plot, experiment=EXITS.name),
     scaled={
         "gpu": "The seed's protocol (1,500 rounds, 100 Dir(1.0) clients, 10% per round, SGD "
         "5e-3, batch 10, 12 tiers) on 50,000 FashionMNIST images, with a ViT of DeiT-small's "
         "shape (12 blocks, 384 wide, 4-pixel patches at 28x28) pretrained by the pretrain "
-        "stage on the other 10,000 (10 epochs): CIFAR-100 and DeiT's ImageNet weights are not "
-        "available offline; a constant lr instead of the cosine schedule.",
+        "stage on the other 10,000 rows' classes 5-9 (10 epochs; out of domain, as ImageNet "
+        "is for CIFAR-100, so that the linear exits do not saturate): CIFAR-100 and DeiT's "
+        "ImageNet weights are not available offline; a constant lr instead of the cosine "
+        "schedule.",
         "cpu": "A ViT of 6 blocks, 128 wide (2 heads of 64), 14-pixel patches (4 tokens and "
         "the CLS), its CLS trained by the pretrain stage on 10,000 held-out FashionMNIST rows "
-        "(4 epochs; 81.3% on the test rows with seed 0): the pretrained CLS is what the seed's "
+        "of classes 5-9 only (4 epochs; out of domain: a base of all ten classes left the "
+        "linear heads within 2 points of their last exit at every depth, see the sensitivity "
+        "row): the pretrained CLS is what the seed's "
         "ablation (Table 5) credits with most of the Accumulator's gain, and MiniLM's untrained "
         "CLS (the anytime claim) lacks it. DeiT-S's width 384 costs about 4x per step, and "
         "7-pixel patches 3x: with them the base got to 61-72% in the same CPU time (probes "
         "of 2026-11-26). 6 tiers (one per block), 6,000 images over 100 Dir(1.0) clients, 10 "
-        "per round, 60 rounds at lr 0.05 (10x the seed's, as the anytime claim: 60 rounds are "
-        "a tiny fraction of its steps), 1,000 test images every 5 rounds; personalization on "
+        "per round, 150 rounds at lr 0.05 (10x the seed's: 150 rounds are a tenth of its "
+        "rounds), 1,000 test images every 3 rounds; personalization on "
         "the first 30 clients (each tier x severity pair once) at the same lr.",
         "ci": "Smoke test: a 2-block, 64-wide ViT; 80 images over 4 clients, 2 rounds of 2 "
         "steps, 2 tiers.",
     },
+    thresholds=claim_anytime.THRESHOLDS,
+    window=claim_anytime.WINDOW,
+    dropped=(IN_DOMAIN,),
 )

@@ -1,6 +1,8 @@
 """Claim: after multi-tier FL, personalizing only the Accumulator's client token on a client's
 corrupted data is at least as accurate as personalizing the whole Accumulator, and the
-Accumulator personalizes at least as well as layer-wise linear heads (seed 001 Table 4).
+Accumulator gains at least as much from personalization as layer-wise linear heads (seed 001
+Table 4 and §5.2: "when comparing the test accuracy gains after personalization, we can see
+our Accumulator produces the most").
 
 Runs nothing itself: it reads the personalization the ``multitier`` claim's experiment runs
 after FL (seed 001 personalizes "the pre-trained multi-tier model"; each cell's record keeps
@@ -21,8 +23,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 LINEAR, ACCUMULATOR = "fedavg-lw_linear", "fedavg-accumulator"
-TOLERANCE = 0.5  # points: "at least as accurate", up to half a point of test noise
-LEARNED = 2.0  # points above the class prior after personalization: anything learned at all
+TOLERANCE = 2.0  # points: "at least as accurate / as much gained", about one of Table 4's stds
+LEARNED = 2.0  # points each fine-tuning must gain over the same model without it
+THRESHOLDS = {"tolerance": TOLERANCE, "learned": LEARNED}
 # (cell, scope, label) in the table's order
 ROWS = (
     (LINEAR, "payload", "L.W. linear: the heads"),
@@ -35,10 +38,17 @@ def _scope(results: Results, cell: str, scope: str) -> Mapping[str, Any] | None:
     c = results[EXITS.name].cells.get(cell)
     p = (c.record.get("personalization") or {}) if c else {}
     s = p.get(scope)
-    return s if s and s.get("mean_accuracy_after") is not None else None
+    ok = (
+        s and s.get("mean_accuracy_after") is not None and s.get("mean_accuracy_before") is not None
+    )
+    return s if ok else None
 
 
 def measure(results: Results) -> Reading:
+    """Per seed: each fine-tuning's gain over the same model without it (the same clients'
+    test halves, ``mean_accuracy_before``: fedcore.personalize tests every client's final FL
+    model on its held-out half before tuning), the client token's lead over the whole
+    Accumulator, and the Accumulator's gain against the linear heads' gain."""
     if (r := missing(results, [EXITS.name])) is not None:
         return r
     got = {(cell, scope): _scope(results, cell, scope) for cell, scope, _ in ROWS}
@@ -48,33 +58,28 @@ def measure(results: Results) -> Reading:
                        "personalize.enabled set?)")  # fmt: skip
     after = {k: float(s["mean_accuracy_after"]) for k, s in got.items() if s}
     before = {k: float(s["mean_accuracy_before"]) for k, s in got.items() if s}
+    gain = {k: 100 * (after[k] - before[k]) for k in after}
     rows = [
-        [label, pct(before[(c, s)]), pct(after[(c, s)]), num(100 * (after[(c, s)] - before[(c, s)]))]
-        for c, s, label in ROWS
-    ]  # fmt: skip
+        [label, pct(before[(c, s)]), pct(after[(c, s)]), num(gain[(c, s)])] for c, s, label in ROWS
+    ]
     tab = table(["fine-tuned part", "before %", "after %", "gain (points)"], rows)
     token = 100 * (after[(ACCUMULATOR, "client_token")] - after[(ACCUMULATOR, "payload")])
-    over = 100 * (after[(ACCUMULATOR, "payload")] - after[(LINEAR, "payload")])
-    checks = []
-    prior = results[EXITS.name].majority
-    if prior is not None:
-        above = 100 * (max(after.values()) - prior)
-        checks.append(
-            Check("best personalized accuracy above the class prior (points)", above,
-                  above >= LEARNED, f">= {LEARNED:g}", guard=True)
-        )  # fmt: skip
-    checks += [
-        Check("client token only - whole Accumulator (points)", token, token >= -TOLERANCE,
-              f">= -{TOLERANCE:g}"),
-        Check("Accumulator - L.W. linear, both fine-tuning their payload (points)", over,
-              over >= -TOLERANCE, f">= -{TOLERANCE:g}"),
+    over = gain[(ACCUMULATOR, "payload")] - gain[(LINEAR, "payload")]
+    checks = [
+        Check(f"{label}: gain over no fine-tuning (points)", gain[(c, s)], ">=", LEARNED,
+              guard=True)
+        for c, s, label in ROWS
     ]  # fmt: skip
+    checks += [
+        Check("client token only - whole Accumulator, after (points)", token, ">=", -TOLERANCE),
+        Check("Accumulator's gain - L.W. linear's gain (points)", over, ">=", -TOLERANCE),
+    ]
 
     def path(k: tuple[str, str]) -> str:
         return f"{pct(before[k])}% -> {pct(after[k])}%"
 
     note = ""
-    if token < -TOLERANCE or over < -TOLERANCE:
+    if min(gain.values()) < LEARNED or token < -TOLERANCE or over < -TOLERANCE:
         note = (
             "Before -> after fine-tuning, on the clients' own corrupted rows at their exits: "
             + "; ".join(f"{label} {path((c, s))}" for c, s, label in ROWS)
@@ -114,8 +119,8 @@ def plot(results: Results) -> Figure | None:
 CLAIM = Claim(
     id="personalize",
     title="After multi-tier FL, fine-tuning only the Accumulator's client token on a client's "
-    "corrupted data is at least as accurate as fine-tuning the whole Accumulator, which is at "
-    "least as accurate as fine-tuned layer-wise linear heads.",
+    "corrupted data is at least as accurate as fine-tuning the whole Accumulator, which gains "
+    "at least as much from fine-tuning as layer-wise linear heads.",
     source="seed 001 Table 4, §5.2 (Personalization), Appendix A",
     paper=(
         "Table 4 (CIFAR-100-C after multi-tier FL on clean data; 10 local epochs at the "
@@ -130,15 +135,19 @@ CLAIM = Claim(
     measure=measure,
     rule="Each of the first clients fine-tunes the final multi-tier model on half of its own "
     "rows, corrupted with its severity (Gaussian noise, CIFAR-C's scales), at its tier's exit "
-    "and is tested on the other half; accuracies are the clients' mean. Holds if the client "
-    "token alone ends at least as accurate as the whole Accumulator, and the whole "
-    "Accumulator at least as accurate as the L.W. linear heads, each within half a point. The "
-    "guard: some personalized accuracy is at least 2 points above always predicting the most "
-    "frequent training class.",
+    "and is tested on the other half, before and after fine-tuning; accuracies are the "
+    "clients' mean, differences taken within a seed. Holds if the client token alone ends at "
+    "least as accurate as the whole Accumulator (after - after >= -2 points), and the whole "
+    "Accumulator gains at least as much from fine-tuning as the L.W. linear heads (gain - "
+    "gain >= -2 points; a gain is after - before on the same clients' test halves, so an "
+    "advantage the Accumulator had before fine-tuning does not count). Guards: each of the "
+    "three fine-tunings gains at least 2 points over the same model without it.",
     tolerance="Table 4's stds are 1.0-3.1 points; the client token leads the whole Accumulator "
-    "by 7 points in every column (beyond them), the Accumulator leads the linear heads by "
-    "2.5-4.6 (within two of their stds), so the second check is the weaker one in the seed "
-    "itself; half a point absorbs test noise when two are level.",
+    "by about 7 points in every column (beyond them); the Accumulator's gain exceeds the "
+    "linear heads' by 1.7-3.8 points (+36.90 against +35.21 at Non-IID (1.0)), within about "
+    "one std, so the second check is the weaker one in the seed itself: 2 points (about one "
+    "such std) count as level, and the seed-to-seed spread is the interval's. No evaluation "
+    "window: each number is one evaluation after fine-tuning, averaged over the clients.",
     plot=plot,
     reads=(EXITS.name,),
     scaled={
@@ -151,4 +160,6 @@ CLAIM = Claim(
         "the 6 tiers x 5 severities once), 10 epochs at lr 0.05 (as its FL), batch 10.",
         "ci": "Smoke test: 2 clients, 1 epoch.",
     },
+    thresholds=THRESHOLDS,
+    window=1,
 )

@@ -20,8 +20,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tasks.reproduce import plots
-from tasks.reproduce.measures import mib_per_round, num, pct, table
-from tasks.reproduce.spec import Cell, Check, Claim, Experiment, Reading, Results, missing
+from tasks.reproduce.measures import end_level, mib_per_round, num, pct, table
+from tasks.reproduce.spec import (
+    Cell,
+    Check,
+    Claim,
+    Dropped,
+    Experiment,
+    Reading,
+    Results,
+    missing,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -110,19 +119,16 @@ IID_ADAPTERS = Experiment(
 # (label, full experiment, adapters experiment)
 PAIRS = (("non-IID", FULL, ADAPTERS), ("IID", IID_FULL, IID_ADAPTERS))
 GAP = 1.0  # points below full: Tables 4/8's largest gap, 0.71, plus ~0.3 (see TOLERANCE)
-TRAFFIC = 0.02  # share of full's bytes per round: Table 12's 0.23-1.40%, "over 98%" less
-LEARNED = 2.0  # points full fine-tuning must gain over the pretrained base: twice GAP, so an
-# adapter that learned nothing cannot pass the gap check
+TRAFFIC = 2.0  # % of full's bytes per round: Table 12's 0.23-1.40%, "over 98%" less
+LEARNED = 2.0  # points full fine-tuning and each adapter must gain over the pretrained base:
+# twice GAP, so an adapter that learned nothing cannot pass the gap check
+WINDOW = 5  # evaluations behind every verdict metric (every round is evaluated: the last 5)
+THRESHOLDS = {"gap": GAP, "traffic_percent": TRAFFIC, "learned": LEARNED}
 
 
 def accuracy(cell: Cell | None) -> float | None:
-    """Mean test accuracy over the last L evaluated rounds (the final one as a fallback)."""
-    if cell is None:
-        return None
-    acc = cell.record.get("mean_accuracy_last_L")
-    if acc is None:
-        acc = cell.record.get("final_accuracy")
-    return None if acc is None else float(acc)
+    """Mean test accuracy over the last ``WINDOW`` evaluations."""
+    return None if cell is None else end_level(cell, WINDOW)
 
 
 def _points(a: float | None, b: float | None) -> float | None:
@@ -147,8 +153,8 @@ def measure(results: Results) -> Reading:
         m_full = mib_per_round(full) if full is not None else None
         gain = _points(a_full, base)
         checks.append(
-            Check(f"{label}: full above the pretrained base (points)", gain,
-                  None if gain is None else gain >= LEARNED, f">= {LEARNED:g}", guard=True)
+            Check(f"{label}: full above the pretrained base (points)", gain, ">=", LEARNED,
+                  guard=True)
         )  # fmt: skip
         rows.append([label, "base", pct(base), "-", "-", "-", "-"])
         rows.append([label, "full", pct(a_full), num(gain), "0.00", num(m_full, ".3f"), "100%"])
@@ -156,17 +162,17 @@ def measure(results: Results) -> Reading:
         for method in METHODS:
             c = cells.get(f"fedavg-{method}")
             if c is None:
-                checks.append(Check(f"{label}: {method} below full (points)", None, None, ""))
+                checks.append(Check(f"{label}: {method} below full (points)", None, "<=", GAP))
                 continue
             acc, m = accuracy(c), mib_per_round(c)
             gap = _points(a_full, acc)
             share = None if not m_full else m / m_full
             checks += [
-                Check(f"{label}: {method} below full (points)", gap,
-                      None if gap is None else gap <= GAP, f"<= {GAP:g}"),
+                Check(f"{label}: {method} above the pretrained base (points)",
+                      _points(acc, base), ">=", LEARNED, guard=True),
+                Check(f"{label}: {method} below full (points)", gap, "<=", GAP),
                 Check(f"{label}: {method} share of full's bytes (%)",
-                      None if share is None else 100 * share,
-                      None if share is None else share <= TRAFFIC, f"<= {100 * TRAFFIC:g}"),
+                      None if share is None else 100 * share, "<=", TRAFFIC),
             ]  # fmt: skip
             share_text = "-" if share is None else f"{100 * share:.2f}%"
             rows.append(
@@ -219,21 +225,23 @@ def plot(results: Results) -> Figure | None:
 
 
 RULE = (
-    "Holds if, on both the non-IID (one client per speaking role) and the IID partition, "
-    "Houlsby, Pfeiffer and LoRA each end at most 1 point below full fine-tuning (next-token "
-    "accuracy, mean of the last 5 rounds) and send at most 2% of its bytes per round (the "
-    "frozen base's one-time download apart, as in seed 003's Eq. 2). The guard: full "
-    "fine-tuning must end at least 2 points above the pretrained base's own test accuracy "
-    "(the same test windows, before any round), else fine-tuning taught the base nothing "
-    "for the adapters to match and the run cannot say."
+    "Every accuracy is a cell's mean next-token accuracy over its last 5 evaluations (every "
+    "round is evaluated); differences are taken within a seed. Holds if, on both the non-IID "
+    "(one client per speaking role) and the IID partition, Houlsby, Pfeiffer and LoRA each "
+    "end at most 1 point below full fine-tuning and send at most 2% of its bytes per round, "
+    "as measured (the frozen base's one-time download apart, as in seed 003's Eq. 2). "
+    "Guards: full fine-tuning and each adapter end at least 2 points above the pretrained "
+    "base's own test accuracy (the same test windows, before any round), else fine-tuning "
+    "taught the base nothing for the adapters to match and the run cannot say."
 )
 TOLERANCE = (
     "Seed 003 reports one run per cell (no spread). Its adapters end 0.72 points above to "
     "0.71 below full fine-tuning (Table 4) and 0.09 to 0.50 below (Table 8), all called "
     "comparable; 1 point is its largest gap (0.71) plus about 0.3 for the seed-to-seed "
     "spread it does not report (about the standard error of a paired accuracy difference on "
-    "the 6,330 test windows). The guard's 2 points are twice that tolerance, so an adapter "
-    "that stayed at the base fails the gap check."
+    "the 6,330 test windows); the seed-to-seed spread of each paired gap is the interval's. "
+    "The guards' 2 points are twice that tolerance, so an adapter that stayed at the base "
+    "cannot pass."
 )
 
 CLAIM = Claim(
@@ -279,4 +287,17 @@ CLAIM = Claim(
         "for 1 epoch on 64 blocks; 3 clients, 2 rounds of 1 step.",
     },
     requires=("dataset:shakespeare", "model:gpt2_small"),
+    thresholds=THRESHOLDS,
+    window=WINDOW,
+    dropped=(
+        Dropped(
+            design="a cpu design: a 4 x 64 gpt2_small pretrained on the held-out plays (3 "
+            "epochs), 10 rounds of 9 roles x 5 steps of 16, 2,000 test windows (2026-11-26)",
+            measured="the base 13.2%; full fine-tuning (lr 1e-3) 12.4-13.1%, LoRA (5e-3) "
+            "12.9-13.5%; centralised full fine-tuning on the same roles raised their test loss "
+            "(5.19 -> 6.26 after 900 steps at 1e-3)",
+            why="fine-tuning taught the base nothing (the guard's 'cannot say' by design), and "
+            "a stronger base's pretraining alone takes the probe's whole budget",
+        ),
+    ),
 )

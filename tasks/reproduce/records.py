@@ -337,11 +337,29 @@ def _majority(directory: Path) -> float | None:
         return None
 
 
-def _base_accuracy(directory: Path) -> float | None:
-    """The pretrained base's test accuracy before any round (its card), None without one."""
+def _base_accuracy(directory: Path, params: Mapping[str, Any] | None = None) -> float | None:
+    """The pretrained base's test accuracy before any round, on the federation's test rows
+    (its card), None without one. A base that learned only some classes (``pretrain.classes``)
+    was tested on the federation's test rows of those classes: on all of them it scores that
+    accuracy times their share (it never predicts a class it never learned: the rows of the
+    others count as wrong). A base of another dataset has no accuracy on these rows: None."""
     card = _json(directory / "pretrain" / "base.json")
     value = card.get("final_test_accuracy") if isinstance(card, dict) and card.get("used") else None
-    return float(value) if isinstance(value, (int, float)) else None
+    if not isinstance(value, (int, float)):
+        return None
+    source = card.get("source") or {}
+    dataset = (params or {}).get("data.dataset")
+    if dataset is not None and source.get("dataset") not in (None, dataset):
+        return None
+    classes = source.get("classes", "all")
+    if not isinstance(classes, list):
+        return float(value)
+    rows, tested = source.get("test_rows"), (params or {}).get("data.test_subset")
+    if isinstance(rows, int) and isinstance(tested, int) and tested > 0:
+        return float(value) * rows / tested
+    stats = _json(directory / "partition" / "stats.json")
+    total = stats.get("num_classes") if isinstance(stats, dict) else None
+    return float(value) * len(classes) / total if isinstance(total, int) and total else None
 
 
 def collect(directory: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -356,7 +374,11 @@ def collect(directory: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
         metrics = _json(where / "runs" / cell / "metrics.json") or {}
         entry = seeds.setdefault(
             str(seed),
-            {"majority": _majority(where), "base_accuracy": _base_accuracy(where), "cells": {}},
+            {
+                "majority": _majority(where),
+                "base_accuracy": _base_accuracy(where, summary["params"]),
+                "cells": {},
+            },
         )
         entry["cells"][cell] = {"record": record, "rounds": metrics.get("rounds", [])}
     return seeds

@@ -63,9 +63,10 @@ ANYTIME_PA = Claim(
         linear="fedavg-lw_linear_pa",
         accumulator="fedavg-accumulator_pa",
     ),
-    rule=claim_anytime.RULE.replace("Accumulator", "Accumulator + PA").replace(
-        "linear heads", "linear heads + PA"
-    ),
+    rule=claim_anytime.RULE.replace(
+        "the Accumulator minus the layer-wise linear heads",
+        "the Accumulator + PA minus the layer-wise linear heads + PA",
+    ).replace("the linear heads' last exit", "the linear heads' (+ PA) last exit"),
     tolerance=claim_anytime.TOLERANCE_TEXT,
     plot=partial(
         claim_anytime.plot,
@@ -74,6 +75,9 @@ ANYTIME_PA = Claim(
         accumulator="fedavg-accumulator_pa",
     ),
     scaled=claim_anytime.CLAIM.scaled,
+    thresholds=claim_anytime.THRESHOLDS,
+    window=claim_anytime.WINDOW,
+    dropped=(claim_anytime.IN_DOMAIN,),
     requires=("adapter:lw_linear_pa", "adapter:accumulator_pa"),
 )
 
