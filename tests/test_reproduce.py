@@ -22,7 +22,10 @@ from tests.test_reproduce_verdicts import MB, _transformer, cell, exp
 def two_seeds(result):
     """The same cells for seeds 0 and 1 (the ci profile's two), run under every claim's rule."""
     rules = {c.id: c.rule_hash() for c in registry.CLAIMS}
-    return ExperimentResult(result.params, {0: result.cells, 1: result.cells}, rules=rules)
+    prior = {0: result.majority, 1: result.majority}
+    return ExperimentResult(
+        result.params, {0: result.cells, 1: result.cells}, majorities=prior, rules=rules
+    )
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -255,7 +258,8 @@ def test_report_from_hand_made_results(tmp_path):
             {
                 "fedavg-full": cell(0.94, per_round=9 * MB),
                 "fedavg-residual": cell(0.93, per_round=MB),
-            }
+            },
+            majority=0.1,
         )
     )
     root = tmp_path / "reproduce" / "ci"
@@ -276,7 +280,12 @@ def test_report_from_hand_made_results(tmp_path):
     cpu_items = runs.plan(
         registry.CLAIMS, "cpu", REPO / "params.yaml", [f"experiment.reports_dir={tmp_path}"]
     )
-    three = {k: ExperimentResult(v.params, {**v.runs, 2: v.runs[0]}) for k, v in results.items()}
+    three = {
+        k: dataclasses.replace(
+            v, runs={**v.runs, 2: v.runs[0]}, majorities={**v.majorities, 2: v.majorities[0]}
+        )
+        for k, v in results.items()
+    }
     decided = report.verdicts(registry.CLAIMS, cpu_items, three, "cpu")
     cpu = report.markdown("cpu", registry.CLAIMS, cpu_items, three, decided, {}, "x")
     assert "Smoke test" not in cpu and "| holds |" in cpu
