@@ -336,3 +336,56 @@ def test_an_experiment_derives_its_settings_from_the_records_it_runs_after(tmp_p
     b = runs.replan(b, [claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
     assert not b.waiting and b.params.federation.rounds == 3
     assert "federation.rounds=3" in b.overrides
+
+
+def test_the_seed_policy_runs_one_seed_more_while_an_interval_straddles(tmp_path, monkeypatch):
+    """`fedapt reproduce`'s loop after the experiments: a claim whose interval straddles gets
+    seed 3, then seed 4, each joining the record, until its verdict is decided."""
+    import logging
+
+    from flows import reproduce as flow
+    from tasks.reproduce import measures
+
+    accs = {0: 0.30, 1: 0.62, 2: 0.45, 3: 0.40, 4: 0.42, 5: 0.41}
+
+    def measure(results):
+        cell = next(iter(results.values())).cells["fedavg-full"]
+        return Reading((Check("acc", measures.final_accuracy(cell), "<=", 0.6),))
+
+    exp_ = dataclasses.replace(claim_adapters.DIR05, tune={})
+    claim = dataclasses.replace(
+        UNTUNED, id="adapters", experiments=(exp_,), measure=measure, plot=None
+    )
+    monkeypatch.setattr(runs, "readers", lambda name: (claim,))
+    sets = [f"experiment.reports_dir={tmp_path / 'reports'}"]
+    (it,) = runs.plan([claim], "cpu", REPO / "params.yaml", sets, tmp_path / "out")
+    _finish(it, seeds=(0, 1, 2))
+    for s in (0, 1, 2):
+        metrics = it.dir / f"seed-{s}" / "runs" / "fedavg-full" / "metrics.json"
+        metrics.write_text(json.dumps({"rounds": [{"round": 1, "accuracy": accs[s]}]}))
+    runs.register(it)
+    runs.write_stamp(it, 1.0, resumed=False)
+    runs.write_record(it)
+    ran = []
+
+    def fake_run(item, root, params_file, name, resumed):
+        (seed,) = item.params.experiment.seeds
+        ran.append(seed)
+        _finish(item, seeds=(seed,))
+        metrics = item.dir / f"seed-{seed}" / "runs" / "fedavg-full" / "metrics.json"
+        metrics.write_text(json.dumps({"rounds": [{"round": 1, "accuracy": accs[seed]}]}))
+        runs.register(item)
+        runs.write_stamp(item, 1.0, resumed=False)
+        return 1.0
+
+    monkeypatch.setattr(flow, "_run_experiment", fake_run)
+    flow._more_seeds([claim], [it], "cpu", str(REPO / "params.yaml"), tmp_path, logging.getLogger())
+    # 3 seeds straddle 0.6 ([0.06, 0.85]); with seed 3 still ([0.23, 0.66]),
+    # with seed 4 it lies below ([0.29, 0.58]): decided, no seed 5
+    assert ran == [3, 4]
+    rec = json.loads(it.record.read_text())
+    assert sorted(rec["seeds"], key=int) == ["0", "1", "2", "3", "4"]
+    from tasks.reproduce.report import verdicts
+
+    v = verdicts([claim], [it], runs.results([it]), "cpu")[claim.id]
+    assert v.holds is True and v.seeds == 5 and not v.more_seeds
