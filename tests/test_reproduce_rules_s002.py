@@ -29,6 +29,7 @@ from tasks.reproduce.measures import (
 )
 from tasks.reproduce.spec import PROFILES, Cell, Claim, ExperimentResult, Verdict
 from tasks.reproduce.verdict import combine, decide
+from tests.test_reproduce_verdicts import cell as verdict_cell
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 2**20
@@ -39,23 +40,7 @@ JITTER = (0.0, 1.0, -1.0, 0.5, -0.5)  # a zero-mean pattern of round-to-round ju
 
 def cell(accs: Sequence[float], per_round: int = MB) -> Cell:
     """A finished cell whose per-round test accuracies are ``accs`` (fractions)."""
-    rounds = [
-        {
-            "round": i + 1,
-            "accuracy": a,
-            "cum_upload_bytes": per_round * (i + 1),
-            "cum_download_bytes": per_round * (i + 1),
-        }
-        for i, a in enumerate(accs)
-    ]
-    record = {
-        "final_accuracy": accs[-1],
-        "upload_bytes_per_round": per_round,
-        "download_bytes_per_round": per_round,
-        "upload_bytes": per_round * len(accs),
-        "download_bytes": per_round * len(accs),
-    }
-    return Cell(record, rounds)
+    return verdict_cell(accs=list(accs), per_round=per_round)
 
 
 def exp(cells: Mapping[str, Cell], majority: float | None = PRIOR, **params) -> ExperimentResult:
