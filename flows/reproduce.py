@@ -111,7 +111,7 @@ def reproduce_flow(
         done, spent = 0, 0.0  # this session's cell-rounds and seconds: the ETA's pace
         for k, (item, state) in enumerate(zip(items, states, strict=True), 1):
             name = f"experiment {k} of {len(items)}: {item.params.experiment.name}"
-            if state == "tuning":  # its tuning runs (or those it derives from) came before it
+            if state == "waiting":  # its tuning runs (or those it derives from) came before it
                 item = items[k - 1] = runs.replan(item, chosen, profile, params_file, sets, out)
                 state = runs.status(item)
                 log.info("%s: planned from the records before it: %s", name, item.overrides[-3:])
@@ -126,7 +126,7 @@ def reproduce_flow(
                 runs.write_record(item)
                 log.info("%s: finished earlier, recorded in %s", name, item.record)
                 continue
-            if state == "tuning":  # cannot be: its tuning runs ran above, or stopped the flow
+            if state == "waiting":  # cannot be: what it waits for ran above, or stopped the flow
                 raise RuntimeError(f"{name}: its tuning runs have no records")
             if state == "stale":
                 if not rerun_stale:
@@ -238,7 +238,7 @@ def revalidate_flow(
         shutil.rmtree(root / revalidate.REVALIDATE, ignore_errors=True)
         for k, item in enumerate(items, 1):
             name = f"record {k} of {len(items)}: {item.params.experiment.name}"
-            if runs.status(item) == "tuning":  # its tuning runs' records, revalidated above
+            if runs.status(item) == "waiting":  # its tuning runs' records, revalidated above
                 item = runs.replan(item, chosen, profile, params_file, sets, out)
             state = runs.status(item)
             rec = records.read_record(item.record)

@@ -403,7 +403,7 @@ def test_tuning_runs_come_first_and_choose_each_cells_lr(tmp_path):
         assert p.tunes == "adapters-dir05" and p.params.client.lr == lr
         assert p.params.experiment.seeds is None and p.params.experiment.seed == 0
         assert (p.params.data.validation, p.params.data.evaluate) == (0.2, "validation")
-    assert main.waiting and runs.status(main) == "tuning"
+    assert main.waiting and runs.status(main) == "waiting"
     assert main.params.data.validation == 0.2 and main.params.data.evaluate == "test"
     assert main.params.experiment.seeds == (0, 1)
     # the tuning runs finish: full is best at 0.1, residual at 0.01

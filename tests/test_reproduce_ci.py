@@ -63,9 +63,17 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
             if claim.plot is not None and not registry.unmet(claim):
                 assert (root / "figures" / f"{claim.id}.png").read_bytes()[:4] == b"\x89PNG"
         # every experiment finished for this configuration, its record written with its time
-        # and both seeds (a tuning run: seed 0); the tuned experiments now have their lrs
-        assert [it.tunes for it in items if it.waiting] == [None, None]
+        # and both seeds (a tuning run: seed 0); the tuned experiments now have their lrs,
+        # and the FedNILO ones their K and F, read off FedAvg's records
+        waited = sorted(it.experiment.name for it in items if it.waiting)
+        assert waited == [
+            "adapters-dir05", "fednilo-iid-k350f25", "fednilo-k350f25", "server-opt-lenet5"
+        ], waited  # fmt: skip
         items = runs.plan(registry.CLAIMS, "ci", REPO / "params.yaml", sets, root)
+        assert not any(it.waiting for it in items)
+        nilo = {it.experiment.name: it for it in items if it.experiment.after}
+        for it in nilo.values():
+            assert any(".K=" in o for o in it.overrides) and any(".F=" in o for o in it.overrides)
         assert {runs.status(it) for it in items} == {"done"}
         for it in items:
             rec = json.loads(it.record.read_text())
@@ -117,8 +125,8 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         res = CliRunner().invoke(app, args)
         assert res.exit_code != 0 and "--rerun-stale" in res.output
         assert "Traceback" not in res.output
-        # --revalidate: the first round of seed 0 rerun; identical -> stamped with this code,
-        # a record whose numbers differ stays stale, named in one line
+        # --revalidate: seed 0 rerun whole; identical -> stamped with this code, a record
+        # whose numbers differ stays stale, named in one line
         other = root / "records" / "ci-label-skew-m3.json"
         rec = json.loads(other.read_text())
         rec["code"] = "0123456789ab"
@@ -127,7 +135,7 @@ def test_ci_profile_end_to_end_then_rerun(tmp_path, monkeypatch):
         # an earlier revalidation's check folders (bases an older code trained) are not reused
         stale_base = work / "revalidate" / "old" / "pretrain"
         stale_base.mkdir(parents=True, exist_ok=True)
-        res = CliRunner().invoke(app, [*args, "-c", "label-skew", "--revalidate", "--rounds", "1"])
+        res = CliRunner().invoke(app, [*args, "-c", "label-skew", "--revalidate", "--seed", "0"])
         assert not stale_base.exists()
         assert res.exit_code == 1, res.output
         assert "ci-label-skew-m3.json: fedavg-full round 1 train_loss: " in res.output

@@ -328,7 +328,7 @@ def test_an_experiment_derives_its_settings_from_the_records_it_runs_after(tmp_p
     claim = dataclasses.replace(UNTUNED, experiments=(first, second))
     sets = [f"experiment.reports_dir={tmp_path / 'reports'}"]
     a, b = runs.plan([claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
-    assert b.waiting and runs.status(b) == "tuning"
+    assert b.waiting and runs.status(b) == "waiting"
     _finish(a)
     runs.register(a)
     runs.write_stamp(a, 1.0, resumed=False)

@@ -298,14 +298,15 @@ def _summary(directory: Path) -> dict[str, Any] | None:
 
 
 def status(item: Planned) -> str:
-    """``tuning`` (its lr waits for its tuning runs), ``done`` (a record for this
+    """``waiting`` (for its tuning runs' records, or those its settings derive from),
+    ``done`` (a record for this
     configuration, code version and numerics), ``stale`` (a
     record for this configuration by another code version or numerics), ``finished`` (its
     folder holds a summary for this configuration written by this code version, no record
     yet), ``resume`` (round checkpoints of an unfinished run), ``rerun`` (a summary of
     another configuration) or ``pending``."""
     if item.waiting:
-        return "tuning"
+        return "waiting"
     flat = item.params.flat()
     key = config_key(flat)
     code = records.record_code(flat)
