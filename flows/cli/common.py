@@ -87,12 +87,23 @@ class _NoTracebackForFedaptErrors(logging.Filter):
 
 
 def quiet_prefect_tracebacks() -> None:
+    """Prefect's console handlers: fedapt's errors without tracebacks, and (a command run
+    again in the same process, as a test's CliRunner does) a handler whose stream was closed
+    writes to this call's standard error instead of printing a logging error per record."""
     flt = _NoTracebackForFedaptErrors()
     names = ["prefect", *(n for n in logging.Logger.manager.loggerDict if n.startswith("prefect"))]
     for name in names:
         for handler in logging.getLogger(name).handlers:
             if flt not in handler.filters:
                 handler.addFilter(flt)
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if getattr(getattr(handler, "stream", None), "closed", False):
+                handler.stream = sys.stderr  # not setStream: it flushes the closed one
+            console = getattr(handler, "console", None)
+            if console is not None and getattr(console.file, "closed", False):
+                console.file = sys.stderr
 
 
 def print_error(message: str) -> None:
