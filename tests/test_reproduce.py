@@ -479,7 +479,13 @@ def test_revalidation_compares_a_whole_seed_and_restamps(tmp_path):
         {"round": 2, "accuracy": 0.6, "train_loss": 1.0, "clients": [1, 2], "seconds": 3.0},
         {"round": 3, "accuracy": 0.7, "train_loss": 0.75, "clients": [0, 2], "seconds": 3.0},
     ]
-    summary = {"final_accuracy": 0.7, "personalized_accuracy": 0.9, "local_train_seconds": 2.0}
+    summary = {
+        "final_accuracy": 0.7,
+        "personalized_accuracy": 0.9,
+        "local_train_seconds": 2.0,
+        "mlflow_run_id": "abc",
+        "provenance": {"cpu": "AMD EPYC"},
+    }
     rec = {
         "code": "0123456789ab",
         "numerics": "portable",
@@ -492,7 +498,8 @@ def test_revalidation_compares_a_whole_seed_and_restamps(tmp_path):
         },
     }
     now = [dict(r, seconds=9.0) for r in rounds]
-    again = dict(summary, local_train_seconds=5.0)
+    # another machine, tracking off: neither is a number of the run
+    again = dict(summary, local_train_seconds=5.0, mlflow_run_id=None, provenance={"cpu": "Xeon"})
     seeds = {
         "1": {"base_accuracy": 0.8, "cells": {"fedavg-full": {"record": again, "rounds": now}}}
     }

@@ -54,6 +54,24 @@ def _timing(key: str) -> bool:
     return "seconds" in key or key.endswith("_time")
 
 
+# What a cell's summary record holds besides numbers: where it was tracked (a check runs with
+# tracking off) and on which machine (a revalidation may run on another CPU).
+NOT_COMPARED = ("provenance",)
+
+
+def _compared(key: str) -> bool:
+    return not (_timing(key) or "mlflow" in key or key in NOT_COMPARED)
+
+
+def _numbers(value: Any) -> Any:
+    """``value`` with timings, tracking ids and provenance left out, at every depth."""
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items() if _compared(k)}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return value
+
+
 def compare(record: Mapping[str, Any], seeds: Mapping[str, Any], seed: int = SEED) -> list[str]:
     """How the check run's ``seed`` (``records.collect`` of its folder) differs from the
     record's: every round of every cell, every cell's summary record and the base's accuracy,
@@ -77,14 +95,16 @@ def compare(record: Mapping[str, Any], seeds: Mapping[str, Any], seed: int = SEE
         if len(new_rounds) != len(old_rounds):
             diffs.append(f"{cell}: {len(new_rounds)} rounds, {len(old_rounds)} recorded")
         for a, b in zip(old_rounds, new_rounds, strict=False):
-            for key in sorted(k for k in {*a, *b} if not _timing(k)):
+            a, b = _numbers(a), _numbers(b)
+            for key in sorted({*a, *b}):
                 if a.get(key) != b.get(key):
                     diffs.append(
                         f"{cell} round {a.get('round')} {key}: {a.get(key)!r} recorded, "
                         f"{b.get(key)!r} now"
                     )
-        old_rec, new_rec = entry.get("record", {}), new.get("record", {})
-        for key in sorted(k for k in {*old_rec, *new_rec} if not _timing(k)):
+        old_rec = _numbers(entry.get("record", {}))
+        new_rec = _numbers(new.get("record", {}))
+        for key in sorted({*old_rec, *new_rec}):
             if old_rec.get(key) != new_rec.get(key):
                 diffs.append(
                     f"{cell} {key}: {old_rec.get(key)!r} recorded, {new_rec.get(key)!r} now"
