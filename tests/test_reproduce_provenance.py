@@ -197,6 +197,25 @@ def test_the_base_a_used_plugin_derives_from_and_shared_code_always_count(tree):
         agg.write_text(old)
 
 
+def test_the_config_layer_is_the_records_key_not_its_code(tree):
+    """A new check or message in the params layer leaves every record current: what the
+    params validate to is the record's key (``config_key``), which a changed default changes."""
+    v = records.code_version(tree, FEDAVG)
+    sections = tree / "tasks" / "config" / "sections.py"
+    old = sections.read_text()
+    sections.write_text(old + "\n\ndef _stricter(x):\n    return x is not True\n")
+    try:
+        assert records.code_version(tree, FEDAVG) == v
+    finally:
+        sections.write_text(old)
+    from tasks.config import load_params
+    from tasks.reproduce.runs import config_key
+
+    one = config_key(load_params(overrides=["federation.rounds=5"]).flat())
+    two = config_key(load_params(overrides=["federation.rounds=6"]).flat())
+    assert one != two
+
+
 def test_comments_and_docstrings_do_not_change_a_number(tree):
     v = records.code_version(tree, FEDAVG)
     agg = tree / "fedcore" / "aggregate.py"

@@ -119,3 +119,15 @@ def test_decide_reads_the_seeds_every_experiment_finished():
     v = decide(claim, {"adapters-dir05": dir05([0, 1, 2], 3.0)}, ["adapters-dir05"], 3)
     assert v.holds is False
     assert decide(claim, {}, ["adapters-dir05"], 3).holds is None
+
+
+def test_a_claim_with_no_verdict_yet_is_not_labelled_cannot_say():
+    from tasks.reproduce.report import label
+    from tasks.reproduce.verdict import Verdict
+
+    assert label(
+        Verdict(None, "not run yet: a, b (rerun `fedapt reproduce` to finish)"), "cpu"
+    ) == ("not run yet")
+    assert label(Verdict(None, "refused: a ran under another rule"), "cpu") == "refused"
+    assert label(Verdict(None, "The interval straddles 0."), "cpu") == "cannot say"
+    assert label(Verdict(True, "x"), "ci") == "holds (smoke test)"

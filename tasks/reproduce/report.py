@@ -30,8 +30,15 @@ SMOKE = (
 )
 
 
+UNDECIDED = ("not ", "refused")
+
+
 def label(v: Verdict, profile: str) -> str:
+    """The verdict in words: holds, does not hold, cannot say; a claim with no verdict yet
+    (not run, refused, not available) says so rather than "cannot say"."""
     word = {True: "holds", False: "does not hold", None: "cannot say"}[v.holds]
+    if v.holds is None and v.text.startswith(UNDECIDED):
+        word = v.text.split(":", 1)[0].split(" (", 1)[0]
     return f"{word} (smoke test)" if profile == "ci" else word
 
 
@@ -201,7 +208,7 @@ def counts(decided: Mapping[str, Verdict]) -> str:
     vs = list(decided.values())
     holds = sum(v.holds is True for v in vs)
     fails = sum(v.holds is False for v in vs)
-    unrun = sum(v.holds is None and v.text.startswith(("not ", "refused")) for v in vs)
+    unrun = sum(v.holds is None and v.text.startswith(UNDECIDED) for v in vs)
     cannot = len(vs) - holds - fails - unrun
     return (
         f"{holds + fails} of {len(vs)} claims decided ({holds} hold, {fails} do not hold); "

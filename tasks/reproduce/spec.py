@@ -258,10 +258,6 @@ class Claim:
     seeds: SeedPolicy = SeedPolicy()
     dropped: tuple[Dropped, ...] = ()  # designs dropped after probes: sensitivity rows
 
-    @property
-    def min_seeds(self) -> int:
-        return self.seeds.start
-
     def seeds_needed(self, profile: str) -> int:
         return len(SEEDS[profile]) if profile == "ci" else self.seeds.start
 
