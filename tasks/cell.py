@@ -221,11 +221,15 @@ def build_simulation(
     engine = params.runtime.engine
     if ray is not None and engine == "auto":
         engine = "sequential"  # Ray actors train clients one by one
+    # A reproduction's verdict window (federation.whole_test_last) measures the whole test
+    # split; the other evaluations its data.test_subset rows.
+    whole_test = federation.whole_test_last > 0 and params.data.evaluate == "test"
     sim = Simulation(
         model_fn=model_fn,
         algorithm=algo,
         train=data.image_data("train", inp),
-        test=data.image_data(params.data.evaluate, inp),
+        test=data.image_data("test_whole" if whole_test else params.data.evaluate, inp),
+        test_rows=data.test_idx if whole_test else None,
         shards=shards_of(part),
         noise_var=part.noise_var,
         local=engine_config(params.client, LocalConfig),

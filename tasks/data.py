@@ -83,12 +83,15 @@ class ExperimentData:
         return self.test, self.test_idx
 
     def image_data(self, split: str, model_input: ModelInput | None = None) -> ImageData:
-        """The split (train | test | validation) as the engine reads it; ``model_input``
-        (``tasks.backbone.model_input``) resizes batches, repeats gray to RGB and sets the
-        normalisation the backbone needs. train: the whole split (clients index their rows);
-        test and validation: their rows only."""
+        """The split (train | test | validation | test_whole) as the engine reads it;
+        ``model_input`` (``tasks.backbone.model_input``) resizes batches, repeats gray to RGB
+        and sets the normalisation the backbone needs. train: the whole split (clients index
+        their rows); test and validation: their rows only; test_whole: every test row
+        (``test_idx`` are positions in it)."""
         if split == "train":
             ds, idx = self.train, self.train_idx
+        elif split == "test_whole":
+            ds, idx = self.test, np.arange(len(self.test))
         elif split == "validation":
             ds, idx = self.train.subset(self.val_idx), self.val_idx
         else:

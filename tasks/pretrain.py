@@ -99,7 +99,13 @@ def source_split(
                 f"pretrain: data.train_subset uses every training row of {name}; set "
                 f"data.train_subset below {len(train)} or pretrain.dataset to another dataset"
             )
-        test_rows = np.asarray(fl.test_idx, dtype=np.int64)  # the FL test rows (data.test_subset)
+        # the FL test rows (data.test_subset); every row where the federation's verdict
+        # window measures the whole split (federation.whole_test_last)
+        test_rows = (
+            np.arange(len(test), dtype=np.int64)
+            if params.federation.whole_test_last > 0
+            else np.asarray(fl.test_idx, dtype=np.int64)
+        )
     else:
         train = load_dataset(name, d.root, "train", download=d.download)
         test = load_dataset(name, d.root, "test", download=d.download)

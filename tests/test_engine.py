@@ -15,7 +15,7 @@ from fedcore import payload
 from fedcore.aggregate import weighted_average
 from fedcore.algorithms import FedAvg, build_algorithm
 from fedcore.algorithms.base import ClientUpdate
-from fedcore.client import LocalConfig, batch_order
+from fedcore.client import ImageData, LocalConfig, batch_order
 from fedcore.engine import (
     ClientResult,
     FederationConfig,
@@ -359,3 +359,39 @@ def test_a_cuda_device_that_is_not_there_is_one_line(monkeypatch):
         resolve_device("cuda:3")
     with pytest.raises(ConfigError, match="not one of auto, cpu, cuda, cuda:N"):
         resolve_device("gpu")
+
+
+def test_the_verdict_window_measures_the_whole_test_split_the_curve_its_rows():
+    """federation.whole_test_last k: the last k planned evaluations measure every test row,
+    the others only ``test_rows``; those equal a run on the rows alone, number for number."""
+    shards = [np.arange(0, 100), np.arange(100, 200)]
+    whole_test = toy_data(100, seed=1)
+    rows = np.arange(0, 100, 3)
+    alone = ImageData(whole_test.images[rows], whole_test.labels[rows], (0.5,), (0.25,))
+
+    def sim(test, test_rows, k):
+        return Simulation(
+            model_fn=tiny_cnn,
+            algorithm=FedAvg(),
+            train=toy_data(),
+            test=test,
+            test_rows=test_rows,
+            shards=shards,
+            local=LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
+            lr_schedule=LRSchedule(lr=0.05),
+            federation=FederationConfig(
+                rounds=5, clients_per_round=2, eval_every=2, whole_test_last=k
+            ),
+        )
+
+    assert FederationConfig(rounds=5, clients_per_round=1, eval_every=2).eval_rounds() == [2, 4, 5]
+    mixed = sim(whole_test, rows, 2).run().rounds
+    subset = sim(alone, None, 0).run().rounds
+    every = sim(whole_test, None, 0).run().rounds
+    acc = lambda rs: [r.accuracy for r in rs]  # noqa: E731
+    assert acc(mixed)[:2] == acc(subset)[:2]  # rounds 1-2: the rows (round 2) or none
+    assert acc(mixed)[3:] == acc(every)[3:]  # rounds 4 and 5: every row
+    assert acc(mixed)[3] != acc(subset)[3]  # ... which differ from the rows alone
+    assert [r.train_loss for r in mixed] == [r.train_loss for r in every]  # training untouched
+    with pytest.raises(ConfigError, match="federation.whole_test_last must be >= 0"):
+        FederationConfig(rounds=2, clients_per_round=1, whole_test_last=-1)

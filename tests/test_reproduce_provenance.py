@@ -408,3 +408,17 @@ def test_the_seed_policy_runs_one_seed_more_while_an_interval_straddles(tmp_path
 
     v = verdicts([claim], [it], runs.results([it]), "cpu")[claim.id]
     assert v.holds is True and v.seeds == 5 and not v.more_seeds
+
+
+def test_every_verdict_window_is_measured_on_the_whole_test_split():
+    """cpu and gpu: each experiment's last ``window`` evaluations (its readers' largest)
+    measure every test row (federation.whole_test_last; a tuning run as the experiment it
+    tunes, though it evaluates on its validation split); the ci smoke test keeps its rows."""
+    from tasks.reproduce.registry import CLAIMS
+
+    for profile in ("cpu", "gpu"):
+        for item in runs.plan(CLAIMS, profile):
+            windows = [c.window for c in runs.readers(item.tunes or item.experiment.name)]
+            got = item.params.federation.whole_test_last
+            assert got == max(windows or [0]), (profile, item.experiment.name)
+    assert all(i.params.federation.whole_test_last == 0 for i in runs.plan(CLAIMS, "ci"))

@@ -35,11 +35,34 @@ class FederationConfig:
     # read ``rounds``), then end it as a budget would (stop_reason "stop_after"): the first
     # rounds of a run exactly, e.g. to check a record (``fedapt reproduce --revalidate``).
     stop_after: int | None = None
+    # The last ``whole_test_last`` evaluations of the planned rounds measure every row of the
+    # test split given to the simulation; the others only its ``test_rows`` (a reproduction's
+    # verdict window on the whole split, its curve on a cheaper subset). 0: ``test_rows``
+    # always.
+    whole_test_last: int = 0
+
+    def eval_rounds(self) -> list[int]:
+        """The rounds the run evaluates when it runs to ``rounds``."""
+        if not self.eval_every:
+            return []
+        return [
+            r for r in range(1, self.rounds + 1) if r % self.eval_every == 0 or r == self.rounds
+        ]
+
+    def whole_test_rounds(self) -> frozenset[int]:
+        """The rounds whose evaluations measure the whole test split (``whole_test_last``)."""
+        if self.whole_test_last <= 0:
+            return frozenset()
+        return frozenset(self.eval_rounds()[-self.whole_test_last :])
 
     def __post_init__(self) -> None:
         if self.stop_after is not None and not 1 <= self.stop_after <= self.rounds:
             raise ConfigError(
                 f"federation.stop_after must be in [1, rounds={self.rounds}] (got {self.stop_after})"
+            )
+        if self.whole_test_last < 0:
+            raise ConfigError(
+                f"federation.whole_test_last must be >= 0 (got {self.whole_test_last})"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"federation.dropout must be in [0, 1) (got {self.dropout})")

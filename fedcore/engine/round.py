@@ -101,7 +101,7 @@ def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundReco
     down = sum(p[2] for p in payloads)  # every sampled client downloaded
     acc = test_loss = None
     if cfg.eval_every and (r % cfg.eval_every == 0 or r == cfg.rounds):
-        acc, test_loss = sim.evaluate()
+        acc, test_loss = sim.evaluate(whole=r in cfg.whole_test_rounds())
         extra.update({f"test_accuracy_exit_{k}": a for k, a in enumerate(sim.exit_accuracy)})
     weights = [u.num_samples for u in updates]
     train_loss = (

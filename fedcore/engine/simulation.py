@@ -42,6 +42,7 @@ class Simulation:
         train: ImageData,
         test: ImageData,
         shards: Sequence[np.ndarray],
+        test_rows: np.ndarray | None = None,
         local: LocalConfig,
         lr_schedule: LRSchedule,
         federation: FederationConfig,
@@ -63,7 +64,8 @@ class Simulation:
         own from ``model_fn``). ``ray``: the clients train on Ray actors
         (``fedcore.engine.ray_pool``) instead of this machine's worker processes.
         ``codecs``: how uploads and downloads are encoded (``fedcore.codecs``; None: as the
-        model holds them)."""
+        model holds them). ``test_rows``: the rows of ``test`` an evaluation measures outside
+        the last ``federation.whole_test_last`` evaluations (None: every row, always)."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
         self.ray = ray
@@ -77,6 +79,7 @@ class Simulation:
         self.exit_accuracy: list[float] = []  # per early exit, at the last evaluation
         self.algorithm = algorithm
         self.train, self.test = train, test
+        self.test_rows = None if test_rows is None else np.asarray(test_rows, dtype=np.int64)
         self.shards = [np.asarray(s, dtype=np.int64) for s in shards]
         self.noise_var = list(noise_var) if noise_var is not None else [0.0] * len(self.shards)
         self.local, self.schedule, self.cfg = local, lr_schedule, federation
@@ -165,14 +168,14 @@ class Simulation:
         self.global_state = {k: v.to("cpu") for k, v in self.global_state.items()}
 
     # ---- the round loop ----------------------------------------------------------------
-    def evaluate(self) -> tuple[float, float]:
-        """(top-1 accuracy, mean loss) of the global model on the test set; the accuracy at
-        every early exit in ``exit_accuracy``."""
+    def evaluate(self, whole: bool = False) -> tuple[float, float]:
+        """(top-1 accuracy, mean loss) of the global model on the test set's ``test_rows``
+        (``whole``, or no ``test_rows``: every row); the accuracy at every early exit in
+        ``exit_accuracy``."""
+        rows = np.arange(len(self.test)) if whole or self.test_rows is None else self.test_rows
         # Test images per evaluation job: ``eval_chunk``, so the summed loss is the same
         # whatever the workers.
-        chunks = np.array_split(
-            np.arange(len(self.test)), max(1, -(-len(self.test) // self.eval_chunk))
-        )
+        chunks = np.array_split(rows, max(1, -(-len(rows) // self.eval_chunk)))
         ev = self.backend.evaluate(self.global_state, chunks)
         # Early exits (seed 001 §5): accuracy at every exit, logged as round extras.
         self.exit_accuracy = [c / ev.samples for c in ev.exit_correct]
@@ -222,7 +225,7 @@ class Simulation:
                 if reason is None and r == final < self.cfg.rounds:
                     reason = "stop_after"
                 if reason is not None and record.accuracy is None and self.cfg.eval_every:
-                    acc, test_loss = self.evaluate()
+                    acc, test_loss = self.evaluate(whole=self.cfg.whole_test_last > 0)
                     record = dataclasses.replace(record, accuracy=acc, test_loss=test_loss)
                 history.rounds.append(record)
                 history.base_download_bytes = self.base_bytes * len(self.base_holders)

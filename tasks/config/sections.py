@@ -150,6 +150,10 @@ class FederationSection(Section):
     # Train only rounds 1..stop_after of this run (its schedules still read rounds), e.g. to
     # check a record: ``fedapt reproduce --revalidate``.
     stop_after: int | None = Field(None, ge=1)
+    # The last whole_test_last evaluations measure the whole test split, the others its
+    # data.test_subset rows: a reproduction's verdict window (the mean of its last k
+    # evaluations) on every test image, its curve on a cheaper subset. 0: the subset always.
+    whole_test_last: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _stop_within_rounds(self) -> FederationSection:
@@ -170,6 +174,7 @@ class FederationSection(Section):
             "speed_spread": 0.0,
             "stragglers": "drop",
             "stop_after": None,
+            "whole_test_last": 0,
         }
         return {k: v for k, v in handler(self).items() if k not in defaults or v != defaults[k]}
 

@@ -132,9 +132,9 @@ CLAIM = Claim(
     scaled={
         "gpu": "The seed's cross-device protocol (100 clients, 20 per round with replacement, "
         "E = 5, batch 64, lr 0.1 -> 0.01 at round 30, 50 rounds, FedAvg, FedProx mu 0.01 and "
-        "FedNova) on all of FashionMNIST except 10,000 rows that pretrain the frozen base "
-        "(ResNet26 ImageNet weights are not available offline; FashionMNIST is the seed's own "
-        "dataset here).",
+        "FedNova) on all of FashionMNIST except 10,000 held-out rows, whose classes 5-9 "
+        "pretrain the frozen base out of domain (ResNet26 ImageNet weights are not available "
+        "offline; FashionMNIST is the seed's own dataset here).",
         "cpu": "ResNet26 at width 0.25 and 32x32 on the adapters claim's base, pretrained out "
         "of domain (20,000 held-out rows of classes 5-9 only, 3 epochs: a base of those "
         "classes left residual adapters 8.7 points behind full in a cross-silo probe, "

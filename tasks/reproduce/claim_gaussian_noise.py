@@ -99,7 +99,8 @@ CLAIM = Claim(
     scaled={
         "gpu": "The seed's cross-silo protocol under Gau(0.1) (10 clients, all per round, E = "
         "1, batch 64, lr 0.1 -> 0.01 at round 30, 50 rounds, FedAvg, FedProx mu 0.01, "
-        "FedNova) on all of FashionMNIST except 10,000 rows that pretrain the frozen base.",
+        "FedNova) on all of FashionMNIST except 10,000 held-out rows, whose classes 5-9 "
+        "pretrain the frozen base out of domain.",
         "cpu": "ResNet26 at width 0.25 and 32x32, the base of the adapters and cross-device "
         "claims, pretrained out of domain (20,000 held-out rows of classes 5-9 only, 3 "
         "epochs), 2,400 training images (240 per client), batch 12 so that E = 1 is 20 local "

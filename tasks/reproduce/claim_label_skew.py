@@ -127,8 +127,8 @@ CLAIM = Claim(
     thresholds={"collapsed_percent": COLLAPSED, "gain_points": LEARNS, "learned_points": LEARNED},
     window=WINDOW,
     scaled={
-        "gpu": "The seed's protocol (lr 0.01 -> 0.001 at round 30), base pretrained on 10,000 "
-        "held-out rows as in the Dir(0.5) claim. Measured on cpu, such a base (it knows the "
+        "gpu": "The seed's protocol (lr 0.01 -> 0.001 at round 30), base pretrained on the "
+        "classes 5-9 of 10,000 held-out rows as in the Dir(0.5) claim. Measured on cpu, such a base (it knows the "
         "classes, where the seed's ImageNet base did not) keeps #M = 1 far above the "
         'collapse: expect "does not hold" for that reason; the cpu profile\'s random init is '
         "the design that keeps the driver.",

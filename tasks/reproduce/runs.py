@@ -106,7 +106,7 @@ def plan(
             if exp.name in seen:
                 continue
             seen.add(exp.name)
-            sets = (*exp.overrides(profile), *overrides)
+            sets = (*exp.overrides(profile), *whole_test(exp.name, profile), *overrides)
 
             def typed(name: str, more: Sequence[str]) -> tuple[Params, tuple[str, ...]]:
                 return _typed(params_file, [*sets, *more], root, f"{profile}-{name}")  # noqa: B023
@@ -134,6 +134,16 @@ def plan(
             check_seeds(claim, profile, params)
             planned.append(Planned(owning, exp, params, full, kept, waiting=waiting))
     return planned
+
+
+def whole_test(name: str, profile: str) -> tuple[str, ...]:
+    """The verdict window of the claims that read experiment ``name`` measured on the whole
+    test split: its last ``window`` evaluations (the largest of its readers'); the ``ci``
+    smoke test keeps its few test rows."""
+    windows = [c.window for c in readers(name)]
+    if profile == "ci" or not windows:
+        return ()
+    return (f"federation.whole_test_last={max(windows)}",)
 
 
 def derived_sets(
