@@ -242,8 +242,10 @@ def revalidate_flow(
                 item = runs.replan(item, chosen, profile, params_file, sets, out)
             state = runs.status(item)
             rec = records.read_record(item.record)
-            if state != "stale" or rec is None:
-                log.info("%s: %s, nothing to check", name, "current" if state == "done" else state)
+            why = revalidate.to_check(state, rec)
+            if why is None or rec is None:
+                word = "current and revalidated" if state == "done" else state
+                log.info("%s: %s, nothing to check", name, word)
                 continue
             if rec.get("numerics") != item.params.runtime.numerics:
                 failed.append(
@@ -257,7 +259,7 @@ def revalidate_flow(
             check = revalidate.check_item(item, seed, params_file, root)
             shutil.rmtree(check.dir, ignore_errors=True)  # a check never reuses an older one's
             runs.share_base(check, root / revalidate.REVALIDATE)
-            log.info("%s: code %s, rerunning seed %d whole", name, rec.get("code"), seed)
+            log.info("%s: %s, rerunning seed %d whole", name, why, seed)
             experiment_flow(
                 params=check.params,
                 params_file=params_file or "params.yaml",

@@ -529,3 +529,19 @@ def test_revalidation_compares_a_whole_seed_and_restamps(tmp_path):
     assert checked["from"] == "0123456789ab" and checked["seed"] == 1
     assert checked["rounds"] == "all" and checked["computed_by"]["code"] == new["code"]
     assert new["seeds"] == rec["seeds"]
+
+
+def test_revalidate_checks_stale_records_and_current_ones_no_second_process_reran():
+    """``--revalidate`` reruns a seed of a stale record, and of a current record until a
+    revalidation at its code stamped it; then nothing (and not-run experiments never)."""
+    from tasks.reproduce import revalidate
+
+    rec = {"code": "aaaaaaaaaaaa", "revalidated": []}
+    assert revalidate.to_check("stale", rec) == "code aaaaaaaaaaaa"
+    assert "not yet rerun" in (revalidate.to_check("done", rec) or "")
+    older = {"from": "bbbbbbbbbbbb", "to": "cccccccccccc", "rounds": "all"}
+    assert revalidate.to_check("done", dict(rec, revalidated=[older])) is not None
+    here = {"from": "aaaaaaaaaaaa", "to": "aaaaaaaaaaaa", "rounds": "all"}
+    assert revalidate.to_check("done", dict(rec, revalidated=[older, here])) is None
+    assert revalidate.to_check("pending", None) is None
+    assert revalidate.to_check("waiting", rec) is None

@@ -63,8 +63,9 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
         bool,
         typer.Option(
             "--revalidate",
-            help="check records of another code version: rerun one whole seed (--seed) of "
-            "each; identical ones are stamped with this code version",
+            help="check records of another code version, and current ones no second process "
+            "has rerun: one whole seed (--seed) of each; identical ones are stamped with this "
+            "code version",
         ),
     ] = False,
     seed: Annotated[
@@ -232,7 +233,7 @@ def _revalidate(
         err.print(line, highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
-    out.print("every record of another code version is revalidated (or there was none)")
+    out.print("every record is revalidated at this code version (or there was none)")
 
 
 def _runs_killed() -> None:

@@ -181,6 +181,11 @@ def _revalidated(item: Planned) -> str:
     if not checks:
         return ""
     first, last = checks[0], checks[-1]
+    if first["from"] == last["to"]:
+        return (
+            f"; seed {last['seed']} rerun whole at its code {last['to']} by a second process, "
+            "every value identical"
+        )
     return (
         f"; computed by code {first['from']}, revalidated at {last['to']}: seed "
         f"{last['seed']} rerun whole, every value identical"

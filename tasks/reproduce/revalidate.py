@@ -12,6 +12,10 @@ summary record (personalization's accuracies included) and the pretrained base's
 Identical: the record is stamped with this code version and keeps what was checked, and by
 whom, under ``revalidated``. Any difference: the record stays stale, named in one line per
 experiment (rerun it with ``--rerun-stale``). Timings are never compared.
+
+A current record that no revalidation at its code has checked is rerun the same way: a second
+process reproducing one of its seeds whole is what stands behind it (the record of a code
+version is stamped once; a later code version's changes are checked as above).
 """
 
 from __future__ import annotations
@@ -32,6 +36,26 @@ if TYPE_CHECKING:
 
 REVALIDATE = "revalidate"  # under <reports_dir>/reproduce/<profile>: the check runs' folders
 SEED = 0  # the seed each check reruns whole, by default
+
+
+def revalidated_at(record: Mapping[str, Any], code: str | None) -> bool:
+    """Whether a whole-seed revalidation stamped ``record`` with ``code``."""
+    return any(
+        c.get("to") == code and c.get("rounds") == "all" for c in record.get("revalidated") or []
+    )
+
+
+def to_check(state: str, record: Mapping[str, Any] | None) -> str | None:
+    """Why ``--revalidate`` reruns a seed of an experiment in ``state`` with ``record`` (its
+    ``runs.status``): a stale record, or a current one no revalidation at its code checked;
+    None: nothing to check."""
+    if record is None:
+        return None
+    if state == "stale":
+        return f"code {record.get('code')}"
+    if state == "done" and not revalidated_at(record, record.get("code")):
+        return f"current (code {record.get('code')}), not yet rerun by a second process"
+    return None
 
 
 def check_sets(record: Mapping[str, Any], seed: int, root: Path) -> list[str]:
