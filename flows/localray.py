@@ -79,7 +79,8 @@ def local_ray(params: Params) -> Iterator[None]:
             _reread_environ()
             yield
     finally:
-        _reread_environ()  # the variables as they were
+        if not _ray_connected():  # (a Ray still up keeps what it started with)
+            _reread_environ()  # the variables as they were
 
 
 def _ray_connected() -> bool:
