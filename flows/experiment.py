@@ -21,6 +21,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import services
+from flows.localray import local_ray
 from flows.plan import CellSpec, RunPlan, grid_cells, prepare
 from flows.runners import cell_params, cell_resources, grid_parallelism, grid_task_runner
 from tasks import tracking
@@ -237,6 +238,7 @@ def experiment_flow(
         services.run_lock(experiment_dir(p), "flow run of fedapt-experiment"),
         services.run_environment(need_s3=bool(p.storage.bucket)),
         tracking.ended_on_error(),
+        local_ray(p),  # a Ray of the run's own: token authentication, on 127.0.0.1
     ):
         if plan is None:  # (reproduce reruns its own experiments on a new config)
             plan = prepare(p, partition_dir, results=entry != "reproduce")

@@ -26,6 +26,7 @@ from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import Partition
+from flows.localray import check_local_ray
 from flows.runners import check_gpus
 from tasks import checkpoint
 from tasks.cell import CellSpec, check_cell, check_ray_clients, grid_cells, initial_cell_model
@@ -91,7 +92,7 @@ class RunPlan:
 def check_names(params: Params) -> None:
     """What needs no data and that parsing ``params`` could not check: the dataset's name,
     each grid cell against its algorithm's rules (its ``check`` hook), the device, the GPUs
-    of a local Ray and the report's baseline. (Names and options of models, algorithms,
+    and the ``RAY_AUTH_MODE`` of a local Ray and the report's baseline. (Names and options of models, algorithms,
     adapters and partition schemes were typed by ``tasks.config``.)"""
     get_dataset_info(params.data.dataset)
     for spec in grid_cells(params):
@@ -99,6 +100,7 @@ def check_names(params: Params) -> None:
     resolve_device(params.runtime.device)
     check_gpus(params)  # a local Ray without the GPUs the cells would request
     check_ray_clients(params)  # runtime.clients: ray: the cluster answers, the GPUs exist
+    check_local_ray(params)  # a run's own Ray: RAY_AUTH_MODE unset or token
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
 
 

@@ -83,7 +83,9 @@ class _NoDashboardLine(logging.Filter):
 def ray_task_runner(params: Params) -> Any:
     """prefect-ray's runner: the cluster at ``runtime.ray_address`` (else ``RAY_ADDRESS``:
     ``tasks.cell.ray_address``), or a local Ray instance of
-    ``runtime.ray_workers`` CPUs on 127.0.0.1 (no dashboard, no usage stats); each training
+    ``runtime.ray_workers`` CPUs on 127.0.0.1 (no dashboard, no usage stats; with token
+    authentication and on 127.0.0.1 alone where ``flows.localray.local_ray`` is in force, as
+    around every run: ``_node_ip_address`` alone is not enough on Ray 2.60); each training
     task takes one CPU, so that many cells train at once. With the clients on Ray actors
     too (``cells_share_ray``): CPUs for every cell's actors, the cells a resource of their
     own."""

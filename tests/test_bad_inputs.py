@@ -324,6 +324,12 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         return {"PREFECT_API_URL": url}, [], "PREFECT_API_URL: http://fed:***@127.0.0.1:1/api is"
     if name == "prefect-not-a-url":
         return {"PREFECT_API_URL": "127.0.0.1:4200"}, [], "PREFECT_API_URL: 127.0.0.1:4200 is not"
+    if name == "ray-auth-disabled":  # a run's own Ray always asks for the token
+        env, ray = {"RAY_AUTH_MODE": "disabled"}, ["--set", "runtime.clients=ray"]
+        return env, ray, "RAY_AUTH_MODE: 'disabled' is not token: the run's own local Ray"
+    if name == "ray-auth-unknown":
+        env, ray = {"RAY_AUTH_MODE": "none"}, ["--set", "runtime.task_runner=ray"]
+        return env, ray, "unset RAY_AUTH_MODE or set it to token"
     if name == "numerics":
         return {"FEDAPT_NUMERICS": "fast"}, [], "FEDAPT_NUMERICS: 'fast' is not one of portable"
     raise AssertionError(name)
@@ -345,12 +351,14 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         "bad-region",
         "prefect-unreachable",
         "prefect-not-a-url",
+        "ray-auth-disabled",
+        "ray-auth-unknown",
         "numerics",
     ],
 )
 def test_bad_environment(tmp_path, monkeypatch, name):
     env, args, needle = _environment_case(name, tmp_path)
-    for var in _S3_VARS:
+    for var in (*_S3_VARS, "RAY_ADDRESS"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)

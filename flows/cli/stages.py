@@ -137,6 +137,7 @@ def train(
 ) -> None:
     """Train one grid cell (one DVC stage of the train matrix), tracked in MLflow."""
 
+    from flows.localray import local_ray
     from flows.plan import prepare
     from tasks.cell import CellSpec, grid_cells, require_base
     from tasks.config import load_params
@@ -163,25 +164,26 @@ def train(
     for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
         check_writable(key, folder)  # a path below a file: one line now, not after training
     cell = spec.name
-    record = run_cell(
-        p,
-        partition_dir,
-        algorithm,
-        adapter,
-        cell_dir,
-        # entry dvc; inside `dvc exp run`, a smoke run (not registered under auto)
-        run_origin=origin("dvc", p, params, set_ or ()),
-        timing_file=timing_dir / f"{cell}.json",
-        base_path=base_dir / "base.pt",
-        # outside the stage's output (DVC removes that before it runs): a killed
-        # `dvc repro` resumes the cell; deleted when the cell's outputs are written
-        checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
-        slot=slot,
-        data=plan.data,  # read once, by prepare
-        part=plan.partition,
-        model=plan.take_model(spec),
-        codec=codec,
-    )
+    with local_ray(p):  # a Ray of the cell's own: token authentication, on 127.0.0.1
+        record = run_cell(
+            p,
+            partition_dir,
+            algorithm,
+            adapter,
+            cell_dir,
+            # entry dvc; inside `dvc exp run`, a smoke run (not registered under auto)
+            run_origin=origin("dvc", p, params, set_ or ()),
+            timing_file=timing_dir / f"{cell}.json",
+            base_path=base_dir / "base.pt",
+            # outside the stage's output (DVC removes that before it runs): a killed
+            # `dvc repro` resumes the cell; deleted when the cell's outputs are written
+            checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
+            slot=slot,
+            data=plan.data,  # read once, by prepare
+            part=plan.partition,
+            model=plan.take_model(spec),
+            codec=codec,
+        )
     out.print(results_table([record]))
     out.print(f"metrics: {cell_dir / 'metrics.json'}")
     exit_if_diverged(p, [record])

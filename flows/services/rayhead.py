@@ -124,7 +124,8 @@ def ensure_token(env: Mapping[str, str]) -> None:
     ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), else one made by Ray itself (``ray
     get-auth-token --generate``, into ``~/.ray/auth_token``, as Ray does for a local
     ``ray.init()``); ``ray start`` in token mode refuses to start without one. The token is
-    never printed: that command's output is dropped."""
+    never printed: that command's output is dropped; and no other user reads it: the file is
+    made under umask 077 (mode 0600, where Ray's own would be 0644)."""
     if env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
         return
     home = Path(env.get("HOME") or Path.home())
@@ -133,7 +134,12 @@ def ensure_token(env: Mapping[str, str]) -> None:
     cmd = [str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"]
     with contextlib.suppress(OSError, subprocess.SubprocessError):  # then `ray start` says it
         subprocess.run(
-            cmd, env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120
+            cmd,
+            env=dict(env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+            umask=0o077,
         )
 
 
