@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fedcore.errors import ConfigError, FedaptError
+from flows.settings import setting_path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (flows/services/config.py)
 HOST = "127.0.0.1"
@@ -96,8 +97,19 @@ class ServiceStatus:
 
 
 def state_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """The state directory: ``path``, else ``$FEDAPT_STATE_DIR``, else ``<repo>/.fedapt``."""
-    return Path(path or os.environ.get("FEDAPT_STATE_DIR") or ROOT / ".fedapt").resolve()
+    """The state directory: ``path``, else ``$FEDAPT_STATE_DIR``, else ``<repo>/.fedapt``
+    (the variable is recorded for the CLI's error line, ``flows.settings``)."""
+    if path:
+        return Path(path).resolve()
+    given = os.environ.get("FEDAPT_STATE_DIR")
+    resolved = Path(given or ROOT / ".fedapt").resolve()
+    setting_path(
+        "FEDAPT_STATE_DIR",
+        given or f"unset, so {ROOT / '.fedapt'}",
+        resolved,
+        f"a folder fedapt may create and write into (unset: {ROOT / '.fedapt'})",
+    )
+    return resolved
 
 
 MLFLOW_CONFIG = ROOT / "mlflow" / "server.toml"
