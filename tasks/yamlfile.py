@@ -3,8 +3,9 @@
 ``tasks.config`` types what this reads; this module only knows YAML. Every problem is one
 ``ConfigError`` line naming the file (and the line where YAML knows it), the parser's own
 limits included: a file larger than MAX_FILE_BYTES, nesting deeper than MAX_DEPTH (Python's
-recursion limit would stop PyYAML) and integers longer than MAX_INT_CHARS (Python refuses to
-convert one of 4,300 digits) are refused before PyYAML builds anything.
+recursion limit would stop PyYAML), integers longer than MAX_INT_CHARS (Python refuses to
+convert one of 4,300 digits) and aliases expanding past MAX_NODES values (a "billion laughs"
+file) are refused before PyYAML builds anything.
 
 Numbers are read as YAML 1.2 writes them: ``1e-3`` is a float (PyYAML's YAML 1.1 wants
 ``1.0e-3`` and reads ``1e-3`` as a string; the params are typed strictly, so it must be one).
@@ -54,35 +55,52 @@ _StrictLoader.add_implicit_resolver(  # type: ignore[no-untyped-call]
 MAX_FILE_BYTES = 1 << 20  # a params file is a few KiB; this is not one
 MAX_DEPTH = 32  # sections nest 4 deep; Python's recursion limit stops PyYAML near 1,000
 MAX_INT_CHARS = 40  # every integer fits int64 (19 digits); Python refuses 4,300 digits
+MAX_NODES = 100_000  # values after aliases are expanded (params.yaml: a few hundred)
 _INT = re.compile(r"[-+]?(?:0x[0-9a-fA-F_]+|0b[01_]+|0o?[0-7_]+|[0-9][0-9_]*)")
 
 
 def check_limits(text: str, source: str, *, lines: bool = True) -> None:
-    """Refuse, with ``source:line``, YAML nested deeper than MAX_DEPTH or an integer longer
-    than MAX_INT_CHARS, before PyYAML's recursive composer or ``int()`` meets it (PyYAML's
+    """Refuse, with ``source:line``, YAML nested deeper than MAX_DEPTH, an integer longer
+    than MAX_INT_CHARS or aliases that expand past MAX_NODES values, before PyYAML's
+    recursive composer, ``int()`` or the validation of every expanded copy meets it (PyYAML's
     event parser is iterative: it reads any depth)."""
-    depth = 0
+    sizes: list[list[Any]] = [[None, 0]]  # per open collection: its anchor, its values so far
+    anchored: dict[str, int] = {}  # anchor -> values its node expands to
     try:
         for event in yaml.parse(text, Loader=_StrictLoader):
             at = f"{source}:{event.start_mark.line + 1}" if lines else source
             if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > MAX_DEPTH:
+                sizes.append([event.anchor, 1])
+                if len(sizes) - 1 > MAX_DEPTH:
                     raise ConfigError(
-                        f"{at}: nested {depth} levels deep; a params file nests at "
+                        f"{at}: nested {len(sizes) - 1} levels deep; a params file nests at "
                         f"most {MAX_DEPTH} (its sections use 4)"
                     )
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-            elif (
-                isinstance(event, yaml.ScalarEvent)
-                and event.style is None
-                and len(event.value) > MAX_INT_CHARS
-                and _INT.fullmatch(event.value)
-            ):
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                anchor, size = sizes.pop()
+            elif isinstance(event, yaml.ScalarEvent):
+                anchor, size = event.anchor, 1
+                if (
+                    event.style is None
+                    and len(event.value) > MAX_INT_CHARS
+                    and _INT.fullmatch(event.value)
+                ):
+                    raise ConfigError(
+                        f"{at}: an integer of {len(event.value)} characters; every "
+                        f"integer in the params fits int64 (at most 19 digits)"
+                    )
+            elif isinstance(event, yaml.AliasEvent):
+                anchor, size = None, anchored.get(event.anchor or "", 1)
+            else:
+                continue
+            if anchor:
+                anchored[anchor] = size
+            sizes[-1][1] += size
+            if sizes[-1][1] > MAX_NODES:
                 raise ConfigError(
-                    f"{at}: an integer of {len(event.value)} characters; every "
-                    f"integer in the params fits int64 (at most 19 digits)"
+                    f"{at}: the aliases (*name) expand to more than {MAX_NODES} values; a "
+                    "params file holds a few hundred"
                 )
     except yaml.YAMLError:
         return  # malformed: yaml.load says where, as it always has

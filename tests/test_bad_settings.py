@@ -181,6 +181,14 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
     if name == "file-too-large":
         f.write_text("federation:\n  rounds: 3\n" + "# padding\n" * 120_000)
         return ["--params", str(f)], f"params file {f} is larger than 1 MiB"
+    if name == "alias-bomb":  # a "billion laughs": 10^9 values from 9 lines
+        lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+        lines += [
+            f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]"
+            for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        ]
+        f.write_text("model:\n  options:\n" + "".join(f"    {line}\n" for line in lines))
+        return ["--params", str(f)], f"{f}:7: the aliases (*name) expand to more than 100000"
     if name == "a-device":
         return ["--params", "/dev/zero"], "params file /dev/zero is larger than 1 MiB"
     raise AssertionError(name)
@@ -197,6 +205,7 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
         "digits-in-a-list",
         "file-too-large",
         "a-device",
+        "alias-bomb",
     ],
 )
 def test_parser_limits_are_one_line(tmp_path, name):
@@ -242,12 +251,26 @@ def _path_case(name: str, tmp_path: Path, monkeypatch) -> tuple[list[str], str]:
         )
     if name == "name-not-a-folder-name":
         return [*run, "--set", "experiment.name=a/b"], "experiment.name: a folder name:"
+    if name == "mlflow-config-missing":
+        monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(tmp_path / "nope.toml"))
+        return ["up", "mlflow"], (
+            f"FEDAPT_MLFLOW_CONFIG: {tmp_path / 'nope.toml'}: no such file; allowed: a TOML"
+        )
+    if name == "mlflow-config-a-folder":
+        monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(tmp_path))
+        return ["up", "mlflow"], f"FEDAPT_MLFLOW_CONFIG: {tmp_path}: Is a directory; allowed:"
+    if name == "port-of-5000-digits":  # a port is a setting too: its value shortened
+        monkeypatch.setenv("FEDAPT_S3_PORT", "9" * 5000)
+        return ["up", "s3"], "FEDAPT_S3_PORT='999999999999999999999999999999999999999...99999"
     raise AssertionError(name)
 
 
 @pytest.mark.parametrize(
     "name",
     [
+        "mlflow-config-missing",
+        "mlflow-config-a-folder",
+        "port-of-5000-digits",
         "state-dir-is-a-file",
         "state-dir-is-a-file-up",
         "state-dir-not-writable",
