@@ -40,6 +40,7 @@ def test_sections_left_out_are_named_in_one_warning(tmp_path, capsys, missing):
     stderr names exactly the sections left out, in Params' order."""
     f = _params_without(tmp_path, *missing)
     p = load_params(f)
+    load_params(f, ["federation.rounds=3"])  # once per process (fedapt reproduce loads it often)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0] == (
@@ -251,6 +252,11 @@ def _path_case(name: str, tmp_path: Path, monkeypatch) -> tuple[list[str], str]:
         )
     if name == "name-not-a-folder-name":
         return [*run, "--set", "experiment.name=a/b"], "experiment.name: a folder name:"
+    if name == "prefect-home-is-a-file":
+        monkeypatch.setenv("PREFECT_HOME", str(a_file))
+        args = ["--set", "data.train_subset=1200", "--set", "data.test_subset=500"]
+        args += ["--set", f"experiment.reports_dir={tmp_path / 'reports'}"]
+        return [*run, *args], f"PREFECT_HOME: {a_file}: File exists; allowed: a folder Prefect"
     if name == "mlflow-config-missing":
         monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(tmp_path / "nope.toml"))
         return ["up", "mlflow"], (
@@ -268,6 +274,7 @@ def _path_case(name: str, tmp_path: Path, monkeypatch) -> tuple[list[str], str]:
 @pytest.mark.parametrize(
     "name",
     [
+        "prefect-home-is-a-file",
         "mlflow-config-missing",
         "mlflow-config-a-folder",
         "port-of-5000-digits",

@@ -44,11 +44,19 @@ CUBLAS_WORKSPACE = ":4096:8"
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
     CUDA libraries read at their first call."""
-    for key, value in {**OFFLINE_DEFAULTS, "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}.items():
-        os.environ.setdefault(key, value)
     from flows import settings
 
     settings.forget()  # a new command (a test's CliRunner runs many in one process)
+    given = os.environ.get("PREFECT_HOME")
+    for key, value in {**OFFLINE_DEFAULTS, "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}.items():
+        os.environ.setdefault(key, value)
+    default = OFFLINE_DEFAULTS["PREFECT_HOME"]
+    settings.setting_path(
+        "PREFECT_HOME",
+        given or f"unset, so {default}",
+        os.environ["PREFECT_HOME"],
+        f"a folder Prefect may create and write into (unset: {default})",
+    )
 
 
 P = ParamSpec("P")

@@ -119,5 +119,11 @@ def load_params(path: str | Path | None = None, overrides: list[str] | None = No
     return params
 
 
+_warned: set[str] = set()  # once per process: `fedapt reproduce` loads the file per experiment
+
+
 def _warn(message: str) -> None:
-    print(f"fedapt: warning: {message}", file=sys.stderr, flush=True)
+    key = f"{Path.cwd()}: {message}"
+    if key not in _warned:
+        _warned.add(key)
+        print(f"fedapt: warning: {message}", file=sys.stderr, flush=True)
