@@ -23,12 +23,12 @@ class Section(BaseModel):
     # number (``rounds: true`` is not 1), a float is not an integer (2.5 nor 2.0), a string
     # is not a number or a bool; an integer is a valid float. YAML and --set values arrive
     # typed by YAML (``5``, ``0.1``, ``1e-3``, ``true``), so strictness refuses only the
-    # wrong kind. A YAML list is a tuple field's value (_tuples).
+    # wrong kind. A YAML list is a tuple field's value (_lists_and_empty_strings).
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
     @field_validator("*", mode="before", check_fields=False)
     @classmethod
-    def _tuples(cls, v: Any, info: ValidationInfo) -> Any:
+    def _lists_and_empty_strings(cls, v: Any, info: ValidationInfo) -> Any:
         """A list is given where the section holds a tuple (YAML has no tuples); an empty
         string is refused (``--set experiment.name=``): it names nothing."""
         if isinstance(v, list):

@@ -89,7 +89,7 @@ def from_flat(flat: Mapping[str, Any]) -> Params | None:
 
 
 def defaulted(raw: Mapping[str, Any]) -> list[str]:
-    """The sections of Params a params file's mapping leaves out, in the file's order."""
+    """The sections of Params a params file's mapping leaves out, in Params' order."""
     return [name for name in Params.model_fields if name not in raw]
 
 
