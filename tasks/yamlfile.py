@@ -1,12 +1,20 @@
 """The params file as text: reading it strictly, YAML lines of keys, ``--set`` overrides.
 
 ``tasks.config`` types what this reads; this module only knows YAML. Every problem is one
-``ConfigError`` line naming the file (and the line where YAML knows it).
+``ConfigError`` line naming the file (and the line where YAML knows it), the parser's own
+limits included: a file larger than MAX_FILE_BYTES, nesting deeper than MAX_DEPTH (Python's
+recursion limit would stop PyYAML), integers longer than MAX_INT_CHARS (Python refuses to
+convert one of 4,300 digits) and aliases expanding past MAX_NODES values (a "billion laughs"
+file) are refused before PyYAML builds anything.
+
+Numbers are read as YAML 1.2 writes them: ``1e-3`` is a float (PyYAML's YAML 1.1 wants
+``1.0e-3`` and reads ``1e-3`` as a string; the params are typed strictly, so it must be one).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -37,6 +45,65 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+# YAML 1.2's floats without a point (1e-3, 5E+2), as YAML 1.1 (PyYAML) does not read them
+_StrictLoader.add_implicit_resolver(  # type: ignore[no-untyped-call]
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)$"),
+    list("-+0123456789"),
+)
+
+MAX_FILE_BYTES = 1 << 20  # a params file is a few KiB; this is not one
+MAX_DEPTH = 32  # sections nest 4 deep; Python's recursion limit stops PyYAML near 1,000
+MAX_INT_CHARS = 40  # every integer fits int64 (19 digits); Python refuses 4,300 digits
+MAX_NODES = 100_000  # values after aliases are expanded (params.yaml: a few hundred)
+_INT = re.compile(r"[-+]?(?:0x[0-9a-fA-F_]+|0b[01_]+|0o?[0-7_]+|[0-9][0-9_]*)")
+
+
+def check_limits(text: str, source: str, *, lines: bool = True) -> None:
+    """Refuse, with ``source:line``, YAML nested deeper than MAX_DEPTH, an integer longer
+    than MAX_INT_CHARS or aliases that expand past MAX_NODES values, before PyYAML's
+    recursive composer, ``int()`` or the validation of every expanded copy meets it (PyYAML's
+    event parser is iterative: it reads any depth)."""
+    sizes: list[list[Any]] = [[None, 0]]  # per open collection: its anchor, its values so far
+    anchored: dict[str, int] = {}  # anchor -> values its node expands to
+    try:
+        for event in yaml.parse(text, Loader=_StrictLoader):
+            at = f"{source}:{event.start_mark.line + 1}" if lines else source
+            if isinstance(event, yaml.CollectionStartEvent):
+                sizes.append([event.anchor, 1])
+                if len(sizes) - 1 > MAX_DEPTH:
+                    raise ConfigError(
+                        f"{at}: nested {len(sizes) - 1} levels deep; a params file nests at "
+                        f"most {MAX_DEPTH} (its sections use 4)"
+                    )
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                anchor, size = sizes.pop()
+            elif isinstance(event, yaml.ScalarEvent):
+                anchor, size = event.anchor, 1
+                if (
+                    event.style is None
+                    and len(event.value) > MAX_INT_CHARS
+                    and _INT.fullmatch(event.value)
+                ):
+                    raise ConfigError(
+                        f"{at}: an integer of {len(event.value)} characters; every "
+                        f"integer in the params fits int64 (at most 19 digits)"
+                    )
+            elif isinstance(event, yaml.AliasEvent):
+                anchor, size = None, anchored.get(event.anchor or "", 1)
+            else:
+                continue
+            if anchor:
+                anchored[anchor] = size
+            sizes[-1][1] += size
+            if sizes[-1][1] > MAX_NODES:
+                raise ConfigError(
+                    f"{at}: the aliases (*name) expand to more than {MAX_NODES} values; a "
+                    "params file holds a few hundred"
+                )
+    except yaml.YAMLError:
+        return  # malformed: yaml.load says where, as it always has
 
 
 def read_mapping(source: str) -> tuple[str, dict[str, Any]]:
@@ -45,11 +112,19 @@ def read_mapping(source: str) -> tuple[str, dict[str, Any]]:
     if p.is_dir():
         raise ConfigError(f"params file {source} is a directory, not a YAML file")
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:  # at most one byte past the limit (a device never ends)
+            data = fh.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ConfigError(
+                f"params file {source} is larger than {MAX_FILE_BYTES >> 20} MiB; a params "
+                "file is a few KiB of YAML (is it the right file?)"
+            )
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"params file {source} is not UTF-8 text (a binary file?)") from None
     except OSError as exc:
         raise ConfigError(f"params file {source}: cannot read it ({exc.strerror})") from None
+    check_limits(text, source)
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
@@ -57,6 +132,8 @@ def read_mapping(source: str) -> tuple[str, dict[str, Any]]:
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or "malformed YAML"
         raise ConfigError(f"{where}: malformed YAML: {problem}") from None
+    except (RecursionError, ValueError) as exc:  # a limit check_limits did not foresee
+        raise ConfigError(f"{source}: beyond what the YAML parser reads ({exc})") from None
     if raw is None:
         raise ConfigError(f"params file {source} is empty: it needs at least one section")
     if not isinstance(raw, dict):
@@ -94,17 +171,24 @@ def where(source: str, text: str, path: tuple[Any, ...]) -> str:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b=value`` -> (["a", "b"], yaml-parsed value)."""
+    """``a.b=value`` -> (["a", "b"], the value read as YAML, as the params file reads it);
+    ``a.b=`` is the empty string (refused where a value is expected: ``null`` says null)."""
     if "=" not in item:
         raise ConfigError(f"--set expects key=value (got {item!r})")
     key, raw = item.split("=", 1)
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set expects key=value (got {item!r})")
+    if not raw.strip():
+        return parts, ""
+    source = f"--set {'.'.join(parts)}"
+    check_limits(raw, source, lines=False)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError:
         value = raw
+    except (RecursionError, ValueError) as exc:
+        raise ConfigError(f"{source}: beyond what the YAML parser reads ({exc})") from None
     return parts, value
 
 

@@ -130,8 +130,17 @@ def test_bad_mlflow_config_is_one_line_before_anything_starts(
 
 
 def test_missing_mlflow_config_says_how_to_restore_it(sd, monkeypatch, tmp_path):
-    monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(tmp_path / "absent.toml"))
+    """The repo's mlflow/server.toml missing: how to restore it; a FEDAPT_MLFLOW_CONFIG
+    naming a missing file: the variable and what it takes (restoring the repo's file would
+    not help)."""
+    from flows.services import config
+
+    monkeypatch.delenv("FEDAPT_MLFLOW_CONFIG", raising=False)
+    monkeypatch.setattr(config, "MLFLOW_CONFIG", tmp_path / "mlflow" / "server.toml")
     with pytest.raises(ConfigError, match="git checkout mlflow/server.toml"):
+        S.mlflow_config(sd)
+    monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(tmp_path / "absent.toml"))
+    with pytest.raises(ConfigError, match=r"^FEDAPT_MLFLOW_CONFIG: .*absent.toml: no such file; "):
         S.mlflow_config(sd)
 
 

@@ -44,8 +44,19 @@ CUBLAS_WORKSPACE = ":4096:8"
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
     CUDA libraries read at their first call."""
+    from flows import settings
+
+    settings.forget()  # a new command (a test's CliRunner runs many in one process)
+    given = os.environ.get("PREFECT_HOME")
     for key, value in {**OFFLINE_DEFAULTS, "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}.items():
         os.environ.setdefault(key, value)
+    default = OFFLINE_DEFAULTS["PREFECT_HOME"]
+    settings.setting_path(
+        "PREFECT_HOME",
+        given or f"unset, so {default}",
+        os.environ["PREFECT_HOME"],
+        f"a folder Prefect may create and write into (unset: {default})",
+    )
 
 
 P = ParamSpec("P")
@@ -154,9 +165,15 @@ def guard(fn: Callable[[], Any]) -> Any:
     except OSError as exc:  # at the edges: a path that cannot be read or written
         if exc.filename is None:
             raise
+        from flows import settings
+
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        named = settings.explain(exc)  # the setting (params key, variable) that made the path
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             hint = "free some space there (or raise the quota) and run again"
+        elif named is not None:
+            print_error(named)
+            raise typer.Exit(2) from None
         else:
             hint = (
                 "check that the path exists, is the right kind (file or folder) and that you "
@@ -293,8 +310,31 @@ def load(
     from tasks.config import in_force, load_params
 
     p = load_params(params, [*(overrides or []), *(extra or [])])
+    _setting_paths(p)
     # Before anything computes: ATen and MKL fix their kernels at their first call.
     return in_force(p, numerics)
+
+
+def _setting_paths(p: Any) -> None:
+    """The params keys that become paths, for ``guard``'s one line (``flows.settings``)."""
+    from flows.settings import setting_path
+    from tasks.config import experiment_dir
+
+    reports = p.experiment.reports_dir
+    setting_path(
+        "experiment.reports_dir",
+        reports,
+        experiment_dir(p),
+        "a folder fedapt may create and write into, e.g. reports (the experiment's folder "
+        f"{p.experiment.name} goes in it)",
+    )
+    setting_path(
+        "data.root",
+        p.data.root,
+        p.data.root,
+        "a folder holding the dataset's files, or one fedapt may create and download into, "
+        "e.g. data/raw",
+    )
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fedcore.errors import ConfigError, FedaptError
+from flows.settings import setting_path, shorten
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (flows/services/config.py)
 HOST = "127.0.0.1"
@@ -96,8 +97,19 @@ class ServiceStatus:
 
 
 def state_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """The state directory: ``path``, else ``$FEDAPT_STATE_DIR``, else ``<repo>/.fedapt``."""
-    return Path(path or os.environ.get("FEDAPT_STATE_DIR") or ROOT / ".fedapt").resolve()
+    """The state directory: ``path``, else ``$FEDAPT_STATE_DIR``, else ``<repo>/.fedapt``
+    (the variable is recorded for the CLI's error line, ``flows.settings``)."""
+    if path:
+        return Path(path).resolve()
+    given = os.environ.get("FEDAPT_STATE_DIR")
+    resolved = Path(given or ROOT / ".fedapt").resolve()
+    setting_path(
+        "FEDAPT_STATE_DIR",
+        given or f"unset, so {ROOT / '.fedapt'}",
+        resolved,
+        f"a folder fedapt may create and write into (unset: {ROOT / '.fedapt'})",
+    )
+    return resolved
 
 
 MLFLOW_CONFIG = ROOT / "mlflow" / "server.toml"
@@ -113,14 +125,24 @@ _MLFLOW_OWN_FLAGS = ("--host", "--port", "--backend-store-uri", "--artifacts-des
 def mlflow_config(sd: Path, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The tracking server's settings from ``mlflow/server.toml`` (or ``path``, or
     ``$FEDAPT_MLFLOW_CONFIG``), placeholders filled; a bad file is one ConfigError line."""
-    where = Path(path or os.environ.get("FEDAPT_MLFLOW_CONFIG") or MLFLOW_CONFIG)
+    given = None if path else os.environ.get("FEDAPT_MLFLOW_CONFIG")
+    where = Path(path or given or MLFLOW_CONFIG)
+    allowed = "a TOML file with one [server] table, as mlflow/server.toml (unset: that file)"
+    if given:  # an OS error reading it names the variable (flows.settings)
+        setting_path("FEDAPT_MLFLOW_CONFIG", given, where, allowed)
     try:
         raw = tomllib.loads(where.read_text())
     except FileNotFoundError:
+        if given:
+            raise ConfigError(
+                f"FEDAPT_MLFLOW_CONFIG: {shorten(given)}: no such file; allowed: {allowed}"
+            ) from None
         raise ConfigError(
             f"{where}: the MLflow server configuration is missing "
             "(restore it with: git checkout mlflow/server.toml)"
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text (a binary file?)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML ({exc})") from None
     server = raw.get("server")
@@ -185,7 +207,7 @@ def resolve_ports(ports: Mapping[str, int] | None = None) -> dict[str, int]:
             port = int(value)
         except (TypeError, ValueError):
             raise ConfigError(
-                f"{port_env_var(name)}={value!r} is not a port number (0-65535)"
+                f"{port_env_var(name)}={shorten(repr(value))} is not a port number (0-65535)"
             ) from None
         if not 0 <= port <= 65535:
             raise ConfigError(f"{port_env_var(name)}={port} is not a port number (0-65535)")

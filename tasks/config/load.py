@@ -1,8 +1,13 @@
 """Loading: params.yaml and ``--set`` overrides (or a flat view) validated into ``Params``;
-a refusal is one line naming the file, the YAML line, the dotted key and what is allowed."""
+a refusal is one line naming the file, the YAML line, the dotted key and what is allowed.
+
+A params file may leave sections out (an overrides file, a test's few keys): each absent
+section runs on its code defaults, and one warning line on standard error names them all
+(``defaulted``), so a file cut short never passes unnoticed."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,38 @@ from tasks.config.registered import ModelSection
 from tasks.yamlfile import apply_overrides, read_mapping, where
 
 DEFAULT_PARAMS = Path("params.yaml")
+_SHOWN = 80  # characters of a refused value the error line shows
+
+
+def _union_tag(part: Any) -> bool:
+    """A step pydantic adds to the location of a union member's error (``int``,
+    ``literal['auto']``)."""
+    return isinstance(part, str) and (part in ("int", "float", "str", "bool") or "[" in part)
+
+
+def _message(err: ValidationError) -> str | None:
+    """A union's refusal (``int | Literal['auto']``) as one rule naming every allowed kind,
+    e.g. ``runtime.workers: must be a valid integer or 'auto' (got True)``; None otherwise."""
+    first = err.errors()[0]
+    if not first["loc"] or not _union_tag(first["loc"][-1]):
+        return None
+    base = first["loc"][:-1]
+    kinds = [
+        e["msg"].removeprefix("Input should be ")
+        for e in err.errors()
+        if e["loc"][:-1] == base and _union_tag(e["loc"][-1])
+    ]
+    key = ".".join(map(str, location({"loc": base})))
+    return f"{key}: must be {' or '.join(kinds)} (got {first.get('input')!r})"
+
+
+def _shortened(message: str, err: ValidationError) -> str:
+    """The line with a long refused value cut to its start and its length (a name of 10,000
+    characters is named, not printed)."""
+    got = repr(err.errors()[0].get("input"))
+    if len(got) <= _SHOWN or got not in message:
+        return message
+    return message.replace(got, f"{got[: _SHOWN - 20]}... ({len(got)} characters)")
 
 
 def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]) -> str:
@@ -29,7 +66,8 @@ def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]
         return fields_at(Params, loc)
 
     place = where(source, text, location(err.errors()[0]))
-    return f"{place}: {describe(err, Params, sections=sections)}"
+    message = _message(err) or describe(err, Params, sections=sections)
+    return f"{place}: {_shortened(message, err)}"
 
 
 def from_flat(flat: Mapping[str, Any]) -> Params | None:
@@ -50,17 +88,42 @@ def from_flat(flat: Mapping[str, Any]) -> Params | None:
         return None
 
 
+def defaulted(raw: Mapping[str, Any]) -> list[str]:
+    """The sections of Params a params file's mapping leaves out, in Params' order."""
+    return [name for name in Params.model_fields if name not in raw]
+
+
 def load_params(path: str | Path | None = None, overrides: list[str] | None = None) -> Params:
-    """Read params.yaml (or only defaults when ``path`` is None and none exists)."""
+    """Read params.yaml (or only defaults when ``path`` is None and none exists). Sections
+    the file leaves out run on their code defaults, named in one warning line on stderr."""
     source = str(path or DEFAULT_PARAMS)
     text, raw = "", {}
-    if path is not None or Path(source).exists():
+    exists = path is not None or Path(source).exists()
+    if exists:
         if not Path(source).exists():
             raise ConfigError(f"params file {source} not found")
         text, raw = read_mapping(source)
     data = apply_overrides(raw, overrides or [], Params.model_fields)
     try:
-        return Params.model_validate(data)
+        params = Params.model_validate(data)
     except ValidationError as err:
         label = source if not overrides else f"{source} (with --set)"
         raise ConfigError(_one_line(err, label, text, data)) from None
+    if not exists:
+        _warn(f"no params file ({source} not found here): every section on its code defaults")
+    elif missing := defaulted(raw):
+        _warn(
+            f"{source} leaves out section(s) {', '.join(missing)}: they run on their code "
+            'defaults (docs/operations.md, "Params files")'
+        )
+    return params
+
+
+_warned: set[str] = set()  # once per process: `fedapt reproduce` loads the file per experiment
+
+
+def _warn(message: str) -> None:
+    key = f"{Path.cwd()}: {message}"
+    if key not in _warned:
+        _warned.add(key)
+        print(f"fedapt: warning: {message}", file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@ lr_schedule, personalize and validation (their keys, defaults and bounds)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -18,6 +19,10 @@ from pydantic import (
 from tasks.config.base import MAX_ROUNDS, MAX_SEED, Section
 
 AUTO_NAME = "auto"  # experiment.name absent, null or "auto": derived by Params (derived_name)
+# experiment.name is a folder under reports_dir (and <name>-v<k>): well within a file name's
+# 255 bytes, and what an MLflow experiment's name holds
+MAX_GIVEN_NAME = 200
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SEEDS = (
     f"must be a list of distinct seeds >= 0 (at most {MAX_SEED}), e.g. [0, 1, 2, 3, 4], or "
     "null for experiment.seed alone"
@@ -26,7 +31,7 @@ _SEEDS = (
 
 class ExperimentSection(Section):
     # reports/<name>/ and the MLflow experiment; absent/null/auto: derived from the params
-    name: str = Field(AUTO_NAME, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = AUTO_NAME
     seed: int = Field(0, ge=0, le=MAX_SEED)
     reports_dir: str = "reports"
     # A seed sweep (tasks/sweep.py): every grid cell once per seed, reported as mean +- std;
@@ -38,6 +43,18 @@ class ExperimentSection(Section):
     @classmethod
     def _absent(cls, v: Any) -> Any:
         return AUTO_NAME if v is None else v
+
+    @field_validator("name")
+    @classmethod
+    def _a_folder_name(cls, v: str) -> str:
+        if len(v) > MAX_GIVEN_NAME or not _NAME.fullmatch(v):
+            shown = repr(v) if len(v) <= 60 else f"{v[:40]!r}... ({len(v)} characters)"
+            raise ValueError(
+                f"a folder name: letters, digits, '.', '_' and '-', starting with a letter or "
+                f"digit, at most {MAX_GIVEN_NAME} characters, or auto (derived from the "
+                f"params) (got {shown})"
+            )
+        return v
 
     @model_validator(mode="before")
     @classmethod
