@@ -82,6 +82,7 @@ def run_lock(directory: str | os.PathLike[str], what: str = "fedapt run") -> Ite
         yield path
         return
     created = [p for p in (directory, *directory.parents) if not p.exists()]
+    fresh = not path.exists()  # the lock file is this call's: a refused run removes it
     directory.mkdir(parents=True, exist_ok=True)
     info = {
         "what": what,
@@ -111,8 +112,12 @@ def run_lock(directory: str | os.PathLike[str], what: str = "fedapt run") -> Ite
             if path.exists():
                 raise DirectoryLocked(_describe(directory, holder(directory))) from None
     _held[path] = lock
+    failed = False
     try:
         yield path
+    except BaseException:
+        failed = True
+        raise
     finally:
         _held.pop(path, None)
         with contextlib.suppress(OSError):
@@ -123,4 +128,7 @@ def run_lock(directory: str | os.PathLike[str], what: str = "fedapt run") -> Ite
                     path.unlink()
                     for p in created:
                         p.rmdir()
+        elif fresh and failed:  # a refused run in a folder it found: no lock file left there
+            with contextlib.suppress(OSError):
+                path.unlink()  # (a process waiting on it retries on the next file)
         lock.release()
