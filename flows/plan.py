@@ -204,14 +204,15 @@ def _resolve(
     if checkpoints is None:  # the flow's (a DVC train stage names its own)
         checkpoints, base = out / "checkpoints", out / "pretrain" / "base.pt"
     base = base if pretrain else None
-    # each checkpoint: for this configuration, and holding this cell's model
-    resuming = check_checkpoints(
-        params,
-        part.content_hash(),
-        checkpoints,
-        base,
-        lambda a: built[a] if a in built else initial_cell_model(params, data, a),
-    )
+
+    # each checkpoint: for this configuration, and holding this cell's model (built here
+    # only when the plan keeps none for its adapter and a checkpoint is there)
+    def model_of(adapter: str) -> nn.Module:
+        if adapter not in built:
+            built[adapter] = initial_cell_model(params, data, adapter)
+        return built[adapter]
+
+    resuming = check_checkpoints(params, part.content_hash(), checkpoints, base, model_of)
     return RunPlan(
         params,
         data,

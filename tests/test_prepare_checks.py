@@ -59,12 +59,24 @@ def assert_refused(res, needles: list[str], before: dict[Path, tuple[int, int]],
 
 
 @pytest.fixture(scope="module")
-def partition_dir(tmp_path_factory) -> Path:
-    """A real partition of 1200 train rows over 10 clients (fedapt partition)."""
-    out = tmp_path_factory.mktemp("partition") / "p"
-    res = invoke(out.parent, "partition", "--out", str(out))
-    assert res.exit_code == 0, res.output
-    return out
+def partitions(tmp_path_factory):
+    """``partitions(scheme)``: a real partition of 1200 train rows over 10 clients (fedapt
+    partition), made once per scheme."""
+    made: dict[str, Path] = {}
+
+    def get(scheme: str) -> Path:
+        if scheme not in made:
+            out = tmp_path_factory.mktemp(scheme) / "p"
+            res = invoke(out.parent, "partition", "--out", str(out), *_scheme(scheme))
+            assert res.exit_code == 0, res.output
+            made[scheme] = out
+        return made[scheme]
+
+    return get
+
+
+def _scheme(scheme: str) -> list[str]:
+    return ["--set", f"partition.scheme={scheme}"]
 
 
 def _rows(d: Path) -> tuple[str, list[list[int]]]:
@@ -92,10 +104,25 @@ def _write(d: Path, rows: list[list[int]], *, rehash: bool = True, sizes: bool =
     (d / "stats.json").write_text(json.dumps(stats))
 
 
+SCHEMES = {"labels-other-than-m": "labels_per_client", "noise-not-increasing": "gaussian_noise"}
+
+
 def _manifest_case(name: str, d: Path) -> tuple[list[str], list[str], bool]:
     """(args, needles, the flow's validation refuses it too) of one bad partition in ``d``."""
     manifest, stats = str(d / "manifest.csv"), str(d / "stats.json")
     header, rows = _rows(d)
+    if name == "labels-other-than-m":  # stats.json says client 4 holds 3 labels, m is 2
+        s = json.loads((d / "stats.json").read_text())
+        s["clients"][4]["num_labels"] = 3
+        (d / "stats.json").write_text(json.dumps(s))
+        needle = "client 4 holds 3 labels; partition.labels_per_client.m asks for exactly 2"
+        return _scheme(SCHEMES[name]), [stats, needle], True
+    if name == "noise-not-increasing":  # client 3's noise as client 2's, the hash recomputed
+        s = json.loads((d / "stats.json").read_text())
+        s["clients"][3]["noise_var"] = s["clients"][2]["noise_var"]
+        (d / "stats.json").write_text(json.dumps(s))
+        _write(d, rows)
+        return _scheme(SCHEMES[name]), [stats, "client 3 has noise_var", "not above client 2"], True
     if name == "sample-on-two-clients":  # the issue's case: the hash recomputed
         first = rows[0]
         r = next(k for k, row in enumerate(rows) if row[0] != first[0])
@@ -150,9 +177,10 @@ def _manifest_case(name: str, d: Path) -> tuple[list[str], list[str], bool]:
         "wrong-columns",
         "hash-differs",
         "drawn-shards-too-small",
+        *SCHEMES,
     ],
 )
-def test_bad_partition_is_refused_before_the_flow(tmp_path, partition_dir, name):
+def test_bad_partition_is_refused_before_the_flow(tmp_path, partitions, name):
     """Each case: refused by ``prepare`` naming the file and row (or client), nothing written
     (no validation.json either); the cases the flow's own validation (great-expectations)
     would refuse, it does refuse: the two agree."""
@@ -163,7 +191,7 @@ def test_bad_partition_is_refused_before_the_flow(tmp_path, partition_dir, name)
         flow = False
     else:
         d = tmp_path / "part"
-        shutil.copytree(partition_dir, d)
+        shutil.copytree(partitions(SCHEMES.get(name, "dirichlet_classwise")), d)
         extra, needles, flow = _manifest_case(name, d)
         args = ["--partition", str(d), *extra]
     roots = _roots(tmp_path)
@@ -193,7 +221,7 @@ CKPT_SETS = [
     "runtime.workers=0",
     "runtime.numerics=portable",
     "runtime.checkpoint_every=1",
-    "grid.algorithms=[fedavg,fedadam]",
+    "grid.algorithms=[fedavg,fedadam,scaffold]",
 ]
 
 
@@ -207,7 +235,8 @@ def _ckpt_params(reports: Path):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, bytes]:
-    """The final checkpoints of one round of fedavg-full and fedadam-full (file bytes)."""
+    """The final checkpoints of one round of fedavg-full, fedadam-full (its moments) and
+    scaffold-full (its controls), file bytes."""
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
@@ -217,7 +246,7 @@ def checkpoints(tmp_path_factory) -> dict[str, bytes]:
     data = load_experiment_data(p)
     part = build_partition(p, data)
     out = {}
-    for algorithm in ("fedavg", "fedadam"):
+    for algorithm in ("fedavg", "fedadam", "scaffold"):
         ckpt = tmp / f"{algorithm}-full.pt"
         train_cell_model(
             p, data, part, algorithm, "full", tmp / algorithm, checkpoint_file=ckpt,
@@ -229,6 +258,24 @@ def checkpoints(tmp_path_factory) -> dict[str, bytes]:
 
 def _first_weight(state: dict[str, torch.Tensor]) -> str:
     return next(k for k, v in state.items() if v.is_floating_point() and v.ndim >= 2)
+
+
+def test_checkpoints_of_the_cells_model_resume(tmp_path, checkpoints):
+    """The check refuses nothing a rerun resumes from: untouched checkpoints (the global
+    model, FedAdam's moments, SCAFFOLD's controls) pass it."""
+    from flows.plan import prepare
+    from tasks.config import experiment_dir
+
+    p = _ckpt_params(tmp_path / "reports")
+    folder = experiment_dir(p) / "checkpoints"
+    folder.mkdir(parents=True)
+    for algorithm, blob in checkpoints.items():
+        (folder / f"{algorithm}-full.pt").write_bytes(blob)
+    assert prepare(p, storage=False, results=False).resuming == [
+        "fedavg-full",
+        "fedadam-full",
+        "scaffold-full",
+    ]
 
 
 @pytest.mark.parametrize("case", ["shape", "dtype", "missing", "moment-shape"])
