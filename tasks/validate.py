@@ -223,6 +223,10 @@ def check_shards(
         row, check, column = _first_failure(err)
         problem = _row_problem(manifest, row, check, column, n, num_classes, manifest_name)
         raise ConfigError(f"{problem}; {fix}") from None
+    listed = stats.get("clients")
+    if not isinstance(listed, list) or len(listed) != n:
+        shown = len(listed) if isinstance(listed, list) else "no list of"
+        raise ConfigError(f"{stats_name}: lists {shown} clients for num_clients {n}; {fix}")
     try:
         frame, schema = client_frame(manifest, stats), client_schema(stats, min_size)
     except (KeyError, TypeError, ValueError) as exc:  # a field the rules read
@@ -302,6 +306,8 @@ def _client_problem(
             f"{at} holds {int(c['num_labels'])} labels; partition.labels_per_client.m asks "
             f"for exactly {m}"
         )
+    if check == "not_nullable" or (check == "increasing" and row == 0):
+        return f"{at} has {column} {c[column]}, not a number"
     if check == "increasing":
         before = frame.iloc[row - 1]
         return (
