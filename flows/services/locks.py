@@ -5,7 +5,8 @@ the block and writes the holder (what, pid, host, start time) into it. A second 
 with one line naming the running process (``DirectoryLocked``), before it writes anything.
 The kernel drops a flock when its holder dies, also on kill -9, so a dead run never blocks
 the next one; the file then still names the dead pid, which is reported as such if leftover
-processes of that run (e.g. a forked worker) still hold the lock.
+processes of that run (e.g. a forked worker) still hold the lock. A block that fails (a
+refused run) removes the lock file it made: a refused run leaves no file behind.
 
 Forked children (client worker pools) close their copy of the descriptor (filelock's
 ``os.fork`` hook) and forget the lock (ours): they never keep the lock alive after their parent
