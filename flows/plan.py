@@ -113,12 +113,14 @@ def check_sweep(params: Params, partition_dir: str | Path | None) -> None:
         )
 
 
-def check_storage(params: Params) -> None:
+def check_storage(params: Params, *, results: bool = True) -> None:
     """What ``prepare(storage=False)`` left for when S3 is up: the bucket (reachable, keys
-    accepted, created if missing) and no other params' results under the experiment there."""
+    accepted, created if missing) and, with ``results``, no other params' results under the
+    experiment there."""
     if params.storage.bucket:
         ensure_bucket(params.storage.bucket)
-        check_results(params, s3=True)
+        if results:
+            check_results(params, s3=True)
 
 
 def prepare(
