@@ -39,6 +39,7 @@ from tasks.report import (
     summary_task,
     upload_task,
 )
+from tasks.storage import experiment_prefix
 from tasks.sweep import (
     log_sweep_metrics_task,
     seed_dir,
@@ -282,7 +283,7 @@ def experiment_flow(
             log_results_task(parent, str(out))
         shutil.rmtree(checkpoints, ignore_errors=True)  # the grid is done: nothing to resume
         if p.storage.bucket:
-            prefix = f"{p.storage.prefix}/{p.experiment.name}"
+            prefix = experiment_prefix(p.storage.prefix, p.experiment.name)
             upload_task(str(out), p.storage.bucket, prefix)
         if parent is not None:
             end_tracking_task(parent)
@@ -324,7 +325,8 @@ def run_sweep(
     for seed in seeds:  # the sweep is done: nothing to resume
         shutil.rmtree(seed_dir(out, seed) / "checkpoints", ignore_errors=True)
     if p.storage.bucket:
-        upload_task(str(out), p.storage.bucket, f"{p.storage.prefix}/{p.experiment.name}")
+        prefix = experiment_prefix(p.storage.prefix, p.experiment.name)
+        upload_task(str(out), p.storage.bucket, prefix)
     if parent is not None:
         end_tracking_task(parent)
     return records

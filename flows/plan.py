@@ -2,8 +2,9 @@
 
 ``prepare`` checks every input a run would reject (names, the grid's cells against their
 algorithms, GPUs, the report's baseline, writable folders, the tracking and S3 servers, the
-data, every adapter on the model, the pretrain source, the partition, other params' results,
-the checkpoints of a rerun) and keeps what it computed on the way: the experiment's data,
+data, every adapter on the model, the pretrain source, the partition (every rule of the
+flow's shard validation: ``flows.checks``), other params' results, the checkpoints of a rerun
+(their configuration, then every tensor against the cell's model)) and keeps what it computed on the way: the experiment's data,
 its partition (drawn, or read from ``--partition`` and checked) and, per grid cell, a
 ``CellSpec`` and the cell's initial model. Each check runs once: ``fedapt run``, a DVC train
 stage and ``fedapt reproduce`` prepare before a server starts; a deployment's flow run
@@ -26,9 +27,9 @@ from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import Partition
+from flows.checks import check_checkpoints, check_drawn_partition, check_given_partition
 from flows.localray import check_local_ray
 from flows.runners import check_gpus
-from tasks import checkpoint
 from tasks.cell import CellSpec, check_cell, check_ray_clients, grid_cells, initial_cell_model
 from tasks.config import Params, experiment_dir
 from tasks.data import ExperimentData, load_experiment_data
@@ -114,6 +115,16 @@ def check_sweep(params: Params, partition_dir: str | Path | None) -> None:
         )
 
 
+def check_storage(params: Params, *, results: bool = True) -> None:
+    """What ``prepare(storage=False)`` left for when S3 is up: the bucket (reachable, keys
+    accepted, created if missing) and, with ``results``, no other params' results under the
+    experiment there."""
+    if params.storage.bucket:
+        ensure_bucket(params.storage.bucket)
+        if results:
+            check_results(params, s3=True)
+
+
 def prepare(
     params: Params,
     partition_dir: str | Path | None = None,
@@ -122,6 +133,8 @@ def prepare(
     results: bool = True,
     models: bool = True,
     names_checked: bool = False,
+    checkpoints: Path | None = None,
+    base: Path | None = None,
 ) -> RunPlan:
     """Check everything a run would reject (cheap: no training) and resolve the run.
 
@@ -131,6 +144,8 @@ def prepare(
     its own experiments). ``models=False``: check every adapter on the model but keep no
     model (``fedapt reproduce`` checks every experiment before the first one runs).
     ``names_checked``: the caller ran ``check_names`` already (before starting a server).
+    ``checkpoints``, ``base``: where a DVC train stage keeps its cell's checkpoint and reads
+    its pretrain base (default: the experiment's folder, as the flow).
     """
     check_sweep(params, partition_dir)
     if not names_checked:
@@ -142,7 +157,7 @@ def prepare(
     if storage and params.storage.bucket:
         ensure_bucket(params.storage.bucket)  # unreachable S3 or bad keys -> one line now
     if params.experiment.seeds is None:
-        plan = _resolve(params, partition_dir, out, models)
+        plan = _resolve(params, partition_dir, out, models, checkpoints=checkpoints, base=base)
     else:  # a sweep: every seed's own data, draw, base and checkpoints
         first: list[ExperimentData] = []  # the splits, read once for every seed
         seeds = []
@@ -165,9 +180,12 @@ def _resolve(
     keep_models: bool,
     like: ExperimentData | None = None,
     check: bool = True,
+    checkpoints: Path | None = None,
+    base: Path | None = None,
 ) -> RunPlan:
     """One experiment's (one seed's) data (``like``'s splits, when given), models, pretrain
-    source, partition and checkpoints."""
+    source, partition (drawn or given, checked as the flow's validation will) and
+    checkpoints (their configuration, then their tensors against the cells' models)."""
     data = load_experiment_data(params, like)  # missing data -> how to get it
     pretrain = params.model.base == "pretrain"
     keep = keep_models and not pretrain  # a pretrain base is written by the flow, later
@@ -184,10 +202,21 @@ def _resolve(
         check_source(params, data)  # no source rows left, classes out of range, no dataset
     if partition_dir is None:
         part = build_partition(params, data)  # bad partition options and values
+        check_drawn_partition(params, data, part)  # what the flow's shard validation refuses
     else:
         part = _given_partition(params, data, partition_dir)
-    base = out / "pretrain" / "base.pt" if pretrain else None
-    resuming = checkpoint.check_cells(params, part.content_hash(), out / "checkpoints", base)
+    if checkpoints is None:  # the flow's (a DVC train stage names its own)
+        checkpoints, base = out / "checkpoints", out / "pretrain" / "base.pt"
+    base = base if pretrain else None
+
+    # each checkpoint: for this configuration, and holding this cell's model (built here
+    # only when the plan keeps none for its adapter and a checkpoint is there)
+    def model_of(adapter: str) -> nn.Module:
+        if adapter not in built:
+            built[adapter] = initial_cell_model(params, data, adapter)
+        return built[adapter]
+
+    resuming = check_checkpoints(params, part.content_hash(), checkpoints, base, model_of)
     return RunPlan(
         params,
         data,
@@ -209,6 +238,7 @@ def _check_codecs(params: Params, adapter: str, model: nn.Module) -> None:
 
 
 def _given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> Partition:
+    check_given_partition(params, data, partition_dir)  # every row and client, the flow's rules
     labels = data.train.labels.numpy()
     part = load_partition(partition_dir, num_samples=len(labels), labels=labels)
     check_partition_data(params, data, partition_dir, part)  # another subset -> one line

@@ -28,7 +28,6 @@ os.environ.pop("PREFECT_API_URL", None)
 import flows.plan as fp  # noqa: E402
 import tasks.backbone as tb  # noqa: E402
 import tasks.cell as tc  # noqa: E402
-import tasks.checkpoint as tk  # noqa: E402
 import tasks.data as td  # noqa: E402
 import tasks.partitioning as tp  # noqa: E402
 
@@ -53,7 +52,7 @@ def main() -> None:
     count(tc, "build_simulation", "cells built")
     count(fp, "check_cell", "check: a cell against its algorithm")
     count(fp, "check_results", "check: other params' results")
-    count(tk, "check_cells", "check: checkpoints of a rerun")
+    count(fp, "check_checkpoints", "check: checkpoints of a rerun")
     count(fp, "check_sweep", "check: sweep and --partition")
     count(fp, "prepare", "plans prepared")
     from prefect.testing.utilities import prefect_test_harness

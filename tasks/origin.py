@@ -163,7 +163,7 @@ def _finished_s3(params: Params) -> dict[str, Any] | None:
 
     if not params.storage.bucket:
         return None
-    key = f"{params.storage.prefix.strip('/')}/{params.experiment.name}/summary.json"
+    key = f"{storage.experiment_prefix(params.storage.prefix, params.experiment.name)}/summary.json"
     summary = storage.read_json(params.storage.bucket, key)
     return summary.get("params") if isinstance(summary, dict) else None
 
@@ -177,7 +177,9 @@ def holder(params: Params, *, s3: bool = True) -> tuple[str, dict[str, Any]] | N
     if theirs is not None and _key(theirs) != _key(ours):
         return str(local), theirs
     if s3 and (remote := _finished_s3(params)) is not None and _key(remote) != _key(ours):
-        prefix = f"{params.storage.prefix.strip('/')}/{params.experiment.name}/"
+        from tasks.storage import experiment_prefix
+
+        prefix = f"{experiment_prefix(params.storage.prefix, params.experiment.name)}/"
         return f"s3://{params.storage.bucket}/{prefix}", remote
     return None
 

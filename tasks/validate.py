@@ -1,6 +1,12 @@
 """Validated client shards: a pandera schema over the manifest and a great-expectations suite
 over per-client statistics. A failure stops the flow before any training, with a report of
-which client failed which expectation and the observed value (``validation.json``)."""
+which client failed which expectation and the observed value (``validation.json``).
+
+``check_shards`` applies the same rules before a run starts (``flows.plan.prepare``), with
+pandera alone and without writing anything: a partition the flow's validation would refuse is
+refused in one line naming the file and its first offending row (the manifest's, or the
+client's entry of stats.json), or, for a partition drawn by the run, the setting.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from fedcore.errors import FedaptError
+from fedcore.errors import ConfigError, FedaptError
 from tasks.io import atomic_write_json
 
 
@@ -110,6 +116,206 @@ def _observed(frame: pd.DataFrame, i: int, kwargs: dict[str, Any]) -> Any:
     cols = [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
     values = {c: frame[c].iloc[i].item() for c in cols}  # column dtype kept (ints stay ints)
     return values if len(values) > 1 else next(iter(values.values()))
+
+
+# ---- the same rules before the run: pandera, one line, nothing written -----------------------
+
+
+def shard_schema(num_clients: int, num_classes: int | None) -> Any:
+    """pandera, the rules of ``manifest_schema`` as named checks: ``client_id`` in range,
+    every ``sample_index`` on one row only (a repeat is the offending row, not the first
+    occurrence), ``label`` in range (``num_classes`` None: not checked here)."""
+    import pandera.pandas as pa
+
+    label = [] if num_classes is None else [_between(0, num_classes - 1, "label")]
+    return pa.DataFrameSchema(
+        {
+            "client_id": pa.Column(int, _between(0, num_clients - 1, "client")),
+            "sample_index": pa.Column(
+                int, [_between(0, None, "index"), pa.Check(lambda s: ~s.duplicated(), name="once")]
+            ),
+            "label": pa.Column(int, label),
+        },
+        strict=True,
+        coerce=False,
+    )
+
+
+def _between(low: int, high: int | None, name: str) -> Any:
+    """A pandera check ``low <= x <= high`` (``high`` None: no upper bound) under ``name``
+    (the built-in checks report their own names, not the one given)."""
+    import pandera.pandas as pa
+
+    if high is None:
+        return pa.Check(lambda s: s >= low, name=name)
+    return pa.Check(lambda s: (s >= low) & (s <= high), name=name)
+
+
+def client_schema(stats: dict[str, Any], min_size: int) -> Any:
+    """pandera, the great-expectations suite of ``_expectations`` over ``client_frame``: each
+    client at least max(1, ``min_size``) samples, its stats.json size the manifest's count,
+    exactly m labels (labels_per_client), noise variances strictly increasing
+    (gaussian_noise)."""
+    import pandera.pandas as pa
+
+    least = max(1, min_size)
+    num_labels: list[Any] = []
+    if stats["scheme"] == "labels_per_client":
+        m = int(stats["params"]["m"])
+        num_labels = [_between(m, m, "labels")]
+    noise: list[Any] = []
+    if stats["scheme"] == "gaussian_noise":
+        noise = [pa.Check(_increasing, name="increasing")]
+    return pa.DataFrameSchema(
+        {
+            "client_id": pa.Column(int),
+            "size": pa.Column(int, _between(least, None, "size")),
+            "manifest_count": pa.Column(int),
+            "num_labels": pa.Column(int, num_labels),
+            "noise_var": pa.Column(float, noise),
+        },
+        checks=[pa.Check(lambda d: d["size"] == d["manifest_count"], name="count")],
+        strict=True,
+        coerce=False,
+    )
+
+
+def _increasing(s: pd.Series) -> pd.Series:
+    """Each value above the one before it (the first: a number); a NaN fails, as in
+    great-expectations' strictly increasing."""
+    ok = s.diff() > 0
+    if len(ok):
+        ok.iloc[0] = not pd.isna(s.iloc[0])
+    return ok
+
+
+def _first_failure(err: Any) -> tuple[int | None, str, str]:
+    """(row, check, column) of pandera's first failure: the lowest row (a check of the whole
+    frame, or of a column's type, has none and comes first)."""
+    cases = err.failure_cases
+    rows = pd.to_numeric(cases["index"], errors="coerce")
+    at = rows.fillna(-1).sort_values(kind="stable").index[0]
+    row = None if pd.isna(rows[at]) else int(rows[at])
+    return row, str(cases.loc[at, "check"]), str(cases.loc[at, "column"])
+
+
+def check_shards(
+    manifest: pd.DataFrame,
+    stats: dict[str, Any],
+    num_classes: int | None,
+    min_size: int,
+    *,
+    manifest_name: str,
+    stats_name: str,
+    fix: str,
+) -> None:
+    """The flow's shard validation before the run (pandera, nothing written): one
+    ``ConfigError`` naming the first offending manifest row (``manifest_name``, row 2 the
+    first after the header) or client (``stats_name``'s ``clients`` entry), then ``fix``.
+    ``manifest`` is in the file's row order; ``stats`` as ``fedcore.manifest.partition_stats``
+    writes it."""
+    import pandera.errors
+
+    n = int(stats["num_clients"])
+    try:
+        shard_schema(n, num_classes).validate(manifest, lazy=True)
+    except pandera.errors.SchemaErrors as err:
+        row, check, column = _first_failure(err)
+        problem = _row_problem(manifest, row, check, column, n, num_classes, manifest_name)
+        raise ConfigError(f"{problem}; {fix}") from None
+    listed = stats.get("clients")
+    if not isinstance(listed, list) or len(listed) != n:
+        shown = len(listed) if isinstance(listed, list) else "no list of"
+        raise ConfigError(f"{stats_name}: lists {shown} clients for num_clients {n}; {fix}")
+    try:
+        frame, schema = client_frame(manifest, stats), client_schema(stats, min_size)
+    except (KeyError, TypeError, ValueError) as exc:  # a field the rules read
+        raise ConfigError(
+            f"{stats_name}: missing or malformed field {exc} in its clients; {fix}"
+        ) from None
+    try:
+        schema.validate(frame, lazy=True)
+    except pandera.errors.SchemaErrors as err:
+        row, check, column = _first_failure(err)
+        raise ConfigError(
+            _client_problem(frame, row, check, column, stats, min_size, stats_name, manifest_name)
+            + f"; {fix}"
+        ) from None
+
+
+def _row_problem(
+    manifest: pd.DataFrame,
+    row: int | None,
+    check: str,
+    column: str,
+    num_clients: int,
+    num_classes: int | None,
+    name: str,
+) -> str:
+    if row is None:
+        return f"{name}: column {column}: {check}"
+    at = f"{name}: row {row + 2}"
+    value = int(manifest[column].iloc[row]) if column in manifest else None
+    if check == "once":
+        first = int(np.flatnonzero(manifest["sample_index"].to_numpy() == value)[0])
+        return (
+            f"{at}, column sample_index: sample {value} is on client "
+            f"{int(manifest['client_id'].iloc[row])} and on client "
+            f"{int(manifest['client_id'].iloc[first])} (row {first + 2}); a sample belongs to "
+            "one client"
+        )
+    if check == "client":
+        return (
+            f"{at}, column client_id: {value} is outside 0..{num_clients - 1} "
+            f"(num_clients {num_clients})"
+        )
+    if check == "label" and num_classes is not None:
+        return f"{at}, column label: {value} is outside 0..{num_classes - 1}"
+    return f"{at}, column {column}: {value} fails {check}"
+
+
+def _client_problem(
+    frame: pd.DataFrame,
+    row: int | None,
+    check: str,
+    column: str,
+    stats: dict[str, Any],
+    min_size: int,
+    name: str,
+    manifest_name: str,
+) -> str:
+    if row is None:
+        return f"{name}: clients: column {column}: {check}"
+    c = frame.iloc[row]
+    at = f"{name}: client {int(c['client_id'])}"
+    if check == "size":
+        need = (
+            f"validation.min_shard_size is {min_size}"
+            if min_size > 1
+            else "every client needs at least 1"
+        )
+        return f"{at} holds {int(c['size'])} samples; {need}"
+    if check == "count":
+        return (
+            f"{at} has size {int(c['size'])}, but {manifest_name} holds "
+            f"{int(c['manifest_count'])} rows of client {int(c['client_id'])}"
+        )
+    if check == "labels":
+        m = stats["params"]["m"]
+        return (
+            f"{at} holds {int(c['num_labels'])} labels; partition.labels_per_client.m asks "
+            f"for exactly {m}"
+        )
+    if check == "not_nullable" or (check == "increasing" and row == 0):
+        return f"{at} has {column} {c[column]}, not a number"
+    if check == "increasing":
+        before = frame.iloc[row - 1]
+        return (
+            f"{at} has noise_var {float(c['noise_var'])}, not above client "
+            f"{int(before['client_id'])}'s {float(before['noise_var'])} (gaussian_noise: "
+            "strictly increasing)"
+        )
+    return f"{at}: column {column} fails {check}"
 
 
 def validate_partition(

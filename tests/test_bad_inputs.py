@@ -558,10 +558,11 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
 
 @pytest.mark.slow
 def test_a_given_partition_is_never_written_and_the_error_line_is_last(tmp_path, partition_dir):
-    """``fedapt run --partition DIR`` writes its shard report into the experiment's folder,
-    never into DIR; a failure inside the flow (shards too small, found by the validation
-    task) ends with the error line: Prefect's API logs were sent before its temporary
-    server stopped (no "Error logging to API" after it). A real process and server."""
+    """``fedapt run --partition DIR`` never writes into DIR; shards the flow's validation
+    would refuse (too small for validation.min_shard_size) are refused before the flow, in
+    one line naming DIR's stats.json and the client, with no report and no other file
+    written (issue 45: before, the validation task refused them inside the flow, after
+    writing validation.json). A real process."""
     import os
     import subprocess
     import sys
@@ -585,8 +586,8 @@ def test_a_given_partition_is_never_written_and_the_error_line_is_last(tmp_path,
         part.chmod(0o755)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert lines[-1].startswith("fedapt: error: shard validation failed"), res.stderr
+    assert lines[-1].startswith(f"fedapt: error: {part / 'stats.json'}: client 0 holds"), lines
+    assert "validation.min_shard_size is 100000" in lines[-1], lines[-1]
     assert "Error logging to API" not in res.stderr + res.stdout, res.stderr
-    report = reports / "fmnist-dir05-fedavg" / "validation.json"
-    assert f"report: {report}" in lines[-1] and report.is_file(), lines[-1]
+    assert not reports.exists() or not any(p.is_file() for p in reports.rglob("*"))
     assert {p.name: p.stat().st_mtime_ns for p in part.iterdir()} == before

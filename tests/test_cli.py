@@ -255,8 +255,10 @@ def check_readme_load(tmp_path, ref):
 
 
 def test_validation_failure_stops_before_training(tmp_path):
-    """A shard that breaks an expectation: report written, no training, no traceback.
-    Run as the user runs it (a real process with its own temporary Prefect server)."""
+    """A shard that breaks an expectation: refused before the flow (issue 45: ``prepare``
+    applies the shard validation's rules to the partition it drew), one line naming the
+    setting and the client, no traceback, nothing written (no partition, no report). Run as
+    the user runs it (a real process)."""
     import os
 
     args = [a for a in SMALL] + [
@@ -281,11 +283,12 @@ def test_validation_failure_stops_before_training(tmp_path):
     )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text
-    assert "fedapt: error: shard validation failed" in text and "Traceback" not in text
-    exp = tmp_path / "reports/fmnist-dir05-fedavg"
-    report = json.loads((exp / "partition/validation.json").read_text())
-    assert report["success"] is False and report["failures"][0]["client_id"] is not None
-    assert not (exp / "runs").exists() and not (exp / "summary.json").exists()
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("fedapt: error: partition.dirichlet_classwise over 10 clients"), text
+    assert "client 0 holds" in last and "validation.min_shard_size is 5000" in last, last
+    assert "Traceback" not in text, text
+    reports = tmp_path / "reports"
+    assert not reports.exists() or not any(p.is_file() for p in reports.rglob("*")), text
 
 
 def test_deploy_cron_schedule(prefect_server):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 from typing import Annotated, Any
@@ -66,7 +67,7 @@ def run(
         services.patched_environ(services.env_for_clients()),
     ):
         from flows.experiment import experiment_flow, in_process
-        from flows.plan import check_names, check_sweep, prepare
+        from flows.plan import check_names, check_storage, check_sweep, prepare
         from tasks import tracking
         from tasks.config import experiment_dir
         from tasks.io import check_writable
@@ -86,18 +87,21 @@ def run(
                 given.append(f"experiment.name={named.experiment.name}")
             p = named
         check_writable("experiment.reports_dir", experiment_dir(p))
-        with (
+        with contextlib.ExitStack() as stack:
             # one run per experiment directory: a second one stops here, naming the first,
             # before it writes anything or starts a server
-            services.run_lock(experiment_dir(p), "fedapt run"),
+            stack.enter_context(services.run_lock(experiment_dir(p), "fedapt run"))
+            # every input checked, the data read, the partition drawn (or read and checked
+            # row by row), the models built; another run's results, another configuration's
+            # checkpoints or another model's -> one line, before any server starts
+            plan = prepare(
+                p, partition_dir, storage=False, models=in_process(p), names_checked=True
+            )
             # temporary servers (S3; Prefect once the inputs are checked) are tied to this
             # process: they die with it, kill -9 included
-            services.run_environment(need_s3=bool(p.storage.bucket)),
-            tracking.ended_on_error(),  # runs still open on an error: FAILED / KILLED
-        ):
-            # every input checked, the data read, the partition drawn, the models built;
-            # another run's results or another configuration's checkpoints -> one line
-            plan = prepare(p, partition_dir, models=in_process(p), names_checked=True)
+            stack.enter_context(services.run_environment(need_s3=bool(p.storage.bucket)))
+            stack.enter_context(tracking.ended_on_error())  # runs open on an error: FAILED
+            check_storage(p)  # S3 reachable, the bucket there, no other params' results in it
             if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
                 _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
             quiet_prefect_tracebacks()
@@ -168,9 +172,10 @@ def _where_results(params: Any, data: Any) -> list[str]:
             "--backend-store-uri sqlite:///mlruns/mlflow.db`)"
         )
     if params.storage.bucket:
-        lines.append(
-            f"outputs: s3://{params.storage.bucket}/{params.storage.prefix}/{params.experiment.name}/"
-        )
+        from tasks.storage import experiment_prefix
+
+        prefix = experiment_prefix(params.storage.prefix, params.experiment.name)
+        lines.append(f"outputs: s3://{params.storage.bucket}/{prefix}/")
     return lines
 
 

@@ -3,6 +3,7 @@ reproduction report (``reproduce/<profile>/reproduction.md``, from the committed
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -163,7 +164,7 @@ def _run(
         stop_on_signals(cleanup=_runs_killed),
         services.patched_environ(services.env_for_clients()),
     ):
-        from flows.plan import check_names, prepare
+        from flows.plan import check_names, check_storage, prepare
         from flows.reproduce import reproduce_flow
         from tasks import tracking
         from tasks.io import check_writable
@@ -177,13 +178,15 @@ def _run(
         check_writable("--out", runs.out_root(profile, where))
         base = items[0].params if items else None
         need_s3 = any(bool(it.params.storage.bucket) for it in todo)
-        with (
-            services.run_lock(root, "fedapt reproduce"),
-            services.run_environment(need_s3=need_s3),
-            tracking.ended_on_error(),
-        ):
-            for it in todo:  # every input checked before the first experiment starts
-                prepare(it.params, results=False, models=False, names_checked=True)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(services.run_lock(root, "fedapt reproduce"))
+            for it in todo:  # every input checked before the first experiment starts (and
+                # before any server: the buckets once S3 is up)
+                prepare(it.params, storage=False, results=False, models=False, names_checked=True)
+            stack.enter_context(services.run_environment(need_s3=need_s3))
+            stack.enter_context(tracking.ended_on_error())
+            for it in todo:
+                check_storage(it.params, results=False)
             if base is not None and base.runtime.tracking:  # runs a killed run left RUNNING
                 for name in [f"reproduce-{profile}", *(it.params.experiment.name for it in todo)]:
                     tracking.close_stale_runs(name)

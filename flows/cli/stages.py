@@ -157,9 +157,13 @@ def train(
     slot = None  # "cell k of N" (each cell is its own stage: no grid ETA)
     if spec in cells:
         slot = GridSlot(cells.index(spec) + 1, len(cells), p.federation.rounds)
-    plan = prepare(p, partition_dir, storage=False, results=False)
-    _require_valid(partition_dir)
     require_base(p, base_dir / "base.pt")  # model.base: pretrain without a base -> now
+    # (the cell's checkpoint is this stage's own: checked with the data and models)
+    ckpts = Path("artifacts/checkpoints")
+    plan = prepare(
+        p, partition_dir, storage=False, results=False, checkpoints=ckpts, base=base_dir / "base.pt"
+    )
+    _require_valid(partition_dir)
     cell_dir = out_dir or Path("artifacts/runs") / dvc_folder(spec)
     for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
         check_writable(key, folder)  # a path below a file: one line now, not after training
@@ -177,7 +181,7 @@ def train(
             base_path=base_dir / "base.pt",
             # outside the stage's output (DVC removes that before it runs): a killed
             # `dvc repro` resumes the cell; deleted when the cell's outputs are written
-            checkpoint_file=Path("artifacts/checkpoints") / f"{cell}.pt",
+            checkpoint_file=ckpts / f"{cell}.pt",
             slot=slot,
             data=plan.data,  # read once, by prepare
             part=plan.partition,

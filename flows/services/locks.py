@@ -5,7 +5,8 @@ the block and writes the holder (what, pid, host, start time) into it. A second 
 with one line naming the running process (``DirectoryLocked``), before it writes anything.
 The kernel drops a flock when its holder dies, also on kill -9, so a dead run never blocks
 the next one; the file then still names the dead pid, which is reported as such if leftover
-processes of that run (e.g. a forked worker) still hold the lock.
+processes of that run (e.g. a forked worker) still hold the lock. A block that fails (a
+refused run) removes the lock file it made: a refused run leaves no file behind.
 
 Forked children (client worker pools) close their copy of the descriptor (filelock's
 ``os.fork`` hook) and forget the lock (ours): they never keep the lock alive after their parent
@@ -82,6 +83,7 @@ def run_lock(directory: str | os.PathLike[str], what: str = "fedapt run") -> Ite
         yield path
         return
     created = [p for p in (directory, *directory.parents) if not p.exists()]
+    fresh = not path.exists()  # the lock file is this call's: a refused run removes it
     directory.mkdir(parents=True, exist_ok=True)
     info = {
         "what": what,
@@ -111,8 +113,12 @@ def run_lock(directory: str | os.PathLike[str], what: str = "fedapt run") -> Ite
             if path.exists():
                 raise DirectoryLocked(_describe(directory, holder(directory))) from None
     _held[path] = lock
+    failed = False
     try:
         yield path
+    except BaseException:
+        failed = True
+        raise
     finally:
         _held.pop(path, None)
         with contextlib.suppress(OSError):
@@ -123,4 +129,7 @@ def run_lock(directory: str | os.PathLike[str], what: str = "fedapt run") -> Ite
                     path.unlink()
                     for p in created:
                         p.rmdir()
+        elif fresh and failed:  # a refused run in a folder it found: no lock file left there
+            with contextlib.suppress(OSError):
+                path.unlink()  # (a process waiting on it retries on the next file)
         lock.release()

@@ -15,7 +15,30 @@ class StorageSection(Section):
     """S3-compatible copy of the experiment's outputs (endpoint/credentials from AWS_* env)."""
 
     bucket: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    # The folder of the bucket the experiments go to (s3://<bucket>/<prefix>/<experiment>/),
+    # normalised as a POSIX path: "runs//a/./" is "runs/a"; "" the bucket's top.
     prefix: str = "fedapt"
+
+    @field_validator("prefix")
+    @classmethod
+    def _relative_key(cls, v: str) -> str:
+        """A relative folder inside the bucket: no ``..`` (S3 refuses such keys, or they
+        name another folder than the one asked for), no leading ``/`` (an absolute path),
+        no control characters (S3's XML listings cannot carry them)."""
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
+            raise ValueError(f"a folder inside the bucket has no control characters (got {v!r})")
+        if v.startswith("/"):
+            raise ValueError(
+                "a folder inside the bucket, relative to its top: no leading / (e.g. fedapt "
+                f"or team/fedapt) (got {v!r})"
+            )
+        parts = [s for s in v.split("/") if s not in ("", ".")]
+        if ".." in parts:
+            raise ValueError(
+                "a folder inside the bucket: no .. (it would leave the folder asked for; "
+                f"e.g. fedapt or team/fedapt) (got {v!r})"
+            )
+        return "/".join(parts)
 
 
 class ReportSection(Section):

@@ -1,0 +1,181 @@
+"""What ``flows.plan.prepare`` checks of a run's files before anything starts: the partition
+(every rule of the flow's shard validation, ``tasks.validate``, with pandera) and the cells'
+checkpoints (their fingerprint, then every tensor against the cell's model). A refusal is one
+``ConfigError`` naming the file and the first offending row or tensor; nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from fedcore.errors import ConfigError
+from fedcore.manifest import partition_stats, read_manifest
+from fedcore.partition import Partition
+from tasks import checkpoint
+from tasks.config import Params
+from tasks.data import ExperimentData, dataset_num_classes
+from tasks.validate import check_shards
+
+# ---- partitions -------------------------------------------------------------------------------
+
+
+def check_given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> None:
+    """``--partition DIR`` as the flow's validation would see it (``tasks.validate``): each
+    row of manifest.csv (its cells, sample range and label, read by ``read_manifest``; every
+    sample on one client; client ids and labels in range) and each client of stats.json (at
+    least ``validation.min_shard_size`` samples, as many as the manifest holds, the scheme's
+    own rules). One line naming the file and the first offending row or client."""
+    d = Path(partition_dir)
+    manifest_path, stats_path = d / "manifest.csv", d / "stats.json"
+    fix = f"re-run: fedapt partition --out {d}"
+    if not (manifest_path.is_file() and stats_path.is_file()):
+        return  # load_partition says what is missing, and how to make it
+    try:
+        stats = json.loads(stats_path.read_text(encoding="utf-8"))
+        int(stats["num_clients"]), str(stats["scheme"]), dict(stats["params"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{stats_path}: unreadable or malformed ({type(exc).__name__}: {reason}); {fix}"
+        ) from None
+    labels = data.train.labels.numpy()
+    cid, idx, y = read_manifest(manifest_path, num_samples=len(labels), labels=labels)
+    manifest = pd.DataFrame({"client_id": cid, "sample_index": idx, "label": y})
+    check_shards(
+        manifest,
+        stats,
+        dataset_num_classes(params),
+        params.validation.min_shard_size,
+        manifest_name=str(manifest_path),
+        stats_name=str(stats_path),
+        fix=fix,
+    )
+
+
+def check_drawn_partition(params: Params, data: ExperimentData, part: Partition) -> None:
+    """The partition a run drew, as the flow's validation will see it once written: a client
+    below ``validation.min_shard_size`` (or with another label count than the scheme's m)
+    -> one line naming the setting, before anything is written."""
+    labels = data.train.labels.numpy()
+    stats = partition_stats(part, labels, data.train.info.num_classes)
+    cid = np.concatenate(
+        [np.full(len(ix), c, dtype=np.int64) for c, ix in enumerate(part.client_indices)]
+    )
+    idx = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in part.client_indices])
+    manifest = pd.DataFrame({"client_id": cid, "sample_index": idx, "label": labels[idx]})
+    p = params.partition
+    check_shards(
+        manifest,
+        stats,
+        dataset_num_classes(params),
+        params.validation.min_shard_size,
+        manifest_name="the drawn manifest",
+        stats_name=(
+            f"partition.{p.scheme} over {p.num_clients} clients (experiment.seed "
+            f"{params.experiment.seed})"
+        ),
+        fix="lower validation.min_shard_size, or change the partition options or num_clients",
+    )
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+def check_checkpoints(
+    params: Params,
+    partition_hash: str,
+    directory: str | Path,
+    base_path: str | Path | None,
+    model_of: Callable[[str], nn.Module],
+) -> list[str]:
+    """``tasks.checkpoint.check_cells`` and more: every cell checkpoint in ``directory``
+    must be for this configuration (its fingerprint, read once) and hold the cell's model:
+    the same tensors, each of the model's shape and dtype, and every tensor of the
+    algorithm's state and the codecs' memory kept per model tensor of that tensor's shape.
+    ``model_of(adapter)``: the cell's initial model (only its tensors' shapes and dtypes are
+    read). Returns the cells that will resume."""
+    from tasks.cell import grid_cells
+
+    if not params.runtime.resume:
+        return []
+    base = Path(base_path) if base_path is not None else None
+    if params.model.base == "pretrain" and (base is None or not base.is_file()):
+        return []  # the base is written by the run: its cells check their checkpoints then
+    resuming = []
+    for spec in grid_cells(params):
+        path = Path(directory) / f"{spec.name}.pt"
+        if not path.is_file():
+            continue
+        fp = checkpoint.fingerprint(
+            params, spec.algorithm, spec.adapter, partition_hash, base, spec.codec
+        )
+        state = checkpoint.read(path, fp)
+        if state is None:
+            continue
+        check_tensors(path, state, model_of(spec.adapter).state_dict(), spec.name)
+        resuming.append(spec.name)
+    return resuming
+
+
+def check_tensors(path: Path, state: Any, model: dict[str, torch.Tensor], cell: str) -> None:
+    """The checkpoint's engine state (``Simulation.state_dict``) against the cell's model:
+    one line naming ``path`` and the first tensor that differs."""
+    fix = f"delete {path} or run with --set runtime.resume=false to start the cell over"
+
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(f"checkpoint {path}: {what} (cell {cell}); {fix}")
+
+    held = state.get("global_state") if isinstance(state, dict) else None
+    if not isinstance(held, dict):
+        raise refuse("no global model (global_state) in its state")
+    missing = [k for k in model if k not in held]
+    extra = [k for k in held if k not in model]
+    if missing or extra:
+        shown = ", ".join(
+            [f"{k} (missing)" for k in missing[:3]] + [f"{k} (not in the model)" for k in extra[:3]]
+        )
+        raise refuse(f"its model has other tensors than the cell's: {shown}")
+    for key, want in model.items():
+        got = held[key]
+        if not isinstance(got, torch.Tensor):
+            raise refuse(f"global_state.{key} is a {type(got).__name__}, not a tensor")
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise refuse(
+                f"tensor global_state.{key} is {_shape(got)}, the cell's model has {_shape(want)}"
+            )
+    for where, key, got in _per_tensor(state, ("algorithm", "codec_memory")):
+        want = model.get(key)
+        if want is not None and got.shape != want.shape:
+            raise refuse(
+                f"tensor {where} has shape {tuple(got.shape)}, the cell's model's {key} "
+                f"{tuple(want.shape)}"
+            )
+
+
+def _per_tensor(state: dict[str, Any], sections: tuple[str, ...]) -> Iterator[tuple[str, str, Any]]:
+    """(where, key, tensor) of every tensor kept under a string key in ``state``'s
+    ``sections`` at any depth (FedOpt's moments, SCAFFOLD's controls, error-feedback
+    memories: keyed by the model tensor they go with)."""
+    stack: list[tuple[str, Any]] = [(s, state.get(s)) for s in sections]
+    while stack:
+        where, value = stack.pop(0)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(v, torch.Tensor):
+                    yield f"{where}.{k}", str(k), v
+                else:
+                    stack.append((f"{where}.{k}", v))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
