@@ -101,7 +101,7 @@ def test_dvc_repro_grid_of_adapters_and_codecs(repo_copy):  # noqa: F811
     params["dvc"]["cells"] = cells
     (repo_copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(DVC, "repro", cwd=repo_copy)
-    assert sorted(cells)[:2] == ["fedavg-full", "fedavg-full-int8"]
+    assert "fedavg-full" in cells and "fedavg-full-none" not in cells
     for name in cells:
         assert f"Running stage 'train@{name}'" in out
         assert (repo_copy / f"artifacts/runs/{name}/metrics.json").is_file()
