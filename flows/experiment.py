@@ -278,7 +278,8 @@ def experiment_flow(
             plan,
         )
         summary_task(p, records, str(out / "summary.json"), str(out / "runs"), run_origin)
-        results_artifact_task(p.experiment.name, records)  # the flow run's Artifacts tab
+        # the flow run's Artifacts tab
+        results_artifact_task(p.experiment.name, records, runs_dir=str(out / "runs"))
         if parent is not None:
             log_results_task(parent, str(out))
         shutil.rmtree(checkpoints, ignore_errors=True)  # the grid is done: nothing to resume

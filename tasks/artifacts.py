@@ -21,6 +21,7 @@ from tasks.figures import (
     LABEL_HISTOGRAM,
     PARETO,
     PARETO_FRONT,
+    source_data,
     write_label_histogram,
 )
 from tasks.grid import record_cell
@@ -60,7 +61,9 @@ def log_experiment(
 
     client = tracking.client()
     d = Path(experiment_dir)
-    names = ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", PARETO, PARETO_FRONT)
+    grid_figures = (PARETO, PARETO_FRONT)  # each with the JSON of the numbers it draws
+    names = ("summary.json", "results.md", "comm_cost.md", "comm_cost.json", *grid_figures)
+    names += tuple(source_data(f) for f in grid_figures)
     for name in names:
         _log(client, run_id, d / name)
     for seed in seeds or ():

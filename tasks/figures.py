@@ -24,9 +24,8 @@ matplotlib.use("Agg")  # headless: servers, CI, Prefect workers
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 
-from tasks.io import atomic_write_bytes  # noqa: E402
+from tasks.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 
 MIB = float(2**20)
 FIGURES = "figures"  # folder of a cell's figures (and the artifact path in MLflow)
@@ -130,44 +129,90 @@ def label_histogram(counts: np.ndarray, title: str) -> Figure:
     return fig
 
 
-def pareto(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str) -> Figure:
-    """Accuracy against cumulative MiB (upload + download) for every cell of the grid: which
-    method reaches which accuracy for how many MiB. The last point of each curve is labelled."""
-    fig, ax = _figure((8.0, 4.6))
+def last_l(record: Mapping[str, Any]) -> int:
+    """The L that ``mean_accuracy_last_L`` averages over: the record's ``last_rounds_L``
+    (federation.last_rounds) capped by the rounds it evaluated (fedcore.events.History takes
+    the last L evaluated rounds, all of them when fewer). ``record``: a cell's metrics.json,
+    whose ``rounds`` is the per-round list (a run's in-memory record counts them only)."""
+    rounds = record["rounds"]
+    if isinstance(rounds, int):
+        raise TypeError("last_l needs the per-round list of the cell's metrics.json")
+    return min(int(record["last_rounds_L"]), len(_evaluated(rounds)))
+
+
+FINAL = "final_accuracy"
+MEAN_LAST = "mean_accuracy_last_L"
+# The two accuracies every figure and table shows (fedcore.events.History; metrics.json,
+# scores.json, summary.json and MLflow hold them under these names), and their labels.
+METRICS = (FINAL, MEAN_LAST)
+
+
+def metric_label(metric: str, ls: Sequence[int] = ()) -> str:
+    """What ``metric`` is, its L named: "mean accuracy of the last 5 evaluated rounds"; with
+    cells of different L (a run stopped early), every L ("the last L = 3, 5 ...")."""
+    if metric == FINAL:
+        return "final accuracy (the last evaluated round)"
+    if metric != MEAN_LAST:
+        raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+    distinct = sorted(set(ls))
+    if len(distinct) == 1:
+        return f"mean accuracy of the last {distinct[0]} evaluated rounds"
+    return f"mean accuracy of the last L evaluated rounds (L = {', '.join(map(str, distinct))})"
+
+
+def cell_points(records: Mapping[str, Mapping[str, Any]], metric: str) -> dict[str, dict[str, Any]]:
+    """Per cell (name -> its metrics.json record): its total MiB (upload + download, as
+    scores.json's total_mib), the record's ``metric`` and its L (:func:`last_l`). Cells never
+    evaluated are left out. What pareto_front.png draws and pareto_front.json holds."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+    out = {}
+    for name, r in records.items():
+        if r.get(metric) is None:
+            continue
+        out[name] = {
+            "total_mib": (r["upload_bytes"] + r["download_bytes"]) / MIB,
+            metric: float(r[metric]),
+            "L": last_l(r),
+        }
+    return out
+
+
+def curves(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, list[float]]]:
+    """Per cell, its evaluated rounds as cumulative MiB (upload + download) and test accuracy
+    in %: what accuracy_vs_mib.png draws and accuracy_vs_mib.json holds (each curve ends at the
+    cell's final accuracy). Cells never evaluated are left out."""
+    out = {}
     for name, rounds in runs.items():
         ev = _evaluated(rounds)
-        if not ev:
-            continue
-        mib = [(r["cum_upload_bytes"] + r["cum_download_bytes"]) / MIB for r in ev]
-        acc = [100 * r["accuracy"] for r in ev]
-        (line,) = ax.plot(mib, acc, marker="o", ms=2, label=name)
-        ax.plot(mib[-1:], acc[-1:], marker="o", ms=6, color=line.get_color())  # where it ends
-    if any(_evaluated(r) for r in runs.values()):
+        if ev:
+            out[name] = {
+                "round": [int(r["round"]) for r in ev],
+                "mib": [(r["cum_upload_bytes"] + r["cum_download_bytes"]) / MIB for r in ev],
+                "accuracy_pct": [100 * r["accuracy"] for r in ev],
+            }
+    return out
+
+
+def pareto(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str) -> Figure:
+    """Accuracy against cumulative MiB (upload + download) for every cell of the grid: which
+    method reaches which accuracy for how many MiB. The last point of each curve, its final
+    accuracy, is marked."""
+    fig, ax = _figure((8.0, 4.6))
+    drawn = curves(runs)
+    for name, c in drawn.items():
+        (line,) = ax.plot(c["mib"], c["accuracy_pct"], marker="o", ms=2, label=name)
+        ax.plot(c["mib"][-1:], c["accuracy_pct"][-1:], marker="o", ms=6, color=line.get_color())
+    if drawn:
         ax.set_xscale("log")
         # Beside the axes, never over the curves: constrained layout makes room for it (the
         # names written at each curve's end were clipped at the edge and overlapped).
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="cell (• end)",
-                  title_fontsize=7)  # fmt: skip
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  title="cell (• final accuracy)", title_fontsize=7)  # fmt: skip
     ax.set(xlabel="cumulative MiB transmitted (log)", ylabel="test accuracy (%)")
     ax.set_title("\n".join(textwrap.wrap(title, 60)))
     ax.grid(alpha=0.3, which="both")
     return fig
-
-
-def pareto_points(
-    cells: Mapping[str, tuple[str, str, Sequence[Mapping[str, Any]]]], window: int = 1
-) -> dict[str, tuple[float, float]]:
-    """Per cell (adapter, codec, round records): (total MiB, final ACC in %), ACC the mean
-    accuracy of the last ``window`` evaluated rounds. Cells never evaluated are left out."""
-    out = {}
-    for name, (_, _, rounds) in cells.items():
-        ev = _evaluated(rounds)
-        if not ev:
-            continue
-        last = rounds[-1]
-        total = (last["cum_upload_bytes"] + last["cum_download_bytes"]) / MIB
-        out[name] = (total, 100 * float(np.mean([r["accuracy"] for r in ev[-window:]])))
-    return out
 
 
 def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
@@ -188,42 +233,50 @@ def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
 _MARKERS = "osD^v<>pP*Xh"
 
 
-def pareto_front_figure(
-    cells: Mapping[str, tuple[str, str, Sequence[Mapping[str, Any]]]], title: str, window: int = 1
-) -> Figure:
-    """Each cell's final ACC against its total MiB (up + down): colour the adapter, marker
-    the codec; the Pareto front (``pareto_front``) joined and its cells named."""
+def pareto_data(
+    cells: Mapping[str, tuple[str, str, Mapping[str, Any]]], metric: str
+) -> dict[str, Any]:
+    """pareto_front.png's source data (pareto_front.json): per cell (adapter, codec, its
+    metrics.json record), its point (:func:`cell_points`), the ``metric`` and its label, and
+    the Pareto front, drawn as a line only when it joins two cells or more."""
+    points = cell_points({n: r for n, (_, _, r) in cells.items()}, metric)
+    front = pareto_front({n: (p["total_mib"], p[metric]) for n, p in points.items()})
+    ls = [p["L"] for p in points.values()]
+    return {
+        "metric": metric,
+        "label": metric_label(metric, ls),
+        "points": {
+            n: {"adapter": cells[n][0], "codec": cells[n][1], **p} for n, p in points.items()
+        },
+        "front": front if len(front) >= 2 else [],
+    }
+
+
+def pareto_front_figure(data: Mapping[str, Any], title: str) -> Figure:
+    """Each cell's accuracy (``data``: :func:`pareto_data`) against its total MiB (up + down):
+    colour the adapter, marker the codec, one legend entry per cell as drawn; the Pareto
+    front joined and its cells named when it has two cells or more."""
     fig, ax = _figure((8.0, 4.6))
-    points = pareto_points(cells, window)
-    adapters = sorted({a for a, _, _ in cells.values()})
-    codecs = list(dict.fromkeys(c for _, c, _ in cells.values()))
+    metric, points = data["metric"], data["points"]
+    adapters = sorted({p["adapter"] for p in points.values()})
+    codecs = list(dict.fromkeys(p["codec"] for p in points.values()))
     colours = {a: f"C{i % 10}" for i, a in enumerate(adapters)}
-    for name, (mib, acc) in points.items():
-        adapter, codec, _ = cells[name]
-        ax.plot([mib], [acc], linestyle="none", color=colours[adapter],
-                marker=_MARKERS[codecs.index(codec) % len(_MARKERS)], ms=7)  # fmt: skip
-    front = pareto_front(points)
+    for name, p in points.items():
+        ax.plot([p["total_mib"]], [100 * p[metric]], linestyle="none", label=name,
+                color=colours[p["adapter"]],
+                marker=_MARKERS[codecs.index(p["codec"]) % len(_MARKERS)], ms=7)  # fmt: skip
+    front = data["front"]
     if front:
-        xs, ys = zip(*(points[n] for n in front), strict=True)
+        xs = [points[n]["total_mib"] for n in front]
+        ys = [100 * points[n][metric] for n in front]
         ax.plot(xs, ys, color="black", lw=1, ls="--", zorder=0, label="Pareto front")
-        for n in front:
-            ax.annotate(n, points[n], fontsize=6, xytext=(4, 4), textcoords="offset points")
+        for n, x, y in zip(front, xs, ys, strict=True):
+            ax.annotate(n, (x, y), fontsize=6, xytext=(4, 4), textcoords="offset points")
+    if points:
         ax.set_xscale("log")
-    handles = [Line2D([], [], color=colours[a], marker="o", ls="none", label=a) for a in adapters]
-    handles += [
-        Line2D([], [], color="grey", ls="none", marker=_MARKERS[i % len(_MARKERS)], label=c)
-        for i, c in enumerate(codecs)
-    ]
-    if front:
-        handles.append(Line2D([], [], color="black", ls="--", label="Pareto front"))
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  title="adapter (colour), codec (marker)", title_fontsize=7)  # fmt: skip
-    acc_label = (
-        f"final ACC (%, mean of the last {window} evaluations)"
-        if window > 1
-        else ("final test accuracy (%)")
-    )
-    ax.set(xlabel="total MiB transmitted, up + down (log)", ylabel=acc_label)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  title="cell (colour: adapter,\nmarker: codec)", title_fontsize=7)  # fmt: skip
+    ax.set(xlabel="total MiB transmitted, up + down (log)", ylabel=f"{data['label']} (%)")
     ax.set_title("\n".join(textwrap.wrap(title, 60)))
     ax.grid(alpha=0.3, which="both")
     return fig
@@ -287,19 +340,36 @@ def write_label_histogram(partition_dir: str | Path) -> Path:
 
 
 def write_pareto_front(
-    cells: Mapping[str, tuple[str, str, Sequence[Mapping[str, Any]]]],
+    cells: Mapping[str, tuple[str, str, Mapping[str, Any]]],
     out_dir: str | Path,
     experiment: str,
-    window: int = 1,
-) -> Path:
-    """pareto_front.png: the grid's cells as accuracy against bytes, adapters x codecs."""
-    fig = pareto_front_figure(cells, f"{experiment}: accuracy vs MiB, Pareto front", window)
-    return atomic_write_bytes(Path(out_dir) / PARETO_FRONT, save_png(fig))
+    metric: str,
+) -> list[Path]:
+    """pareto_front.png, the grid's cells as ``metric`` against MiB (adapters x codecs), and
+    pareto_front.json, the numbers it draws."""
+    data = pareto_data(cells, metric)
+    front = ", Pareto front" if data["front"] else ""
+    fig = pareto_front_figure(data, f"{experiment}: accuracy vs MiB{front}")
+    out = Path(out_dir)
+    return [
+        atomic_write_bytes(out / PARETO_FRONT, save_png(fig)),
+        atomic_write_json(out / source_data(PARETO_FRONT), data),
+    ]
 
 
 def write_grid_figure(
     runs: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | Path, experiment: str
-) -> Path:
-    """The grid's accuracy-vs-MiB figure: which cell reaches which accuracy for how many MiB."""
+) -> list[Path]:
+    """The grid's accuracy-vs-MiB figure, which cell reaches which accuracy for how many MiB,
+    and accuracy_vs_mib.json, the curves it draws."""
     fig = pareto(runs, f"{experiment}: accuracy vs MiB transmitted")
-    return atomic_write_bytes(Path(out_dir) / PARETO, save_png(fig))
+    out = Path(out_dir)
+    return [
+        atomic_write_bytes(out / PARETO, save_png(fig)),
+        atomic_write_json(out / source_data(PARETO), curves(runs)),
+    ]
+
+
+def source_data(figure: str) -> str:
+    """The JSON file beside a report figure that holds the numbers it draws."""
+    return str(Path(figure).with_suffix(".json"))

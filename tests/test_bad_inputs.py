@@ -259,6 +259,25 @@ def test_bad_files(tmp_path, partition_dir, name):
     assert_one_clear_line(res, needle, tmp_path / "reports")
 
 
+@pytest.mark.parametrize("folders", [[], ["fedavg-full-none"], ["fedavg-lora"]])
+def test_report_of_a_grid_cell_without_its_folder(tmp_path, folders):
+    """The DVC report stage reads artifacts/runs/<cell>: a cell no train stage wrote (a
+    folder of the old name, fedavg-full-none, included) is one line naming params.yaml's
+    dvc.cells, and no report is written."""
+    runs = tmp_path / "runs"
+    for name in folders:
+        (runs / name).mkdir(parents=True)
+        shutil.copy(REPO / "artifacts/runs/fedavg-full/metrics.json", runs / name)
+    res = runner.invoke(
+        app,
+        ["report", "--params", str(REPO / "params.yaml"), "--runs", str(runs)]
+        + ["--out", str(tmp_path / "report"), "--timing", str(tmp_path / "timing")],
+    )
+    needle = "no metrics for grid cell fedavg-full: "
+    assert_one_clear_line(res, needle, tmp_path / "report")
+    assert "list it under dvc.cells in params.yaml" in res.output
+
+
 @pytest.mark.parametrize("option", ["--out", "--timing"])
 def test_stage_outputs_below_a_file_stop_before_training(tmp_path, partition_dir, option):
     """A DVC stage's output folder below a file: one line before training, not after it."""

@@ -13,6 +13,7 @@ from fedcore import payload
 from fedcore.codecs import encode_state
 from tasks import modelfile
 from tasks.config import load_params
+from tasks.grid import cell_name
 from tests.test_cli import invoke, prefect_server  # noqa: F401 (the module's Prefect server)
 from tests.test_dvc import DVC, repo_copy, sh  # noqa: F401 (a copy of the repository)
 
@@ -91,12 +92,19 @@ def test_dvc_repro_grid_of_adapters_and_codecs(repo_copy):  # noqa: F811
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
     params["partition"]["num_clients"] = 4
     params["grid"].update(adapters=["full", "lora"], codecs=["none", "int8", "topk"])
+    # one train stage per cell, named as everywhere else (the codec none left out)
+    cells = {
+        cell_name("fedavg", a, c): {"algorithm": "fedavg", "adapter": a, "codec": c}
+        for a in ("full", "lora")
+        for c in ("none", "int8", "topk")
+    }
+    params["dvc"]["cells"] = cells
     (repo_copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = sh(DVC, "repro", cwd=repo_copy)
-    for a in ("full", "lora"):
-        for c in ("none", "int8", "topk"):
-            assert f"Running stage 'train@fedavg-{a}-{c}'" in out
-            assert (repo_copy / f"artifacts/runs/fedavg-{a}-{c}/metrics.json").is_file()
+    assert "fedavg-full" in cells and "fedavg-full-none" not in cells
+    for name in cells:
+        assert f"Running stage 'train@{name}'" in out
+        assert (repo_copy / f"artifacts/runs/{name}/metrics.json").is_file()
     summary = json.loads((repo_copy / "artifacts/report/summary.json").read_text())
     assert [r.get("codec", "none") for r in summary["runs"]] == ["none", "int8", "topk"] * 2
     assert (repo_copy / "artifacts/report/pareto_front.png").is_file()

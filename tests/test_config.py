@@ -62,6 +62,13 @@ def write(tmp_path, text):
         ("model:\n  options:\n    initt: x\n", "unknown key 'model.options.initt'; allowed: init"),
         ("model:\n  name: cnn\n", "params.yaml:2: model.name: unknown model 'cnn'; valid: "),
         ("- a\n- b\n", "mapping"),
+        # dvc.yaml's section (one train stage per cell): its shape, the YAML line named
+        ("dvc:\n  cels: {}\n", "params.yaml:1: dvc: a mapping with one key, cells"),
+        ("dvc: [a]\n", "params.yaml:1: dvc: a mapping with one key, cells"),
+        (
+            "dvc:\n  cells:\n    fedavg-full: {algorithm: fedavg, adapter: full}\n",
+            "params.yaml:3: dvc.cells.fedavg-full: give exactly algorithm, adapter and codec",
+        ),
     ],
 )
 def test_bad_params_one_line(tmp_path, text, needle):

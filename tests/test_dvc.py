@@ -71,6 +71,7 @@ def code_of(stage: str) -> set[str]:
 @pytest.mark.parametrize("stage", sorted(STAGE_COMMANDS))
 def test_stage_deps_list_the_code_it_runs(stage):
     spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
+    spec = spec.get("do", spec)  # a foreach stage (train: one per cell)
     deps = [d.rstrip("/") for d in spec["deps"]]
     missing = sorted(
         f for f in code_of(stage) if not any(f == d or f.startswith(d + "/") for d in deps)
@@ -78,6 +79,21 @@ def test_stage_deps_list_the_code_it_runs(stage):
     assert missing == [], f"dvc.yaml stage {stage!r} runs code its deps leave out"
     cmd = spec["cmd"]
     assert cmd.split()[0] == "fedapt", "stages call fedapt from the environment, not a venv path"
+
+
+def test_one_train_stage_per_grid_cell_named_as_the_cell():
+    """dvc.yaml's train stages and folders are params.yaml's dvc.cells, keyed by the names
+    MLflow, Prefect and the report give the cells (no "-none"): every cell of the grid."""
+    from tasks.config import load_params
+    from tasks.grid import cell_name, grid_cells
+
+    cells = yaml.safe_load((REPO / "params.yaml").read_text())["dvc"]["cells"]
+    assert {n: cell_name(c["algorithm"], c["adapter"], c["codec"]) for n, c in cells.items()} == {
+        n: n for n in cells
+    }
+    assert list(cells) == [s.name for s in grid_cells(load_params(REPO / "params.yaml"))]
+    train = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]
+    assert "--out artifacts/runs/${key}" in train["do"]["cmd"]
 
 
 def test_the_deps_check_sees_missing_code():
@@ -143,16 +159,18 @@ def hashed_outputs(root: Path) -> dict[str, bytes]:
         "artifacts/partition/manifest.csv",
         "artifacts/partition/stats.json",
         "artifacts/partition/validation.json",
-        "artifacts/runs/fedavg-full-none/model.pt",
-        "artifacts/runs/fedavg-full-none/metrics.json",
-        "artifacts/runs/fedavg-full-none/rounds.csv",
-        "artifacts/runs/fedavg-full-none/scores.json",
-        "artifacts/runs/fedavg-full-none/figures/accuracy_vs_mib.png",
+        "artifacts/runs/fedavg-full/model.pt",
+        "artifacts/runs/fedavg-full/metrics.json",
+        "artifacts/runs/fedavg-full/rounds.csv",
+        "artifacts/runs/fedavg-full/scores.json",
+        "artifacts/runs/fedavg-full/figures/accuracy_vs_mib.png",
         "artifacts/report/summary.json",
         "artifacts/report/results.md",
         "artifacts/report/accuracy_vs_mib.png",
         "artifacts/report/comm_cost.json",
         "artifacts/report/comm_cost.md",
+        "artifacts/report/pareto_front.json",
+        "artifacts/report/accuracy_vs_mib.json",
     ]
     return {f: (root / f).read_bytes() for f in files}
 
@@ -160,7 +178,7 @@ def hashed_outputs(root: Path) -> dict[str, bytes]:
 @pytest.mark.slow
 def test_dvc_repro_exact_and_incremental(repo_copy):
     out = sh(DVC, "repro", cwd=repo_copy)
-    for stage in ("prepare", "partition", "validate", "train@fedavg-full-none", "report"):
+    for stage in ("prepare", "partition", "validate", "train@fedavg-full", "report"):
         assert f"Running stage '{stage}'" in out
     assert "cell 1 of 1: fedavg-full round 2/2" in out  # the train stage's grid position
     # the report stage: a row per cell, not its records (it printed ~300 lines before)
@@ -184,7 +202,7 @@ def test_dvc_repro_exact_and_incremental(repo_copy):
     out = sh(DVC, "repro", cwd=repo_copy)
     for stage in ("prepare", "partition", "validate"):
         assert f"Stage '{stage}' didn't change, skipping" in out
-    assert "Running stage 'train@fedavg-full-none'" in out
+    assert "Running stage 'train@fedavg-full'" in out
     assert "Running stage 'report'" in out
     assert (
         hashed_outputs(repo_copy)["artifacts/partition/manifest.csv"]
@@ -239,7 +257,7 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch
     )
     assert cell.data.tags["fedapt.entry"] == "dvc" and cell.data.tags["fedapt.dvc_experiment"]
     assert client.search_registered_models() == []
-    assert "Running stage 'train@fedavg-full-none'" in out
+    assert "Running stage 'train@fedavg-full'" in out
     shown = json.loads(sh(DVC, "exp", "show", "--json", cwd=repo_copy))
     exps = [
         e
@@ -250,11 +268,9 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch
     assert exps, shown
     data = exps[0]["data"]
     assert data["params"]["params.yaml"]["data"]["federation"]["rounds"] == 1
-    metrics = data["metrics"]["artifacts/runs/fedavg-full-none/scores.json"]["data"]
+    metrics = data["metrics"]["artifacts/runs/fedavg-full/scores.json"]["data"]
     assert metrics["final_accuracy"] is not None and metrics["rounds"] == 1
-    assert sorted(data["metrics"]) == [
-        "artifacts/runs/fedavg-full-none/scores.json"
-    ]  # numbers only
+    assert sorted(data["metrics"]) == ["artifacts/runs/fedavg-full/scores.json"]  # numbers only
     numbers = {"final_accuracy", "mean_accuracy_last_L", "rounds", "upload_mib", "download_mib"}
     assert numbers | {"total_mib"} <= set(metrics) <= numbers | {"total_mib", "diverged_at_round"}
 

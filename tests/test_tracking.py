@@ -64,6 +64,29 @@ def test_personalization_metrics_per_client(tmp_path, monkeypatch):
     assert metrics["final_accuracy"] == 0.7
 
 
+def test_a_cell_run_names_the_l_its_mean_accuracy_averaged(tmp_path, monkeypatch):
+    """MLflow beside mean_accuracy_last_L: last_rounds_L, federation.last_rounds capped by the
+    rounds evaluated (the L every report label names)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    from mlflow import MlflowClient
+
+    from fedcore.events import History, RoundRecord
+
+    client = MlflowClient(tracking.tracking_uri())
+    runs = []
+    for rounds in (3, 7):
+        run_id = client.create_run(client.create_experiment(f"e{rounds}")).info.run_id
+        h = History(last_rounds=5)
+        for r in range(1, rounds + 1):
+            acc = 0.1 * r if r % 2 or r == rounds else None  # every other round evaluated
+            h.rounds.append(RoundRecord(r, 0.1, (0,), 1, 1, r, r, 0.5, acc, 0.7, 0, 1.0))
+        tracking.MlflowRounds(run_id).on_fit_end(h)
+        tracking.log_final_metrics(run_id, h.to_dict())
+        runs.append(client.get_run(run_id).data.metrics)
+    assert [m["last_rounds_L"] for m in runs] == [2, 4]  # evaluated: 1, 3 | 1, 3, 5, 7
+    assert runs[0]["mean_accuracy_last_L"] == pytest.approx((0.1 + 0.3) / 2)
+
+
 def test_which_runs_register(tmp_path):
     """tracking.register: auto registers models evaluated on the whole test split that did
     not diverge; always and never mean what they say."""

@@ -340,8 +340,11 @@ def _setting_paths(p: Any) -> None:
 def results_table(records: list[dict[str, Any]]) -> Table:
     """One row per grid cell: accuracy in %, traffic in MiB (2**20 bytes) per round and in
     total, the round it diverged at. A record read from metrics.json (the report stage)
-    carries its per-round list in ``rounds``: the table shows its length, never the list."""
+    carries its per-round list in ``rounds``: the table shows its length, never the list,
+    and caps L by the rounds it evaluated (``tasks.figures.last_l``: a run's records need
+    theirs, ``tasks.report.with_rounds``)."""
     from fedcore.payload import mib
+    from tasks.figures import last_l
     from tasks.grid import record_cell
 
     t = Table(
@@ -379,7 +382,7 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             str(r["partition"]),
             str(rounds_run(r)),
             _pct(r["final_accuracy"]),
-            f"{_pct(r['mean_accuracy_last_L'])} L={r['last_rounds_L']}",
+            f"{_pct(r['mean_accuracy_last_L'])} L={last_l(r)}",
             f"{mib(r['upload_bytes_per_round']):.2f}",
             f"{mib(r['download_bytes_per_round']):.2f}",
             f"{up:.1f}",

@@ -119,7 +119,9 @@ def run(
 
         out.print(sweep_table(cell_stats(p, records), list(p.experiment.seeds)))
     else:
-        out.print(results_table(records))
+        from tasks.report import with_rounds
+
+        out.print(results_table(with_rounds(records, experiment_dir(p) / "runs")))
     out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
     out.print(_numerics_line(p.runtime.numerics), highlight=False)
     for line in where:

@@ -124,7 +124,7 @@ def train(
     out_dir: Annotated[
         Path | None,
         typer.Option(
-            "--out", help="cell folder (default: artifacts/runs/<algorithm>-<adapter>-<codec>)"
+            "--out", help="cell folder (default: artifacts/runs/<cell>, e.g. fedavg-full)"
         ),
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
@@ -141,7 +141,7 @@ def train(
     from flows.plan import prepare
     from tasks.cell import CellSpec, grid_cells, require_base
     from tasks.config import load_params
-    from tasks.grid import dvc_folder
+    from tasks.grid import cell_folder
     from tasks.io import check_writable
     from tasks.origin import origin
     from tasks.progress import GridSlot
@@ -164,7 +164,7 @@ def train(
         p, partition_dir, storage=False, results=False, checkpoints=ckpts, base=base_dir / "base.pt"
     )
     _require_valid(partition_dir)
-    cell_dir = out_dir or Path("artifacts/runs") / dvc_folder(spec)
+    cell_dir = out_dir or Path("artifacts/runs") / cell_folder(spec)
     for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
         check_writable(key, folder)  # a path below a file: one line now, not after training
     cell = spec.name
@@ -188,8 +188,8 @@ def train(
             model=plan.take_model(spec),
             codec=codec,
         )
-    out.print(results_table([record]))
-    out.print(f"metrics: {cell_dir / 'metrics.json'}")
+    metrics = cell_dir / "metrics.json"
+    out.print(results_table([{**record, "rounds": json.loads(metrics.read_text())["rounds"]}]))
     exit_if_diverged(p, [record])
 
 
@@ -234,13 +234,16 @@ def collect_records(
 ) -> list[dict[str, Any]]:
     """The grid's records in grid order; a missing cell is an error, not a silent gap."""
     from fedcore.errors import ConfigError
-    from tasks.grid import dvc_folder, grid_cells
+    from tasks.grid import cell_folder, grid_cells
 
     records = []
     for spec in grid_cells(params):
-        path = runs_dir / dvc_folder(spec) / "metrics.json"
+        path = runs_dir / cell_folder(spec) / "metrics.json"
         if not path.is_file():
-            raise ConfigError(f"no metrics for grid cell {spec.name}: {path}")
+            raise ConfigError(
+                f"no metrics for grid cell {spec.name}: {path} (a DVC train stage per grid "
+                "cell: list it under dvc.cells in params.yaml)"
+            )
         record = json.loads(path.read_text())
         for timing in (
             path.with_name("timing.json"),

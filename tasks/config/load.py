@@ -56,6 +56,31 @@ def _shortened(message: str, err: ValidationError) -> str:
     return message.replace(got, f"{got[: _SHOWN - 20]}... ({len(got)} characters)")
 
 
+# dvc.yaml's own section of params.yaml: ``dvc.cells``, one train stage per grid cell keyed
+# by the cell's name (DVC's matrix would name a folder <algorithm>-<adapter>-none). No run
+# reads it: its shape is checked here, then it is left out of ``Params``; a grid cell it
+# misses or misnames is one line from ``fedapt report`` (no metrics for the cell).
+DVC_SECTION = "dvc"
+
+
+def _check_dvc_cells(section: Any, source: str, text: str) -> None:
+    """``dvc.cells`` maps each cell's name to its algorithm, adapter and codec."""
+    if section is None:
+        return
+    cells = section.get("cells") if isinstance(section, Mapping) else None
+    if not isinstance(cells, Mapping) or set(section) != {"cells"}:
+        raise ConfigError(
+            f"{where(source, text, (DVC_SECTION,))}: dvc: a mapping with one key, cells "
+            "(cell name -> algorithm, adapter, codec)"
+        )
+    for name, cell in cells.items():
+        if not isinstance(cell, Mapping) or set(cell) != {"algorithm", "adapter", "codec"}:
+            raise ConfigError(
+                f"{where(source, text, (DVC_SECTION, 'cells', name))}: dvc.cells.{name}: "
+                f"give exactly algorithm, adapter and codec (got {cell!r})"
+            )
+
+
 def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]) -> str:
     """fedcore.options' one error line, prefixed with the file and the YAML line."""
 
@@ -103,6 +128,8 @@ def load_params(path: str | Path | None = None, overrides: list[str] | None = No
         if not Path(source).exists():
             raise ConfigError(f"params file {source} not found")
         text, raw = read_mapping(source)
+    raw = dict(raw)
+    _check_dvc_cells(raw.pop(DVC_SECTION, None), source, text)
     data = apply_overrides(raw, overrides or [], Params.model_fields)
     try:
         params = Params.model_validate(data)

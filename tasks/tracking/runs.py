@@ -230,6 +230,14 @@ class MlflowRounds(Callback):
         metrics = [Metric(k, float(v), 0, record.round) for k, v in values.items() if v == v]
         self._client.log_batch(self.run_id, metrics=metrics)
 
+    def on_fit_end(self, history: Any) -> None:
+        """``last_rounds_L``: the L that ``mean_accuracy_last_L`` averaged, federation.last_rounds
+        capped by the rounds evaluated (fedcore.events.History), as every report label names it."""
+        from mlflow.entities import Metric
+
+        L = min(history.last_rounds, len(history.evaluated))
+        self._client.log_batch(self.run_id, metrics=[Metric("last_rounds_L", float(L), 0, 0)])
+
 
 def log_final_metrics(run_id: str, record: dict[str, Any]) -> None:
     from mlflow.entities import Metric
