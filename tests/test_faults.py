@@ -359,9 +359,12 @@ TINY = {
 }
 
 
-def _fedapt_run(tmp_path: Path, mark: str, **overrides: str) -> subprocess.Popen[str]:
+def _fedapt_run(
+    tmp_path: Path, mark: str, env_extra: dict[str, str | None] | None = None, **overrides: str
+) -> subprocess.Popen[str]:
     """`fedapt run` in its own session: temporary Prefect server, embedded S3, local MLflow
-    store; every process it starts inherits FEDAPT_FAULT_MARK (found again in /proc)."""
+    store (``env_extra``: other variables, None removes one); every process it starts
+    inherits FEDAPT_FAULT_MARK (found again in /proc)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -373,6 +376,11 @@ def _fedapt_run(tmp_path: Path, mark: str, **overrides: str) -> subprocess.Popen
         MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
         PREFECT_HOME=str(tmp_path / "prefect"),
     )
+    for k, v in (env_extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     args = [PY, "-m", "flows.cli", "run", "--params", str(REPO / "params.yaml")]
     sets = {
         **TINY,
@@ -413,8 +421,10 @@ def _marked(mark: str) -> list[str]:
     return found
 
 
-def _wait_for_round(proc: subprocess.Popen[str], timeout: float = 120) -> list[str]:
-    """Read stderr until the first round is reported; returns the lines read."""
+def _wait_for_round(
+    proc: subprocess.Popen[str], timeout: float = 120, round_: int = 1
+) -> list[str]:
+    """Read stderr until round ``round_`` is reported; returns the lines read."""
     assert proc.stderr is not None
     lines = []
     deadline = time.monotonic() + timeout
@@ -423,7 +433,7 @@ def _wait_for_round(proc: subprocess.Popen[str], timeout: float = 120) -> list[s
         if not line:
             break
         lines.append(line)
-        if "round 1/" in line:
+        if f"round {round_}/" in line:
             return lines
     proc.kill()
     raise AssertionError("no round reported:\n" + "".join(lines[-20:]))

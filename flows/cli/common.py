@@ -32,6 +32,11 @@ OFFLINE_DEFAULTS = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
+    # MLflow's HTTP client retries a request 7 times with a backoff factor of 2 (about 4
+    # minutes a call; a run that lost its server stalled for 11): 3 retries, factor 1 (about
+    # 7 s) ride out a blip; a server that is gone is the run's watch's to report (runwatch).
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
 
 
@@ -43,9 +48,58 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
-    CUDA libraries read at their first call."""
+    CUDA libraries read at their first call; and standard output and error masked
+    (``mask_streams``)."""
     for key, value in {**OFFLINE_DEFAULTS, "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}.items():
         os.environ.setdefault(key, value)
+    mask_streams()
+
+
+class MaskedStream:
+    """A text stream whose every write has the password of each URI in it masked
+    (``fedcore.errors.mask_credentials``): what libraries print is masked too, e.g. MLflow's
+    "View run ... at: http://user:secret@host/..." lines. Everything else is the wrapped
+    stream's (``isatty``, ``fileno``, ``encoding`` ...).
+
+    ``seal()``: from then on only the sealing thread writes (a run that stops prints its one
+    line last: what other threads would print while it stops is dropped)."""
+
+    _sealed_by: int | None = None  # the thread that sealed the process's streams
+
+    def __init__(self, stream: Any) -> None:
+        self.wrapped = stream
+
+    def write(self, text: str) -> int:
+        from fedcore.errors import mask_credentials
+
+        sealer = MaskedStream._sealed_by
+        if sealer is not None and sealer != threading.get_ident():
+            return len(text)
+        if "@" in text:  # (a URI with a password has one)
+            text = mask_credentials(text)
+        return int(self.wrapped.write(text))
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    @classmethod
+    def seal(cls) -> None:
+        cls._sealed_by = threading.get_ident()
+
+
+def mask_streams() -> None:
+    """``sys.stdout`` and ``sys.stderr`` as ``MaskedStream``s (once): every line this process
+    writes through them has its passwords masked, whoever writes it. Handlers made later
+    (Prefect's console, MLflow's logger) take the masked streams; what writes to the file
+    descriptors directly (child processes) is not masked."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, MaskedStream):
+            setattr(sys, name, MaskedStream(stream))
 
 
 P = ParamSpec("P")
@@ -86,16 +140,58 @@ class _NoTracebackForFedaptErrors(logging.Filter):
         return True
 
 
+class _TracebacksToLog(logging.Filter):
+    """On the console, a library's traceback (Prefect logs one per failed task and flow run,
+    before fedapt's own line) is one line: the record's message, and where its traceback
+    went: appended, with the record, to the run's log ``<state dir>/logs/fedapt.log``
+    (``FEDAPT_STATE_DIR``, default .fedapt/). The logs sent to the Prefect API keep it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or record.exc_info[1] is None:
+            return True
+        path = run_log_path()
+        text = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+        with contextlib.suppress(Exception):  # the log cannot be written (a full disk): as is
+            from fedcore.errors import mask_credentials
+            from flows.services.state import prepare_dir
+
+            entry = mask_credentials(text.format(record))
+            prepare_dir(path.parent.parent)  # the state dir, kept out of git
+            path.parent.mkdir(exist_ok=True)
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write(entry + "\n")
+            record.exc_info = None
+            record.exc_text = None
+            record.msg, record.args = f"{record.getMessage()} (traceback in {path})", ()
+        return True
+
+
+def run_log_path() -> Path:
+    """The log of fedapt's own process: what libraries log with a traceback."""
+    from flows.services.config import state_dir
+
+    return state_dir() / "logs" / "fedapt.log"
+
+
+_QUIET = _NoTracebackForFedaptErrors()
+_TO_LOG = _TracebacksToLog()
+
+
 def quiet_prefect_tracebacks() -> None:
-    """Prefect's console handlers: fedapt's errors without tracebacks, and (a command run
-    again in the same process, as a test's CliRunner does) a handler whose stream was closed
-    writes to this call's standard error instead of printing a logging error per record."""
-    flt = _NoTracebackForFedaptErrors()
+    """Prefect's console handlers: fedapt's errors without tracebacks, other tracebacks in
+    the run's log (``_TracebacksToLog``), and (a command run again in the same process, as a
+    test's CliRunner does) a handler whose stream was closed writes to this call's standard
+    error instead of printing a logging error per record."""
     names = ["prefect", *(n for n in logging.Logger.manager.loggerDict if n.startswith("prefect"))]
     for name in names:
         for handler in logging.getLogger(name).handlers:
-            if flt not in handler.filters:
-                handler.addFilter(flt)
+            if _QUIET not in handler.filters:
+                handler.addFilter(_QUIET)
+    for handler in logging.getLogger().handlers:  # the console: what propagates reaches it
+        if isinstance(handler, logging.StreamHandler):
+            for flt in (_QUIET, _TO_LOG):
+                if flt not in handler.filters:
+                    handler.addFilter(flt)
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     for logger in loggers:
         for handler in getattr(logger, "handlers", ()):
@@ -181,20 +277,69 @@ class Interrupted(KeyboardInterrupt):
 
 
 _stop_line = threading.Lock()  # the one line of a stop, whoever prints it
+CLEANUP_SECONDS = 3.0  # stop_on_signals: the most its cleanup may take once grace is over
 
 
-def _exit_now(code: int, signame: str) -> None:
-    if _stop_line.acquire(blocking=False):
-        err.print(
-            f"fedapt: interrupted by {signame} (exit {code})",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+def _exit_now(code: int, signame: str, cleanup: Callable[[], Any] | None = None) -> None:
+    stop_now(code, f"fedapt: interrupted by {signame} (exit {code})", cleanup=cleanup)
+
+
+def stop_now(
+    code: int,
+    line: str,
+    *,
+    error: bool = False,
+    cleanup: Callable[[], Any] | None = None,
+) -> None:
+    """End the process now, threads and all: ``line`` on stderr, the last thing it prints
+    (``error``: as ``print_error`` prints it), then exit ``code``. Whoever stops first prints
+    the one line; others wait for the exit. From the start of the stop only this thread
+    prints (``MaskedStream.seal``); ``cleanup`` runs first, for ``CLEANUP_SECONDS`` at most.
+    The semaphores of its worker pools are unlinked (no "leaked semaphore objects" warning
+    from multiprocessing's resource tracker)."""
+    if not _stop_line.acquire(blocking=False):
+        while True:  # another thread is stopping the process: its line, its exit code
+            time.sleep(1)
+    MaskedStream.seal()
+    if cleanup is not None:
+        bounded(cleanup, CLEANUP_SECONDS)
+    _release_semaphores()
+    if error:
+        print_error(line)
+    else:
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def _release_semaphores() -> None:
+    """Unlink the named semaphores of this process's multiprocessing objects (a process
+    pool's queues and locks), as their finalizers do at a normal exit: ``os._exit`` skips
+    them, and the resource tracker would print a warning per run. The workers keep theirs."""
+    synchronize = sys.modules.get("multiprocessing.synchronize")
+    if synchronize is None:
+        return
+    from multiprocessing import util
+
+    for finalizer in list(util._finalizer_registry.values()):
+        if getattr(finalizer, "_callback", None) is synchronize.SemLock._cleanup:
+            with contextlib.suppress(Exception):
+                finalizer()
+
+
+def bounded(fn: Callable[[], Any], seconds: float) -> None:
+    """Run ``fn`` (best effort: its errors are ignored) for at most ``seconds``: e.g. marking
+    MLflow runs KILLED while stopping, which must not wait on a server that is gone."""
+
+    def body() -> None:
+        with contextlib.suppress(Exception):
+            fn()
+
+    worker = threading.Thread(target=body, name="fedapt-bounded", daemon=True)
+    worker.start()
+    worker.join(seconds)
 
 
 @contextlib.contextmanager
@@ -205,8 +350,9 @@ def stop_on_signals(
     its temporary servers stop, its MLflow runs are marked KILLED, its lock is released.
     ``guard`` then prints one line and exits at once (130 / 143) without waiting for a
     training thread to finish its cell. If unwinding takes longer than ``grace`` seconds
-    (a task runner waiting for the cell in training), ``cleanup`` runs and the process exits
-    anyway: its tied servers die with it, the kernel drops its locks.
+    (a task runner waiting for the cell in training), ``cleanup`` runs (``CLEANUP_SECONDS``
+    at most) and the process exits anyway, within ``grace + CLEANUP_SECONDS`` of the signal:
+    its tied servers die with it, the kernel drops its locks.
 
     The grace timer starts from the signal itself, seen through ``signal.set_wakeup_fd``:
     while a flow runs, Prefect's own SIGTERM handler is installed instead of ours (it raises
@@ -224,11 +370,8 @@ def stop_on_signals(
         timer_started.set()
 
         def late() -> None:
-            time.sleep(grace)
-            if cleanup is not None:
-                with contextlib.suppress(Exception):
-                    cleanup()
-            _exit_now(128 + signum, signal.Signals(signum).name)
+            time.sleep(grace)  # (cleanup: bounded, a server that is gone must not hold it)
+            _exit_now(128 + signum, signal.Signals(signum).name, cleanup)
 
         threading.Thread(target=late, name="fedapt-stop", daemon=True).start()
 

@@ -19,6 +19,7 @@ from flows.cli.common import (
     out,
     quiet_prefect_tracebacks,
     results_table,
+    stop_now,
     stop_on_signals,
     sweep_table,
 )
@@ -61,9 +62,10 @@ def run(
     # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
     # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind
     # (servers stopped, MLflow runs KILLED, lock released), then exit 130/143 in one line.
+    up_env = services.env_for_clients()
     with (
         stop_on_signals(cleanup=_runs_killed),
-        services.patched_environ(services.env_for_clients()),
+        services.patched_environ(up_env),
     ):
         from flows.experiment import experiment_flow, in_process
         from flows.plan import check_names, check_sweep, prepare
@@ -101,7 +103,12 @@ def run(
             if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
                 _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
             quiet_prefect_tracebacks()
-            with services.prefect_environment():  # a temporary server if none is set/up
+            with (
+                services.prefect_environment(),  # a temporary server if none is set/up
+                # a service of the run that stops answering (`fedapt down`, a crash) stops
+                # the run in one line within seconds, not after minutes of retries
+                _services_watched(p, tuple(up_env)),
+            ):
                 records = experiment_flow(
                     params=p,
                     params_file=str(params or "params.yaml"),
@@ -132,6 +139,45 @@ def _numerics_line(mode: str) -> str:
     return (
         f"numerics: native ({prov['cpu_isa']} kernels: exact on this machine; "
         "--set runtime.numerics=portable for any x86-64 CPU)"
+    )
+
+
+def _services_watched(params: Any, managed: tuple[str, ...]) -> Any:
+    """The watch of the services this run uses (``flows.services.runwatch``)."""
+    from flows.services import runwatch
+
+    return runwatch.watch(
+        runwatch.watched_services(managed=managed),
+        lambda lost: _services_lost(params, lost),
+    )
+
+
+def _services_lost(params: Any, lost: list[Any]) -> None:
+    """A service of the run stopped answering: the run stops now, in one line naming it and
+    how to resume (its MLflow runs KILLED while the MLflow server still answers; else the
+    rerun marks them). Exit 2."""
+    from tasks.config import experiment_dir
+
+    what = ", ".join(f"{s.name} ({s.var}={s.shown})" for s in lost)
+    who = "they" if len(lost) > 1 else "it"
+    if all(s.managed for s in lost):
+        how = "start the services again (fedapt up), then run the same command"
+    elif any(s.managed for s in lost):
+        how = "once they answer again (fedapt up starts fedapt's), run the same command"
+    else:
+        how = "once it answers again, run the same command"
+    where = experiment_dir(params)
+    if params.runtime.checkpoint_every == 0:
+        resume = "it starts over (runtime.checkpoint_every is 0: no checkpoints)"
+    else:
+        resume = f"it resumes from the last checkpoint in {where}"
+    cleanup = None if any(s.name == "mlflow" for s in lost) else _runs_killed
+    stop_now(
+        2,
+        f"{what} stopped answering during the run (`fedapt down`, or {who} crashed); "
+        f"the run stopped: {how}; {resume}",
+        error=True,
+        cleanup=cleanup if params.runtime.tracking else None,
     )
 
 
