@@ -480,10 +480,14 @@ def test_kill_9_of_fedapt_run_leaves_no_process_and_a_rerun_succeeds(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_stops_fast_in_one_line_with_runs_killed(tmp_path):
+    """SIGTERM under a run whose clients train in worker processes: it ends within 10 s in
+    one line, its checkpoint kept, without warnings (no "leaked semaphore objects" from the
+    pool's queues)."""
     mark = uuid.uuid4().hex
-    proc = _fedapt_run(tmp_path, mark, **{"federation.rounds": "200"})
+    sets = {"federation.rounds": "200", "runtime.workers": "2", "runtime.checkpoint_every": "1"}
+    proc = _fedapt_run(tmp_path, mark, **sets)
     try:
-        _wait_for_round(proc)
+        _wait_for_round(proc, round_=2)
         t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -492,12 +496,14 @@ def test_sigterm_stops_fast_in_one_line_with_runs_killed(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, err[-3000:]
-    assert took < 15, took
+    assert took < 10, took
     ours = [ln for ln in err.splitlines() if ln.startswith("fedapt:")]
     assert ours == ["fedapt: interrupted by SIGTERM (exit 143)"], err[-3000:]
-    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ours[0], err[-3000:]
+    assert "Traceback" not in err and "Warning" not in err and "leaked" not in err
     exp = tmp_path / "reports" / "faults"
     assert not (exp / "summary.json").exists()
+    assert list((exp / "checkpoints").glob("*.pt"))  # what a rerun resumes from
     assert not list(exp.rglob("*.tmp"))  # nothing half-written
     assert sorted(_statuses(tmp_path).values()) == [("cell", "KILLED"), ("experiment", "KILLED")]
     assert _wait(lambda: not _marked(mark), 20), _marked(mark)

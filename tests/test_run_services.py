@@ -329,6 +329,7 @@ def test_fedapt_down_under_a_run_ends_it_in_one_line_and_a_rerun_resumes_byte_id
         ours = [ln for ln in err.splitlines() if ln.startswith("fedapt:")]
         assert len(ours) == 1 and err.strip().splitlines()[-1] == ours[0], err[-3000:]
         line = ours[0]
+        print(f"stopped {took:.1f} s after `fedapt down`: {line}")
         assert "stopped answering during the run" in line
         assert any(f"{n} (" in line for n in ("mlflow", "prefect", "s3")), line
         assert "fedapt up" in line and "run the same command" in line
