@@ -19,7 +19,7 @@ from flows.cli.common import (
     out,
     quiet_prefect_tracebacks,
     results_table,
-    stop_now,
+    services_watched,
     stop_on_signals,
     sweep_table,
 )
@@ -107,7 +107,7 @@ def run(
                 services.prefect_environment(),  # a temporary server if none is set/up
                 # a service of the run that stops answering (`fedapt down`, a crash) stops
                 # the run in one line within seconds, not after minutes of retries
-                _services_watched(p, tuple(up_env)),
+                services_watched(tuple(up_env), _resume_hint(p), tracking=p.runtime.tracking),
             ):
                 records = experiment_flow(
                     params=p,
@@ -142,43 +142,13 @@ def _numerics_line(mode: str) -> str:
     )
 
 
-def _services_watched(params: Any, managed: tuple[str, ...]) -> Any:
-    """The watch of the services this run uses (``flows.services.runwatch``)."""
-    from flows.services import runwatch
-
-    return runwatch.watch(
-        runwatch.watched_services(managed=managed),
-        lambda lost: _services_lost(params, lost),
-    )
-
-
-def _services_lost(params: Any, lost: list[Any]) -> None:
-    """A service of the run stopped answering: the run stops now, in one line naming it and
-    how to resume (its MLflow runs KILLED while the MLflow server still answers; else the
-    rerun marks them). Exit 2."""
+def _resume_hint(params: Any) -> str:
+    """What the same command does after a stop: resume from the cells' checkpoints."""
     from tasks.config import experiment_dir
 
-    what = ", ".join(f"{s.name} ({s.var}={s.shown})" for s in lost)
-    who = "they" if len(lost) > 1 else "it"
-    if all(s.managed for s in lost):
-        how = "start the services again (fedapt up), then run the same command"
-    elif any(s.managed for s in lost):
-        how = "once they answer again (fedapt up starts fedapt's), run the same command"
-    else:
-        how = "once it answers again, run the same command"
-    where = experiment_dir(params)
     if params.runtime.checkpoint_every == 0:
-        resume = "it starts over (runtime.checkpoint_every is 0: no checkpoints)"
-    else:
-        resume = f"it resumes from the last checkpoint in {where}"
-    cleanup = None if any(s.name == "mlflow" for s in lost) else _runs_killed
-    stop_now(
-        2,
-        f"{what} stopped answering during the run (`fedapt down`, or {who} crashed); "
-        f"the run stopped: {how}; {resume}",
-        error=True,
-        cleanup=cleanup if params.runtime.tracking else None,
-    )
+        return "it starts over (runtime.checkpoint_every is 0: no checkpoints)"
+    return f"it resumes from the last checkpoint in {experiment_dir(params)}"
 
 
 def _runs_killed() -> None:
