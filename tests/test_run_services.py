@@ -202,6 +202,38 @@ def test_masked_stream_masks_every_write_and_keeps_the_rest_of_the_stream():
     assert buf.getvalue().endswith("plain line\n" + "postgresql://u:***@db/x\n" + "the last line\n")
 
 
+def test_a_library_traceback_is_one_console_line_and_goes_to_the_log(tmp_path, monkeypatch):
+    """What Prefect logs for a failed task (a full disk) reaches the console as its message
+    and where the traceback went; the traceback, password masked, is in the run's log."""
+    import errno
+    import logging
+
+    from flows.cli import common
+
+    monkeypatch.setenv("FEDAPT_STATE_DIR", str(tmp_path / "state"))
+    console = io.StringIO()
+    handler = logging.StreamHandler(MaskedStream(console))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        common.quiet_prefect_tracebacks()
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/x/summary.json")
+        except OSError:
+            logging.getLogger("prefect.flow_engine").error(
+                "Task run failed (at http://u:%s@h:1)", CANARY, exc_info=True
+            )
+    finally:
+        root.removeHandler(handler)
+    log = tmp_path / "state" / "logs" / "fedapt.log"
+    text = console.getvalue()
+    assert text.splitlines() == [f"Task run failed (at http://u:***@h:1) (traceback in {log})"]
+    logged = log.read_text()
+    assert "Traceback (most recent call last)" in logged and "No space left" in logged
+    assert CANARY not in logged and CANARY not in text
+    assert (tmp_path / "state" / ".gitignore").is_file()  # the state dir stays out of git
+
+
 # ----------------------------------------------------------------------------- ports
 
 

@@ -173,6 +173,14 @@ def run_log_path() -> Path:
     return state_dir() / "logs" / "fedapt.log"
 
 
+def _is_console(handler: logging.Handler) -> bool:
+    """A handler that writes to the terminal (Prefect's console handler, a stream handler on
+    standard output or error), not to a file or a test's capture."""
+    stream = getattr(handler, "stream", None)
+    consoles = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    return hasattr(handler, "console") or isinstance(stream, MaskedStream) or stream in consoles
+
+
 _QUIET = _NoTracebackForFedaptErrors()
 _TO_LOG = _TracebacksToLog()
 
@@ -188,7 +196,7 @@ def quiet_prefect_tracebacks() -> None:
             if _QUIET not in handler.filters:
                 handler.addFilter(_QUIET)
     for handler in logging.getLogger().handlers:  # the console: what propagates reaches it
-        if isinstance(handler, logging.StreamHandler):
+        if _is_console(handler):
             for flt in (_QUIET, _TO_LOG):
                 if flt not in handler.filters:
                     handler.addFilter(flt)
