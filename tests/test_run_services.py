@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 
 from flows import services as S
 from flows.cli import app
-from flows.cli.common import MaskedStream
 from flows.services import config, ports, process, runwatch, supervisor
+from flows.streams import MaskedStream
 from tests.test_faults import _fedapt_run, _marked, _wait, _wait_for_round
 
 REPO = Path(__file__).resolve().parents[1]
