@@ -24,6 +24,7 @@ from flows import services
 from flows.localray import local_ray
 from flows.plan import CellSpec, RunPlan, grid_cells, prepare
 from flows.runners import cell_params, cell_resources, grid_parallelism, grid_task_runner
+from flows.streams import mask_streams
 from tasks import tracking
 from tasks.config import Params, experiment_dir, in_force, load_params
 from tasks.data import dataset_num_classes
@@ -220,6 +221,7 @@ def experiment_flow(
     ``RunPlan`` that ``flows.plan.prepare`` made of ``params`` before the flow started
     (``fedapt run``); without one (a deployment's run, ``fedapt reproduce``) the flow
     prepares its own once the run's services are up."""
+    mask_streams()  # a deployment's run: what it prints is masked as `fedapt run`'s is
     p = params if params is not None else load_params(params_file, overrides)
     p = in_force(p, "native")  # a deployment's run starts here (auto: native, as fedapt run)
     deployment, flow_run_id = prefect_run()

@@ -359,9 +359,12 @@ TINY = {
 }
 
 
-def _fedapt_run(tmp_path: Path, mark: str, **overrides: str) -> subprocess.Popen[str]:
+def _fedapt_run(
+    tmp_path: Path, mark: str, env_extra: dict[str, str | None] | None = None, **overrides: str
+) -> subprocess.Popen[str]:
     """`fedapt run` in its own session: temporary Prefect server, embedded S3, local MLflow
-    store; every process it starts inherits FEDAPT_FAULT_MARK (found again in /proc)."""
+    store (``env_extra``: other variables, None removes one); every process it starts
+    inherits FEDAPT_FAULT_MARK (found again in /proc)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -373,6 +376,11 @@ def _fedapt_run(tmp_path: Path, mark: str, **overrides: str) -> subprocess.Popen
         MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
         PREFECT_HOME=str(tmp_path / "prefect"),
     )
+    for k, v in (env_extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     args = [PY, "-m", "flows.cli", "run", "--params", str(REPO / "params.yaml")]
     sets = {
         **TINY,
@@ -413,8 +421,10 @@ def _marked(mark: str) -> list[str]:
     return found
 
 
-def _wait_for_round(proc: subprocess.Popen[str], timeout: float = 120) -> list[str]:
-    """Read stderr until the first round is reported; returns the lines read."""
+def _wait_for_round(
+    proc: subprocess.Popen[str], timeout: float = 120, round_: int = 1
+) -> list[str]:
+    """Read stderr until round ``round_`` is reported; returns the lines read."""
     assert proc.stderr is not None
     lines = []
     deadline = time.monotonic() + timeout
@@ -423,7 +433,7 @@ def _wait_for_round(proc: subprocess.Popen[str], timeout: float = 120) -> list[s
         if not line:
             break
         lines.append(line)
-        if "round 1/" in line:
+        if f"round {round_}/" in line:
             return lines
     proc.kill()
     raise AssertionError("no round reported:\n" + "".join(lines[-20:]))
@@ -470,10 +480,14 @@ def test_kill_9_of_fedapt_run_leaves_no_process_and_a_rerun_succeeds(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_stops_fast_in_one_line_with_runs_killed(tmp_path):
+    """SIGTERM under a run whose clients train in worker processes: it ends within 10 s in
+    one line, its checkpoint kept, without warnings (no "leaked semaphore objects" from the
+    pool's queues)."""
     mark = uuid.uuid4().hex
-    proc = _fedapt_run(tmp_path, mark, **{"federation.rounds": "200"})
+    sets = {"federation.rounds": "200", "runtime.workers": "2", "runtime.checkpoint_every": "1"}
+    proc = _fedapt_run(tmp_path, mark, **sets)
     try:
-        _wait_for_round(proc)
+        _wait_for_round(proc, round_=2)
         t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -482,12 +496,14 @@ def test_sigterm_stops_fast_in_one_line_with_runs_killed(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, err[-3000:]
-    assert took < 15, took
+    assert took < 10, took
     ours = [ln for ln in err.splitlines() if ln.startswith("fedapt:")]
     assert ours == ["fedapt: interrupted by SIGTERM (exit 143)"], err[-3000:]
-    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ours[0], err[-3000:]
+    assert "Traceback" not in err and "Warning" not in err and "leaked" not in err
     exp = tmp_path / "reports" / "faults"
     assert not (exp / "summary.json").exists()
+    assert list((exp / "checkpoints").glob("*.pt"))  # what a rerun resumes from
     assert not list(exp.rglob("*.tmp"))  # nothing half-written
     assert sorted(_statuses(tmp_path).values()) == [("cell", "KILLED"), ("experiment", "KILLED")]
     assert _wait(lambda: not _marked(mark), 20), _marked(mark)

@@ -47,7 +47,7 @@ def _cli(*args: str, sd: Path, **extra: str) -> subprocess.CompletedProcess[str]
 def test_a_plain_up_does_not_start_ray_but_down_and_status_cover_it(sd, monkeypatch):
     checked: list[str] = []
 
-    def stop_at_ports(name, port):  # type: ignore[no-untyped-def]
+    def stop_at_ports(name, port, taken=None):  # type: ignore[no-untyped-def]
         checked.append(name)
         raise S.PortInUseError("stop here")
 

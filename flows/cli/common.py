@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from flows.streams import MaskedStream, mask_streams
+
 # Offline and quiet by default; the project keeps its own Prefect home. Set when a command
 # runs (the app's callback), before it imports Prefect or MLflow; never at import.
 _ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +34,11 @@ OFFLINE_DEFAULTS = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
+    # MLflow's HTTP client retries a request 7 times with a backoff factor of 2 (about 4
+    # minutes a call; a run that lost its server stalled for 11): 3 retries, factor 1 (about
+    # 7 s) ride out a blip; a server that is gone is the run's watch's to report (runwatch).
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
 
 
@@ -43,7 +50,8 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
-    CUDA libraries read at their first call."""
+    CUDA libraries read at their first call; and standard output and error masked
+    (``mask_streams``)."""
     from flows import settings
 
     settings.forget()  # a new command (a test's CliRunner runs many in one process)
@@ -57,6 +65,7 @@ def offline_defaults() -> None:
         os.environ["PREFECT_HOME"],
         f"a folder Prefect may create and write into (unset: {default})",
     )
+    mask_streams()
 
 
 P = ParamSpec("P")
@@ -97,16 +106,66 @@ class _NoTracebackForFedaptErrors(logging.Filter):
         return True
 
 
+class _TracebacksToLog(logging.Filter):
+    """On the console, a library's traceback (Prefect logs one per failed task and flow run,
+    before fedapt's own line) is one line: the record's message, and where its traceback
+    went: appended, with the record, to the run's log ``<state dir>/logs/fedapt.log``
+    (``FEDAPT_STATE_DIR``, default .fedapt/). The logs sent to the Prefect API keep it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or record.exc_info[1] is None:
+            return True
+        path = run_log_path()
+        text = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+        with contextlib.suppress(Exception):  # the log cannot be written (a full disk): as is
+            from fedcore.errors import mask_credentials
+            from flows.services.state import prepare_dir
+
+            entry = mask_credentials(text.format(record))
+            prepare_dir(path.parent.parent)  # the state dir, kept out of git
+            path.parent.mkdir(exist_ok=True)
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write(entry + "\n")
+            record.exc_info = None
+            record.exc_text = None
+            record.msg, record.args = f"{record.getMessage()} (traceback in {path})", ()
+        return True
+
+
+def run_log_path() -> Path:
+    """The log of fedapt's own process: what libraries log with a traceback."""
+    from flows.services.config import state_dir
+
+    return state_dir() / "logs" / "fedapt.log"
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    """A handler that writes to the terminal (Prefect's console handler, a stream handler on
+    standard output or error), not to a file or a test's capture."""
+    stream = getattr(handler, "stream", None)
+    consoles = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    return hasattr(handler, "console") or isinstance(stream, MaskedStream) or stream in consoles
+
+
+_QUIET = _NoTracebackForFedaptErrors()
+_TO_LOG = _TracebacksToLog()
+
+
 def quiet_prefect_tracebacks() -> None:
-    """Prefect's console handlers: fedapt's errors without tracebacks, and (a command run
-    again in the same process, as a test's CliRunner does) a handler whose stream was closed
-    writes to this call's standard error instead of printing a logging error per record."""
-    flt = _NoTracebackForFedaptErrors()
+    """Prefect's console handlers: fedapt's errors without tracebacks, other tracebacks in
+    the run's log (``_TracebacksToLog``), and (a command run again in the same process, as a
+    test's CliRunner does) a handler whose stream was closed writes to this call's standard
+    error instead of printing a logging error per record."""
     names = ["prefect", *(n for n in logging.Logger.manager.loggerDict if n.startswith("prefect"))]
     for name in names:
         for handler in logging.getLogger(name).handlers:
-            if flt not in handler.filters:
-                handler.addFilter(flt)
+            if _QUIET not in handler.filters:
+                handler.addFilter(_QUIET)
+    for handler in logging.getLogger().handlers:  # the console: what propagates reaches it
+        if _is_console(handler):
+            for flt in (_QUIET, _TO_LOG):
+                if flt not in handler.filters:
+                    handler.addFilter(flt)
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     for logger in loggers:
         for handler in getattr(logger, "handlers", ()):
@@ -198,20 +257,69 @@ class Interrupted(KeyboardInterrupt):
 
 
 _stop_line = threading.Lock()  # the one line of a stop, whoever prints it
+CLEANUP_SECONDS = 3.0  # stop_on_signals: the most its cleanup may take once grace is over
 
 
-def _exit_now(code: int, signame: str) -> None:
-    if _stop_line.acquire(blocking=False):
-        err.print(
-            f"fedapt: interrupted by {signame} (exit {code})",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+def _exit_now(code: int, signame: str, cleanup: Callable[[], Any] | None = None) -> None:
+    stop_now(code, f"fedapt: interrupted by {signame} (exit {code})", cleanup=cleanup)
+
+
+def stop_now(
+    code: int,
+    line: str,
+    *,
+    error: bool = False,
+    cleanup: Callable[[], Any] | None = None,
+) -> None:
+    """End the process now, threads and all: ``line`` on stderr, the last thing it prints
+    (``error``: as ``print_error`` prints it), then exit ``code``. Whoever stops first prints
+    the one line; others wait for the exit. From the start of the stop only this thread
+    prints (``MaskedStream.seal``); ``cleanup`` runs first, for ``CLEANUP_SECONDS`` at most.
+    The semaphores of its worker pools are unlinked (no "leaked semaphore objects" warning
+    from multiprocessing's resource tracker)."""
+    if not _stop_line.acquire(blocking=False):
+        while True:  # another thread is stopping the process: its line, its exit code
+            time.sleep(1)
+    MaskedStream.seal()
+    if cleanup is not None:
+        bounded(cleanup, CLEANUP_SECONDS)
+    _release_semaphores()
+    if error:
+        print_error(line)
+    else:
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def _release_semaphores() -> None:
+    """Unlink the named semaphores of this process's multiprocessing objects (a process
+    pool's queues and locks), as their finalizers do at a normal exit: ``os._exit`` skips
+    them, and the resource tracker would print a warning per run. The workers keep theirs."""
+    synchronize = sys.modules.get("multiprocessing.synchronize")
+    if synchronize is None:
+        return
+    from multiprocessing import util
+
+    for finalizer in list(util._finalizer_registry.values()):
+        if getattr(finalizer, "_callback", None) is synchronize.SemLock._cleanup:
+            with contextlib.suppress(Exception):
+                finalizer()
+
+
+def bounded(fn: Callable[[], Any], seconds: float) -> None:
+    """Run ``fn`` (best effort: its errors are ignored) for at most ``seconds``: e.g. marking
+    MLflow runs KILLED while stopping, which must not wait on a server that is gone."""
+
+    def body() -> None:
+        with contextlib.suppress(Exception):
+            fn()
+
+    worker = threading.Thread(target=body, name="fedapt-bounded", daemon=True)
+    worker.start()
+    worker.join(seconds)
 
 
 @contextlib.contextmanager
@@ -222,8 +330,9 @@ def stop_on_signals(
     its temporary servers stop, its MLflow runs are marked KILLED, its lock is released.
     ``guard`` then prints one line and exits at once (130 / 143) without waiting for a
     training thread to finish its cell. If unwinding takes longer than ``grace`` seconds
-    (a task runner waiting for the cell in training), ``cleanup`` runs and the process exits
-    anyway: its tied servers die with it, the kernel drops its locks.
+    (a task runner waiting for the cell in training), ``cleanup`` runs (``CLEANUP_SECONDS``
+    at most) and the process exits anyway, within ``grace + CLEANUP_SECONDS`` of the signal:
+    its tied servers die with it, the kernel drops its locks.
 
     The grace timer starts from the signal itself, seen through ``signal.set_wakeup_fd``:
     while a flow runs, Prefect's own SIGTERM handler is installed instead of ours (it raises
@@ -241,11 +350,8 @@ def stop_on_signals(
         timer_started.set()
 
         def late() -> None:
-            time.sleep(grace)
-            if cleanup is not None:
-                with contextlib.suppress(Exception):
-                    cleanup()
-            _exit_now(128 + signum, signal.Signals(signum).name)
+            time.sleep(grace)  # (cleanup: bounded, a server that is gone must not hold it)
+            _exit_now(128 + signum, signal.Signals(signum).name, cleanup)
 
         threading.Thread(target=late, name="fedapt-stop", daemon=True).start()
 
@@ -277,6 +383,49 @@ def stop_on_signals(
         os.close(write_end)  # the watcher reads end-of-file and ends
         for sig, previous in old.items():
             signal.signal(sig, previous)
+
+
+def services_watched(
+    managed: tuple[str, ...], resume: str, *, tracking: bool
+) -> contextlib.AbstractContextManager[None]:
+    """For the block, the watch over the services a run uses (``flows.services.runwatch``):
+    one that stops answering (`fedapt down`, a crash) stops the run within seconds in one
+    line (``services_lost``), not after minutes of the clients' retries. ``managed``: the
+    variables `fedapt up`'s services set; ``resume``: what the same command does then."""
+    from flows.services import runwatch
+
+    return runwatch.watch(
+        runwatch.watched_services(managed=managed),
+        lambda lost: services_lost(lost, resume, tracking=tracking),
+    )
+
+
+def services_lost(lost: list[Any], resume: str, *, tracking: bool) -> None:
+    """Services of the run stopped answering: the run stops now, exit 2, in one line naming
+    them, what to start and how to resume. Its MLflow runs are marked KILLED while the MLflow
+    server still answers (else the rerun marks them)."""
+    what = ", ".join(f"{s.name} ({s.var}={s.shown})" for s in lost)
+    who = "they" if len(lost) > 1 else "it"
+    if all(s.managed for s in lost):
+        how = "start the services again (fedapt up), then run the same command"
+    elif any(s.managed for s in lost):
+        how = "once they answer again (fedapt up starts fedapt's), run the same command"
+    else:
+        how = f"once {who} {'answer' if len(lost) > 1 else 'answers'} again, run the same command"
+    mlflow_up = not any(s.name == "mlflow" for s in lost)
+    stop_now(
+        2,
+        f"{what} stopped answering during the run (`fedapt down`, or {who} crashed); "
+        f"the run stopped: {how}; {resume}",
+        error=True,
+        cleanup=_runs_killed if tracking and mlflow_up else None,
+    )
+
+
+def _runs_killed() -> None:
+    from tasks import tracking
+
+    tracking.end_active_runs("KILLED")
 
 
 EXIT_DIVERGED = 3  # the outputs were written, but training diverged (runtime.allow_divergence)

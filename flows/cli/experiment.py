@@ -20,6 +20,7 @@ from flows.cli.common import (
     out,
     quiet_prefect_tracebacks,
     results_table,
+    services_watched,
     stop_on_signals,
     sweep_table,
 )
@@ -62,9 +63,10 @@ def run(
     # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
     # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind
     # (servers stopped, MLflow runs KILLED, lock released), then exit 130/143 in one line.
+    up_env = services.env_for_clients()
     with (
         stop_on_signals(cleanup=_runs_killed),
-        services.patched_environ(services.env_for_clients()),
+        services.patched_environ(up_env),
     ):
         from flows.experiment import experiment_flow, in_process
         from flows.plan import check_names, check_storage, check_sweep, prepare
@@ -105,7 +107,12 @@ def run(
             if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
                 _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
             quiet_prefect_tracebacks()
-            with services.prefect_environment():  # a temporary server if none is set/up
+            with (
+                services.prefect_environment(),  # a temporary server if none is set/up
+                # a service of the run that stops answering (`fedapt down`, a crash) stops
+                # the run in one line within seconds, not after minutes of retries
+                services_watched(tuple(up_env), _resume_hint(p), tracking=p.runtime.tracking),
+            ):
                 records = experiment_flow(
                     params=p,
                     params_file=str(params or "params.yaml"),
@@ -139,6 +146,15 @@ def _numerics_line(mode: str) -> str:
         f"numerics: native ({prov['cpu_isa']} kernels: exact on this machine; "
         "--set runtime.numerics=portable for any x86-64 CPU)"
     )
+
+
+def _resume_hint(params: Any) -> str:
+    """What the same command does after a stop: resume from the cells' checkpoints."""
+    from tasks.config import experiment_dir
+
+    if params.runtime.checkpoint_every == 0:
+        return "it starts over (runtime.checkpoint_every is 0: no checkpoints)"
+    return f"it resumes from the last checkpoint in {experiment_dir(params)}"
 
 
 def _runs_killed() -> None:

@@ -18,6 +18,7 @@ from flows.cli.common import (
     guarded,
     out,
     quiet_prefect_tracebacks,
+    services_watched,
     stop_on_signals,
 )
 
@@ -160,9 +161,10 @@ def _run(
     this process, MLflow runs ended KILLED/FAILED on a stop or an error."""
     from flows import services
 
+    up_env = services.env_for_clients()
     with (
         stop_on_signals(cleanup=_runs_killed),
-        services.patched_environ(services.env_for_clients()),
+        services.patched_environ(up_env),
     ):
         from flows.plan import check_names, check_storage, prepare
         from flows.reproduce import reproduce_flow
@@ -191,7 +193,15 @@ def _run(
                 for name in [f"reproduce-{profile}", *(it.params.experiment.name for it in todo)]:
                     tracking.close_stale_runs(name)
             quiet_prefect_tracebacks()
-            with services.prefect_environment():
+            with (
+                services.prefect_environment(),
+                services_watched(
+                    tuple(up_env),
+                    "the experiments finished are kept, the one stopped resumes from its "
+                    "checkpoints",
+                    tracking=bool(base is not None and base.runtime.tracking),
+                ),
+            ):
                 return reproduce_flow(
                     profile=profile,
                     params_file=params_file,

@@ -6,8 +6,16 @@ from __future__ import annotations
 import random
 import socket
 import urllib.request
+from collections.abc import Collection, Mapping
 
-from flows.services.config import HEALTH_PATHS, HOST, PortInUseError, ServiceError, port_env_var
+from flows.services.config import (
+    DEFAULT_PORTS,
+    HEALTH_PATHS,
+    HOST,
+    PortInUseError,
+    ServiceError,
+    port_env_var,
+)
 
 
 def port_free(port: int, host: str = HOST) -> bool:
@@ -41,16 +49,39 @@ def free_port_pair(offset: int = 10000, taken: set[int] | None = None) -> int:
     raise ServiceError("s3 cannot start: no free pair of ports for the SeaweedFS admin server")
 
 
-def check_port(name: str, port: int) -> None:
-    """Raise ``PortInUseError`` (one line naming the variable to change) when ``port`` of
-    service ``name`` is taken; 0 (any free port) passes."""
-    if port and not port_free(port):
-        var = port_env_var(name)
-        alt = port + 1 if port < 65535 else port - 1
-        raise PortInUseError(
-            f"{name} cannot start: port {port} on {HOST} is already in use by another program; "
-            f"choose another port, e.g. {var}={alt}"
-        )
+def suggest_port(port: int, taken: Collection[int] = ()) -> int:
+    """A port to suggest instead of ``port``: the nearest above it (else below it, not under
+    1024) that is free now and not in ``taken`` (the other fedapt services' ports, running or
+    default); 0 (any free port) when none is near."""
+    above = range(port + 1, min(port + 100, 65535) + 1)
+    below = range(port - 1, max(port - 100, 1024) - 1, -1)
+    for candidate in (*above, *below):
+        if candidate not in taken and port_free(candidate):
+            return candidate
+    return 0
+
+
+def check_port(name: str, port: int, taken: Mapping[int, str] | None = None) -> None:
+    """Raise ``PortInUseError`` (one line naming the variable to change, with a port that is
+    free now and no other fedapt service's) when ``port`` of service ``name`` is taken: by
+    another program, or (``taken``: port -> service) by another fedapt service, running or
+    about to start; 0 (any free port) passes."""
+    taken = dict(taken or {})
+    owner = taken.get(port)
+    if not port or (owner in (None, name) and port_free(port)):
+        return
+    var = port_env_var(name)
+    avoid = {*taken, *DEFAULT_PORTS.values()} - {port}
+    alt = suggest_port(port, avoid)
+    hint = f"e.g. {var}={alt}" if alt else f"{var}=0 (any free port)"
+    if owner not in (None, name):
+        by = f"fedapt's {owner} ({port_env_var(owner)})"
+    else:
+        by = "another program"
+    raise PortInUseError(
+        f"{name} cannot start: port {port} on {HOST} is already in use by {by}; "
+        f"choose another port, {hint}"
+    )
 
 
 def probe(url: str, timeout: float = 1.0) -> bool:

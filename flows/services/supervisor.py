@@ -289,8 +289,13 @@ def up(
                 records.pop(n)
         write_state(sd, records)
         to_start = [n for n in names if n not in records]
+        # the ports of the services running, and of those about to start: two services
+        # never get one port (FEDAPT_PREFECT_PORT=4201 is the worker's default port)
+        taken = {int(r["port"]): n for n, r in records.items() if r.get("port")}
         for n in to_start:
-            check_port(n, wanted[n])
+            check_port(n, wanted[n], taken)
+            if wanted[n]:
+                taken.setdefault(wanted[n], n)
         deadline = time.monotonic() + timeout
         # Already running: it may still be starting (or hung) - wait for it like a new one.
         for n in names:
