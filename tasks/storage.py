@@ -103,11 +103,11 @@ def _explain(exc: Exception, bucket: str) -> StorageError:
     return StorageError(f"S3 endpoint {where} failed: {type(exc).__name__}; check AWS_ENDPOINT_URL")
 
 
-def experiment_prefix(prefix: str, experiment: str) -> str:
+def experiment_prefix(prefix: str | None, experiment: str) -> str:
     """The key prefix of an experiment's outputs, ``<storage.prefix>/<experiment>`` (the
-    experiment alone for an empty ``storage.prefix``; ``tasks.config`` normalised it: no
+    experiment alone for a null ``storage.prefix``, the bucket's top; ``tasks.config`` normalised it: no
     ``..``, no leading or doubled ``/``)."""
-    return "/".join(p for p in (prefix.strip("/"), experiment) if p)
+    return "/".join(p for p in ((prefix or "").strip("/"), experiment) if p)
 
 
 def ensure_bucket(bucket: str, client: Any | None = None) -> None:

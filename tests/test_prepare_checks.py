@@ -346,8 +346,9 @@ def test_storage_prefix_is_normalised():
     from tasks.config import load_params
     from tasks.storage import experiment_prefix
 
-    for given, want in [("runs", "runs"), ("runs//a/./", "runs/a"), ("./runs", "runs"), ("", "")]:
+    for given, want in [("runs", "runs"), ("runs//a/./", "runs/a"), ("./runs", "runs")]:
         p = load_params(REPO / "params.yaml", [f"storage.prefix={json.dumps(given)}"])
         assert p.storage.prefix == want, given
+    assert load_params(REPO / "params.yaml", ["storage.prefix=null"]).storage.prefix is None
     assert experiment_prefix("runs/a", "exp") == "runs/a/exp"
-    assert experiment_prefix("", "exp") == "exp"  # the bucket's top: no leading /
+    assert experiment_prefix(None, "exp") == "exp"  # the bucket's top: no leading /

@@ -16,15 +16,17 @@ class StorageSection(Section):
 
     bucket: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
     # The folder of the bucket the experiments go to (s3://<bucket>/<prefix>/<experiment>/),
-    # normalised as a POSIX path: "runs//a/./" is "runs/a"; "" the bucket's top.
-    prefix: str = "fedapt"
+    # normalised as a POSIX path: "runs//a/./" is "runs/a"; null: the bucket's top.
+    prefix: str | None = "fedapt"
 
     @field_validator("prefix")
     @classmethod
-    def _relative_key(cls, v: str) -> str:
+    def _relative_key(cls, v: str | None) -> str | None:
         """A relative folder inside the bucket: no ``..`` (S3 refuses such keys, or they
         name another folder than the one asked for), no leading ``/`` (an absolute path),
         no control characters (S3's XML listings cannot carry them)."""
+        if v is None:
+            return None
         if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
             raise ValueError(f"a folder inside the bucket has no control characters (got {v!r})")
         if v.startswith("/"):
