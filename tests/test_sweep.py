@@ -369,8 +369,9 @@ def test_fedapt_run_sweep_tracks_a_run_per_cell_and_seed(tmp_path, monkeypatch):
     m = parent.data.metrics
     for cell in ("fedavg-full", "fedprox-full"):
         stat = by_cell[cell]["final_accuracy"]
-        assert m[f"{cell}/final_accuracy_mean"] == pytest.approx(stat["mean"])
-        assert m[f"{cell}/final_accuracy_std"] == pytest.approx(stat["std"])
+        # accuracies in % in MLflow, as in every results table
+        assert m[f"{cell}/final_accuracy_mean_pct"] == pytest.approx(100 * stat["mean"])
+        assert m[f"{cell}/final_accuracy_std_pct"] == pytest.approx(100 * stat["std"])
         assert m[f"{cell}/n_seeds"] == 2
     assert parent.data.params["experiment.seeds"] == "[0, 1]"
     assert parent.info.status == "FINISHED"
