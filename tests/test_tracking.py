@@ -70,32 +70,20 @@ def test_charts_mib_percent_and_constants_as_params(tmp_path, monkeypatch):
     MiB, the method's sizes: params), no series of zeros (rejections counted from the first)."""
     from mlflow import MlflowClient
 
-    from fedcore.events import RoundRecord
+    from fedcore.events import History, RoundRecord
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     client = MlflowClient(tracking.tracking_uri())
     run_id = client.create_run(client.create_experiment("e")).info.run_id
     mib = 2**20
-    rounds = tracking.MlflowRounds(run_id)
+    rounds, history = tracking.MlflowRounds(run_id), History(last_rounds=2)
     for k, rejected in ((1, 0), (2, 1), (3, 0)):
-        extra = {"test_accuracy_exit_1": 0.5}
-        rounds.on_round_end(
-            RoundRecord(
-                k,
-                0.1,
-                (0, 1),
-                2 * mib,
-                mib,
-                2 * k * mib,
-                k * mib,
-                1.0,
-                0.25 * k,
-                0.9,
-                rejected,
-                1.5,
-                extra,
-            )  # fmt: skip
-        )
+        extra = {"test_accuracy_exit_1": 0.5, "tau": 1.0 if k < 3 else 2.0, "freeze": 0.0}
+        # round, lr, clients, down, up, cum down, cum up, train loss, acc, test loss, ...
+        rec = (k, 0.1, (0, 1), 2 * mib, mib, 2 * k * mib, k * mib, 1.0, 0.25 * k, 0.9)
+        history.rounds.append(RoundRecord(*rec, rejected, 1.5, extra))
+        rounds.on_round_end(history.rounds[-1])
+    rounds.on_fit_end(history)
     record = {
         "final_accuracy": 0.75, "mean_accuracy_last_L": 0.5, "upload_bytes": 3 * mib,
         "download_bytes": 6 * mib, "upload_bytes_per_round": mib,
@@ -114,15 +102,17 @@ def test_charts_mib_percent_and_constants_as_params(tmp_path, monkeypatch):
     assert series("cum_upload_mib") == [(1, 1.0), (2, 2.0), (3, 3.0)]
     assert series("cum_download_mib") == [(1, 2.0), (2, 4.0), (3, 6.0)]
     assert series("cum_rejected_updates") == [(2, 1.0), (3, 1.0)]
+    assert series("tau") == [(1, 1.0), (2, 1.0), (3, 2.0)]  # changed: its whole curve
+    assert series("lr") == series("freeze") == []  # never changed: params
     m = run.data.metrics
     assert (m["final_accuracy_pct"], m["mean_accuracy_last_L_pct"]) == (75.0, 50.0)
-    assert (m["upload_mib"], m["download_mib"]) == (3.0, 6.0)
+    assert (m["upload_mib"], m["download_mib"], m["last_rounds_L"]) == (3.0, 6.0, 2.0)
     assert not {"upload_bytes", "download_bytes", "total_upload_bytes", "final_accuracy",
                 "test_accuracy", "base_download_bytes", "payload_bytes"} & set(m)  # fmt: skip
     assert {k: v for k, v in run.data.params.items()} == {
         "upload_mib_per_round": "1.0000", "download_mib_per_round": "2.0000",
         "payload_mib": "0.5000", "model_mib": "1.0000", "base_download_mib": "0.0000",
-        "total_params": "1000", "trainable_params": "10",
+        "total_params": "1000", "trainable_params": "10", "lr": "0.1", "freeze": "0",
     }  # fmt: skip
     tracking.log_metrics(run_id, {"fedavg-full/final_accuracy_std": 0.01, "f/n_seeds": 2})
     m = client.get_run(run_id).data.metrics
@@ -185,7 +175,7 @@ def test_a_cell_run_names_the_l_its_mean_accuracy_averaged(tmp_path, monkeypatch
         tracking.log_final_metrics(run_id, h.to_dict())
         runs.append(client.get_run(run_id).data.metrics)
     assert [m["last_rounds_L"] for m in runs] == [2, 4]  # evaluated: 1, 3 | 1, 3, 5, 7
-    assert runs[0]["mean_accuracy_last_L"] == pytest.approx((0.1 + 0.3) / 2)
+    assert runs[0]["mean_accuracy_last_L_pct"] == pytest.approx(100 * (0.1 + 0.3) / 2)
 
 
 def test_which_runs_register(tmp_path):

@@ -214,16 +214,19 @@ def _metric(name: str, value: float, step: int) -> Any:
 
 
 class MlflowRounds(Callback):
-    """Per-round metrics with step = round: test accuracy (%), losses, the learning rate,
-    the cumulative MiB each way, the seconds of the round; the cumulative count of rejected
-    updates from the first round that rejected one (no flat line at zero). Per-round MiB
-    (the same every round under full participation) are params, logged at the end
-    (``log_final_metrics``)."""
+    """Per-round metrics with step = round: test accuracy (%), losses, the cumulative MiB
+    each way, the seconds of the round; the cumulative count of rejected updates from the
+    first round that rejected one (no line of zeros). The learning rate and the algorithm's
+    own series (FedNILO's freeze index, FedNova's tau, ...) once they change; one that never
+    did is a param of the run at the end (no flat line). A round's MiB (the same every round
+    under full participation) are params too (``log_final_metrics``)."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._client = store.client()
         self._rejected = 0
+        self._unchanged: dict[str, list[tuple[int, float]]] = {}  # not seen to change yet
+        self._changing: set[str] = set()
 
     def on_resume(self, history: Any) -> None:
         """The rounds a resumed run restored from its checkpoint: the run's curves are whole."""
@@ -233,7 +236,6 @@ class MlflowRounds(Callback):
     def on_round_end(self, record: RoundRecord) -> None:
         values = {
             "train_loss": record.train_loss,
-            "lr": record.lr,
             "cum_upload_mib": round(mib(record.cum_upload_bytes), 6),
             "cum_download_mib": round(mib(record.cum_download_bytes), 6),
             "round_seconds": record.seconds,
@@ -241,22 +243,40 @@ class MlflowRounds(Callback):
         self._rejected += int(record.rejected)
         if self._rejected:
             values["cum_rejected_updates"] = float(self._rejected)
-        # Algorithm-specific series (FedNILO's freeze index, FedNova's tau, ...).
-        values.update(getattr(record, "extra", None) or {})
         if record.accuracy is not None:
             values["test_accuracy"] = record.accuracy
         if record.test_loss is not None:
             values["test_loss"] = record.test_loss
+        # The lr and the algorithm's series: logged from the round they first change
+        series = {"lr": record.lr, **(getattr(record, "extra", None) or {})}
+        for name, value in series.items():
+            if "accuracy" in name or name in self._changing:  # (an exit's accuracy: a curve)
+                values[name] = value
+                continue
+            seen = self._unchanged.setdefault(name, [])
+            seen.append((record.round, float(value)))
+            if any(v != seen[0][1] for _, v in seen):  # changed: its whole curve from now on
+                self._changing.add(name)
+                points = self._unchanged.pop(name)
+                metrics = [_metric(name, v, step) for step, v in points[:-1] if v == v]
+                if metrics:
+                    self._client.log_batch(self.run_id, metrics=metrics)
+                values[name] = value
         metrics = [_metric(k, v, record.round) for k, v in values.items() if v == v]
         self._client.log_batch(self.run_id, metrics=metrics)
 
     def on_fit_end(self, history: Any) -> None:
         """``last_rounds_L``: the L that ``mean_accuracy_last_L`` averaged, federation.last_rounds
-        capped by the rounds evaluated (fedcore.events.History), as every report label names it."""
-        from mlflow.entities import Metric
+        capped by the rounds evaluated (fedcore.events.History), as every report label names it.
+        The series that never changed: params (``lr`` = 0.05), not flat lines."""
+        from mlflow.entities import Metric, Param
 
         L = min(history.last_rounds, len(history.evaluated))
         self._client.log_batch(self.run_id, metrics=[Metric("last_rounds_L", float(L), 0, 0)])
+        params = [Param(name, f"{seen[0][1]:g}") for name, seen in self._unchanged.items() if seen]
+        if params:
+            self._client.log_batch(self.run_id, params=params)
+        self._unchanged.clear()
 
 
 # A cell's results, one value each (step 0): its row in the Runs table and a bar per cell
