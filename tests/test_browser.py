@@ -5,7 +5,7 @@ MLflow and Prefect servers of ``fedapt up`` (on free ports of 127.0.0.1) and a s
 
 - each line the run prints appears once, MLflow's own "View run" lines not among them;
 - the MLflow link it prints opens the training view's Runs table, one row per cell, with
-  the result columns (final and last-L accuracy in %, MiB up and down, rounds);
+  the result columns (final and last-L accuracy in %, L, MiB up and down, rounds);
 - the Prefect link it prints opens the flow run, whose Task Runs tab lists every task run
   (no "Invalid TaskInputResponse": no task gets a subflow's return value).
 
@@ -32,6 +32,7 @@ CELLS = ("fedavg-full", "fedprox-full")
 COLUMNS = (
     "final_accuracy_pct",
     "mean_accuracy_last_L_pct",
+    "last_rounds_L",
     "upload_mib",
     "download_mib",
     "federation.rounds",

@@ -145,7 +145,7 @@ def test_runs_table_link_opens_the_training_view_with_the_result_columns(tmp_pat
     assert state["searchFilter"] == f"tags.`mlflow.parentRunId` = '{parent}'"
     assert state["selectedColumns"] == [
         "metrics.`final_accuracy_pct`", "metrics.`mean_accuracy_last_L_pct`",
-        "metrics.`upload_mib`", "metrics.`download_mib`", "params.`federation.rounds`",
+        "metrics.`last_rounds_L`", "metrics.`upload_mib`", "metrics.`download_mib`", "params.`federation.rounds`",
     ]  # fmt: skip
     assert sum(k.startswith("mlflow.sharedViewState.") for k in tags) == 1  # stored once
     assert tracking.run_url(exp, cell, "sqlite:///x.db") == (

@@ -31,7 +31,13 @@ WORKFLOW_TYPE = "machine_learning"  # the UI's WorkflowType.MACHINE_LEARNING (tr
 SHARED_VIEW_TAG = "mlflow.sharedViewState."  # + key: an experiment tag, the view's JSON
 PARENT_TAG = "mlflow.parentRunId"
 # What the Runs table shows for each cell (the UI's column keys: `<group>.`<name>``), in order
-RESULT_METRICS = ("final_accuracy_pct", "mean_accuracy_last_L_pct", "upload_mib", "download_mib")
+RESULT_METRICS = (
+    "final_accuracy_pct",
+    "mean_accuracy_last_L_pct",
+    "last_rounds_L",  # the L that mean averaged (capped by the rounds evaluated)
+    "upload_mib",
+    "download_mib",
+)
 RESULT_PARAMS = ("federation.rounds",)
 COLUMNS = (
     *(f"metrics.`{m}`" for m in RESULT_METRICS),
