@@ -37,6 +37,7 @@ COLUMNS = (
     "download_mib",
     "federation.rounds",
 )
+WIDE = {"width": 2400, "height": 1000}
 TASKS = (
     "start-tracking",
     "partition",
@@ -114,7 +115,8 @@ def test_printed_links_open_the_runs_table_and_every_task_run(tmp_path):
         with sync_playwright() as playwright:
             browser = _launch(playwright)
             try:
-                mlflow_page(browser.new_context(), mlflow_link)
+                # wide: the grid draws only the columns in view (MLflow's assistant panel beside)
+                mlflow_page(browser.new_context(viewport=WIDE), mlflow_link)
                 prefect_page(browser.new_context(), flow_run_link.group(1))
             finally:
                 browser.close()
