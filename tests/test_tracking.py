@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import types
+from pathlib import Path
+
 import pytest
 
 from fedcore.errors import ConfigError
 from tasks import tracking
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_champion_moves_only_to_a_better_version_on_the_same_evaluation_set(tmp_path, monkeypatch):
@@ -150,6 +155,18 @@ def test_runs_table_link_opens_the_training_view_with_the_result_columns(tmp_pat
     assert sum(k.startswith("mlflow.sharedViewState.") for k in tags) == 1  # stored once
     assert tracking.run_url(exp, cell, "sqlite:///x.db") == (
         f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{cell}?workflowType=machine_learning"
+    )
+    # `fedapt run`'s last line on a database of one's own: `mlflow ui` on it, then the link
+    from flows.cli.experiment import _where_results
+    from tasks.config import load_params
+
+    p = load_params(REPO / "params.yaml", ["storage.bucket=null"])
+    no_files = types.SimpleNamespace(train=None, test=None)  # (data read from no file)
+    (line,) = [x for x in _where_results(p, no_files, [{"mlflow_run_id": cell}]) if "MLflow" in x]
+    assert line == (
+        f"MLflow: {tracking.tracking_uri()} (see it with `mlflow ui --backend-store-uri "
+        f"{tracking.tracking_uri()}`, then http://127.0.0.1:5000/#/experiments/{exp}/runs?"
+        f"{query})"
     )
     for run_id in (cell, parent):
         tracking.end_run(run_id)

@@ -184,16 +184,21 @@ def _where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> lis
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if params.runtime.tracking:
         table = _runs_table(records)
-        if uri and uri.startswith(("http://", "https://")) and table:
+        server = bool(uri) and uri.startswith(("http://", "https://"))
+        then = f", then {table}" if table else ""
+        if server and table:
             lines.append(f"MLflow: {table}")  # the run's cells, training view (masked)
-        elif uri:
+        elif uri and (server or not table):
             lines.append(f"MLflow: {mask_credentials(uri)}")  # never a password on the screen
+        elif uri:  # a database of your own: its UI is `mlflow ui` on it
+            shown = mask_credentials(uri)
+            lines.append(
+                f"MLflow: {shown} (see it with `mlflow ui --backend-store-uri {shown}`{then})"
+            )
         else:
             lines.append(
                 "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
-                "--backend-store-uri sqlite:///mlruns/mlflow.db`"
-                + (f", then {table}" if table else "")
-                + ")"
+                f"--backend-store-uri sqlite:///mlruns/mlflow.db`{then})"
             )
     if params.storage.bucket:
         from tasks.storage import experiment_prefix
