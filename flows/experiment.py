@@ -8,6 +8,10 @@ the partition drawn once, before the flow starts, so bad parameters stop with on
 leave no partial outputs); a deployment's flow run prepares its own. Every output file is
 written atomically by the tasks. Tasks on a Dask or Ray worker get paths and small records;
 in this process they also get the plan's data, partition and each cell's initial model.
+
+The grid's records (a subflow's return value) reach the flow's later tasks ``quote``d: Prefect
+would record them as a ``flow_run`` input, which its UI cannot show (the Task Runs tab then
+lists no task run at all).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from flows import services
 from flows.localray import local_ray
@@ -279,9 +284,9 @@ def experiment_flow(
             run_origin,
             plan,
         )
-        summary_task(p, records, str(out / "summary.json"), str(out / "runs"), run_origin)
+        summary_task(p, quote(records), str(out / "summary.json"), str(out / "runs"), run_origin)
         # the flow run's Artifacts tab
-        results_artifact_task(p.experiment.name, records, runs_dir=str(out / "runs"))
+        results_artifact_task(p.experiment.name, quote(records), runs_dir=str(out / "runs"))
         if parent is not None:
             log_results_task(parent, str(out))
         shutil.rmtree(checkpoints, ignore_errors=True)  # the grid is done: nothing to resume
@@ -318,10 +323,10 @@ def run_sweep(
     by_seed = grid(cell_params(p), part_dirs, str(out), parent, bases, run_origin, plan)
     for seed, records in zip(seeds, by_seed, strict=True):
         sd, ps = seed_dir(out, seed), seed_params(p, seed)
-        summary_task(ps, records, str(sd / "summary.json"), str(sd / "runs"), run_origin)
+        summary_task(ps, quote(records), str(sd / "summary.json"), str(sd / "runs"), run_origin)
     records = [r for per_seed in by_seed for r in per_seed]
-    cells = sweep_summary_task(p, records, str(out), run_origin)
-    results_artifact_task(p.experiment.name, records, sweep_markdown(p, cells))
+    cells = sweep_summary_task(p, quote(records), str(out), run_origin)
+    results_artifact_task(p.experiment.name, quote(records), sweep_markdown(p, cells))
     if parent is not None:
         log_sweep_metrics_task(parent, cells)
         log_results_task(parent, str(out), seeds)

@@ -27,3 +27,4 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
 fi
 
 bash scripts/get-data.sh
+bash scripts/get-browser.sh

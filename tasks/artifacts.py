@@ -72,8 +72,8 @@ def log_experiment(
 
 
 def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """cell -> the URL of its run in the MLflow UI (an http tracking server only)."""
-    from fedcore.errors import mask_credentials
+    """cell -> the URL of its run in the MLflow UI, in the training view (an http tracking
+    server only; never a password: the links are stored in the Prefect artifact)."""
     from tasks import tracking
 
     uri = tracking.tracking_uri()
@@ -85,6 +85,18 @@ def run_links(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     for cell, run_id in ids.items():
         if run_id:
             exp = client.get_run(run_id).info.experiment_id
-            # never a password in a link: the links are stored in the Prefect artifact
-            links[cell] = f"{mask_credentials(uri).rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+            links[cell] = tracking.run_url(exp, run_id, uri)
     return links
+
+
+def runs_table_link(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """The MLflow Runs table of the records' experiment run (training view, one row per
+    cell, the results as columns: ``tracking.runs_table_url``); None without an http
+    tracking server or a tracked cell."""
+    from tasks import tracking
+
+    uri = tracking.tracking_uri()
+    if not uri.startswith("http"):
+        return None
+    parent = tracking.parent_run(records)
+    return tracking.runs_table_url(parent) if parent else None

@@ -252,7 +252,7 @@ class RichProgress(Callback):
         self._progress.update(self._task, advance=done, status=f"resumed after round {done}")
 
     def on_round_end(self, record: RoundRecord) -> None:
-        acc = f"acc {record.accuracy:.4f}" if record.accuracy is not None else "acc -"
+        acc = f"acc {100 * record.accuracy:.2f}%" if record.accuracy is not None else "acc -"
         down, up = mib(record.download_bytes), mib(record.upload_bytes)
         status = f"{acc}  down {down:.2f} MiB  up {up:.2f} MiB"
         grid = self.grid.eta() if self.grid is not None else None
@@ -283,11 +283,26 @@ def clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def api_only(run_logger: Any) -> Any:
+    """A run logger whose records reach the flow run's logs in the Prefect API, not the
+    console: the same run context on Prefect's ``prefect.extra`` logger (its handler: the
+    API's, no propagation)."""
+    import logging
+
+    from prefect.logging.loggers import PrefectLogAdapter
+
+    return PrefectLogAdapter(logging.getLogger("prefect.extra"), dict(run_logger.extra))
+
+
 class PrefectProgress(Callback):
     """Round progress where Prefect users look: one line per round in the flow run's logs
     (accuracy, MiB; the grid's rounds done and ETA given a ``grid`` that follows its grid)
     and a progress artifact of the cell, updated each round, and of the grid when its slot
-    names one. Does nothing outside a Prefect task run (the DVC stage, tests)."""
+    names one. Does nothing outside a Prefect task run (the DVC stage, tests).
+
+    The round lines go to the Prefect API only (Prefect's ``prefect.extra`` logger, which
+    does not reach the console): the console has ``RichProgress``'s line for the round, and
+    each line a run prints appears once."""
 
     def __init__(self, label: str, grid: GridTracker | None = None) -> None:
         self.label = label
@@ -302,7 +317,7 @@ class PrefectProgress(Callback):
 
         if TaskRunContext.get() is None:
             return
-        self._logger = get_run_logger()
+        self._logger = api_only(get_run_logger())
         self._rounds = int(info["rounds"])
         try:
             from prefect.artifacts import create_progress_artifact
@@ -311,7 +326,7 @@ class PrefectProgress(Callback):
                 0.0, description=f"{self.label}: rounds done of {self._rounds}"
             )
         except Exception as exc:  # an artifact is a nicety, never a reason to stop a run
-            self._logger.warning("%s: no progress artifact (%s)", self.label, exc)
+            get_run_logger().warning("%s: no progress artifact (%s)", self.label, exc)
 
     def on_resume(self, history: Any) -> None:
         if self._logger is not None:

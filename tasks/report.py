@@ -316,7 +316,8 @@ def summary_task(
     origin: Origin | None = None,
 ) -> list[str]:
     """Write summary.json, results.md, the grid's accuracy-vs-MiB figure and the
-    communication-cost report (comm_cost.md/.json) beside it."""
+    communication-cost report (comm_cost.md/.json) beside it. (``records``: from the grid's
+    subflow, passed ``quote``d; Prefect's UI cannot show a ``flow_run`` input.)"""
     out = Path(path).parent
     summary = write_summary(params, records, path, origin)
     results = atomic_write_text(
@@ -343,15 +344,20 @@ def results_artifact_task(
     runs_dir: str | None = None,
 ) -> None:
     """The results table as a Prefect markdown artifact of the flow run, each cell linked to
-    its MLflow run when a tracking server is in use (``markdown``: this table instead, a
-    seed sweep's mean ± std; ``runs_dir``: the cells' folders, their per-round lists)."""
+    its MLflow run when a tracking server is in use, and a link to the MLflow Runs table of
+    the cells (``markdown``: this table instead, a seed sweep's mean ± std; ``runs_dir``: the
+    cells' folders, their per-round lists)."""
     from prefect.artifacts import create_markdown_artifact
 
+    tracked = any("mlflow_run_id" in r for r in records)
     if markdown is None:
-        links = artifacts.run_links(records) if any("mlflow_run_id" in r for r in records) else {}
+        links = artifacts.run_links(records) if tracked else {}
         if runs_dir is not None:
             records = with_rounds(records, runs_dir)
         markdown = results_markdown(experiment, records, links)
+    table = artifacts.runs_table_link(records) if tracked else None
+    if table:
+        markdown += f"\n[Compare the cells in MLflow (Runs table)]({table})\n"
     create_markdown_artifact(
         markdown,
         key=artifact_key(experiment),

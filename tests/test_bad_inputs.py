@@ -550,7 +550,7 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     uri = "https://fed:secret@mlflow.example:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     p = load_params(REPO / "params.yaml", ["storage.bucket=null"])
-    lines = _where_results(p, load_experiment_data(p))
+    lines = _where_results(p, load_experiment_data(p), [])  # (no cell tracked: no table)
     assert "MLflow: https://fed:***@mlflow.example:5000" in lines, lines
 
     class Run:  # a unit test: the MLflow client is a stand-in
@@ -563,7 +563,10 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
 
     monkeypatch.setattr(tracking, "client", Client)
     links = artifacts.run_links([{"algorithm": "fedavg", "adapter": "full", "mlflow_run_id": "r"}])
-    assert links == {"fedavg-full": "https://fed:***@mlflow.example:5000/#/experiments/7/runs/r"}
+    assert links == {
+        "fedavg-full": "https://fed:***@mlflow.example:5000/#/experiments/7/runs/r"
+        "?workflowType=machine_learning"
+    }
 
     ray = load_params(REPO / "params.yaml", ["runtime.ray_address=ray://fed:secret@h:10001"])
     assert ray.flat()["runtime.ray_address"] == "ray://fed:***@h:10001"  # MLflow params, summary

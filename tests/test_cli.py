@@ -183,11 +183,17 @@ def check_mlflow(tmp_path, run):
     assert c.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
     assert c.data.tags["partition_hash"] == run["partition_hash"]
     assert c.data.params["federation.rounds"] == "3"
-    hist = client.get_metric_history(c.info.run_id, "test_accuracy")
+    hist = client.get_metric_history(c.info.run_id, "test_accuracy_pct")  # in %
     assert [m.step for m in hist] == [1, 2, 3]
-    assert hist[-1].value == pytest.approx(run["final_accuracy"])
-    up = client.get_metric_history(c.info.run_id, "upload_bytes")
-    assert [m.value for m in up] == [run["upload_bytes_per_round"]] * 3
+    assert hist[-1].value == pytest.approx(100 * run["final_accuracy"])
+    # traffic in MiB: cumulative per round, totals as metrics, a round's as a param
+    up = client.get_metric_history(c.info.run_id, "cum_upload_mib")
+    assert [m.value for m in up] == pytest.approx(
+        [k * run["upload_bytes_per_round"] / 2**20 for k in (1, 2, 3)]
+    )
+    assert c.data.metrics["upload_mib"] == pytest.approx(run["upload_bytes"] / 2**20)
+    assert c.data.params["upload_mib_per_round"] == f"{run['upload_bytes_per_round'] / 2**20:.4f}"
+    assert "upload_bytes" not in c.data.metrics and "base_download_bytes" not in c.data.metrics
     mv = client.get_model_version_by_alias(run["registered_model"], "champion")
     assert str(mv.version) == run["model_version"]
     new = client.get_model_version_by_alias(run["registered_model"], "challenger")

@@ -55,6 +55,11 @@ def test_flow_run_names_logs_and_artifacts(tmp_path, monkeypatch):
                     flow_run_id=TaskRunFilterFlowRunId(any_=[r.id for r in subflows])
                 )
             )
+            # the flow's own tasks: no input is a subflow's return value ("flow_run"), which
+            # Prefect's UI cannot show (its Task Runs tab then lists none; issue 46)
+            own = client.read_task_runs(
+                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[run_id]))
+            )
             flows = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in [run, *subflows]]))
             deadline = time.monotonic() + 60  # the API log handler ships in batches
             while True:
@@ -72,6 +77,9 @@ def test_flow_run_names_logs_and_artifacts(tmp_path, monkeypatch):
     assert run.name.startswith("Named-Runs-"), run.name
     assert any(r.name.startswith("Named-Runs-grid-") for r in subflows)
     assert "train-fedavg-full" in [t.name for t in tasks]
+    kinds = {i.input_type for t in own for inputs in t.task_inputs.values() for i in inputs}
+    assert {t.name.rsplit("-", 1)[0] for t in own} >= {"summary", "results-artifact"}
+    assert "flow_run" not in kinds, kinds
     lines = [log.message for log in logs]
     assert any("fedavg-full round 2/2: acc" in m for m in lines), lines[-10:]
     (results,) = [a for a in markdown if a.key == "fedapt-named-runs"]

@@ -153,6 +153,6 @@ def test_a_deployment_with_overrides_leaves_the_finished_experiment_alone(tmp_pa
             assert r.data.tags["fedapt.flow_run_id"] == str(run.id)
             assert "federation.rounds=1" in json.loads(r.data.tags["fedapt.overrides"])
         cell = next(r for r in runs if r.data.tags["fedapt.kind"] == "cell")
-        assert cell.data.metrics["final_accuracy"] > 0 and "fedapt.smoke" in cell.data.tags
+        assert cell.data.metrics["final_accuracy_pct"] > 0 and "fedapt.smoke" in cell.data.tags
     finally:
         S.down(state=sd)

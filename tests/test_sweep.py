@@ -52,7 +52,8 @@ def tiny(reports: Path, *extra: str) -> list[str]:
 
 
 class Inline:
-    """A Prefect task or flow called in this process: ``submit`` runs it at once."""
+    """A Prefect task or flow called in this process: ``submit`` runs it at once; arguments
+    ``quote``d for Prefect (flows/experiment.py) are unwrapped, as Prefect does."""
 
     def __init__(self, obj) -> None:
         self.fn = getattr(obj, "fn", obj)
@@ -61,11 +62,16 @@ class Inline:
         return self
 
     def submit(self, *args, **kwargs):
-        value = self.fn(*args, **kwargs)
+        value = self(*args, **kwargs)
         return types.SimpleNamespace(result=lambda: value)
 
     def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
+        from prefect.utilities.annotations import quote
+
+        def plain(v):
+            return v.unquote() if isinstance(v, quote) else v
+
+        return self.fn(*map(plain, args), **{k: plain(v) for k, v in kwargs.items()})
 
 
 @pytest.fixture
@@ -369,8 +375,9 @@ def test_fedapt_run_sweep_tracks_a_run_per_cell_and_seed(tmp_path, monkeypatch):
     m = parent.data.metrics
     for cell in ("fedavg-full", "fedprox-full"):
         stat = by_cell[cell]["final_accuracy"]
-        assert m[f"{cell}/final_accuracy_mean"] == pytest.approx(stat["mean"])
-        assert m[f"{cell}/final_accuracy_std"] == pytest.approx(stat["std"])
+        # accuracies in % in MLflow, as in every results table
+        assert m[f"{cell}/final_accuracy_mean_pct"] == pytest.approx(100 * stat["mean"])
+        assert m[f"{cell}/final_accuracy_std_pct"] == pytest.approx(100 * stat["std"])
         assert m[f"{cell}/n_seeds"] == 2
     assert parent.data.params["experiment.seeds"] == "[0, 1]"
     assert parent.info.status == "FINISHED"

@@ -120,7 +120,7 @@ def run(
                     partition_dir=str(partition_dir) if partition_dir else None,
                     plan=plan,
                 )
-        where = _where_results(p, plan.data or plan.seeds[0].data)
+        where = _where_results(p, plan.data or plan.seeds[0].data, records)
     if p.experiment.seeds is not None:  # mean ± std over the seeds
         from tasks.sweep import cell_stats
 
@@ -131,8 +131,8 @@ def run(
         out.print(results_table(with_rounds(records, experiment_dir(p) / "runs")))
     out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
     out.print(_numerics_line(p.runtime.numerics), highlight=False)
-    for line in where:
-        out.print(line)
+    for line in where:  # whole, however long (a link broken in two opens nothing)
+        out.print(line, soft_wrap=True, highlight=False)
     exit_if_diverged(p, records)
 
 
@@ -174,7 +174,7 @@ def _note_stale_runs(run_ids: list[str], params: Any) -> None:
         )
 
 
-def _where_results(params: Any, data: Any) -> list[str]:
+def _where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> list[str]:
     import os
 
     from fedcore.errors import mask_credentials
@@ -183,18 +183,39 @@ def _where_results(params: Any, data: Any) -> list[str]:
     lines = [f"data: {src}"] if (src := data_sources(data)) else []
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if params.runtime.tracking:
-        lines.append(
-            f"MLflow: {mask_credentials(uri)}"  # never a password on the screen
-            if uri
-            else "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
-            "--backend-store-uri sqlite:///mlruns/mlflow.db`)"
-        )
+        table = _runs_table(records)
+        server = bool(uri) and uri.startswith(("http://", "https://"))
+        then = f", then {table}" if table else ""
+        if server and table:
+            lines.append(f"MLflow: {table}")  # the run's cells, training view (masked)
+        elif uri and (server or not table):
+            lines.append(f"MLflow: {mask_credentials(uri)}")  # never a password on the screen
+        elif uri:  # a database of your own: its UI is `mlflow ui` on it
+            shown = mask_credentials(uri)
+            lines.append(
+                f"MLflow: {shown} (see it with `mlflow ui --backend-store-uri {shown}`{then})"
+            )
+        else:
+            lines.append(
+                "MLflow: local store mlruns/ (see it with `fedapt up`, or `mlflow ui "
+                f"--backend-store-uri sqlite:///mlruns/mlflow.db`{then})"
+            )
     if params.storage.bucket:
         from tasks.storage import experiment_prefix
 
         prefix = experiment_prefix(params.storage.prefix, params.experiment.name)
         lines.append(f"outputs: s3://{params.storage.bucket}/{prefix}/")
     return lines
+
+
+def _runs_table(records: list[dict[str, Any]]) -> str | None:
+    """The MLflow Runs table of this run's cells (training view, their results as columns),
+    or None when no cell was tracked."""
+    from tasks import tracking
+
+    flat = [r for r in records if isinstance(r, dict)]
+    parent = tracking.parent_run(flat)
+    return tracking.runs_table_url(parent) if parent else None
 
 
 @guarded

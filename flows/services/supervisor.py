@@ -156,6 +156,9 @@ def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple
     env = base_env(keep=("PREFECT_SERVER_",))
     env["PREFECT_HOME"] = str(home)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    # The UI asks the API at this address (else Prefect's default port, 4200: on any other
+    # port, FEDAPT_PREFECT_PORT, the UI showed "Can't connect to Server API")
+    env["PREFECT_UI_API_URL"] = f"{base_url(port)}/api"
     cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
     return cmd, env, home
 

@@ -5,7 +5,9 @@
 - :mod:`~tasks.tracking.runs`: one parent run per experiment, one child run per cell with
   ``step = round`` metrics, and their end state however the process ends;
 - :mod:`~tasks.tracking.registry`: each cell's merged model registered; the ``champion`` and
-  ``challenger`` aliases.
+  ``challenger`` aliases;
+- :mod:`~tasks.tracking.views`: links into the UI that open the training view's Runs table
+  of an experiment run's cells, with their results as columns.
 
 The names below are the package's interface (``from tasks import tracking``).
 """
@@ -28,6 +30,7 @@ from tasks.tracking.runs import (
     log_final_metrics,
     log_metrics,
     parent_run_name,
+    percent_named,
     provenance_tags,
     start_cell_run,
     start_experiment_run,
@@ -40,6 +43,7 @@ from tasks.tracking.store import (
     experiment_id,
     tracking_uri,
 )
+from tasks.tracking.views import parent_run, run_url, runs_table_url
 
 __all__ = [
     "CHALLENGER",
@@ -59,9 +63,13 @@ __all__ = [
     "log_artifacts",
     "log_final_metrics",
     "log_metrics",
+    "parent_run",
     "parent_run_name",
+    "percent_named",
     "provenance_tags",
     "registered_name",
+    "run_url",
+    "runs_table_url",
     "start_cell_run",
     "start_experiment_run",
     "tracking_uri",

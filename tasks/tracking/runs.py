@@ -196,12 +196,37 @@ def close_stale_runs(experiment: str) -> list[str]:
     return stale
 
 
+def percent_named(name: str, value: float) -> tuple[str, float]:
+    """A metric as MLflow gets it: an accuracy (or a personalization gain, a difference of
+    accuracies) in percent, the unit of every results table, its name ending ``_pct``
+    (``final_accuracy`` 0.8412 -> ``final_accuracy_pct`` 84.12; a sweep's
+    ``<cell>/final_accuracy_mean`` -> ``<cell>/final_accuracy_mean_pct``); others as given."""
+    if "accuracy" in name or name.endswith("gain"):  # (14.000000000000002 shown as 14)
+        return f"{name}_pct", round(100.0 * float(value), 6)
+    return name, float(value)
+
+
+def _metric(name: str, value: float, step: int) -> Any:
+    from mlflow.entities import Metric
+
+    key, shown = percent_named(name, value)
+    return Metric(key, shown, 0, step)
+
+
 class MlflowRounds(Callback):
-    """Per-round metrics with step = round: accuracy, losses, bytes and cumulative MiB."""
+    """Per-round metrics with step = round: test accuracy (%), losses, the cumulative MiB
+    each way, the seconds of the round; the cumulative count of rejected updates from the
+    first round that rejected one (no line of zeros). The learning rate and the algorithm's
+    own series (FedNILO's freeze index, FedNova's tau, ...) once they change; one that never
+    did is a param of the run at the end (no flat line). A round's MiB (the same every round
+    under full participation) are params too (``log_final_metrics``)."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._client = store.client()
+        self._rejected = 0
+        self._unchanged: dict[str, list[tuple[int, float]]] = {}  # not seen to change yet
+        self._changing: set[str] = set()
 
     def on_resume(self, history: Any) -> None:
         """The rounds a resumed run restored from its checkpoint: the run's curves are whole."""
@@ -209,70 +234,106 @@ class MlflowRounds(Callback):
             self.on_round_end(record)
 
     def on_round_end(self, record: RoundRecord) -> None:
-        from mlflow.entities import Metric
-
         values = {
             "train_loss": record.train_loss,
-            "lr": record.lr,
-            "upload_bytes": float(record.upload_bytes),
-            "download_bytes": float(record.download_bytes),
-            "cum_upload_mib": mib(record.cum_upload_bytes),
-            "cum_download_mib": mib(record.cum_download_bytes),
-            "rejected_updates": float(record.rejected),
+            "cum_upload_mib": round(mib(record.cum_upload_bytes), 6),
+            "cum_download_mib": round(mib(record.cum_download_bytes), 6),
             "round_seconds": record.seconds,
         }
-        # Algorithm-specific series (FedNILO's freeze index, FedNova's tau, ...).
-        values.update(getattr(record, "extra", None) or {})
+        self._rejected += int(record.rejected)
+        if self._rejected:
+            values["cum_rejected_updates"] = float(self._rejected)
         if record.accuracy is not None:
             values["test_accuracy"] = record.accuracy
         if record.test_loss is not None:
             values["test_loss"] = record.test_loss
-        metrics = [Metric(k, float(v), 0, record.round) for k, v in values.items() if v == v]
+        # The lr and the algorithm's series: logged from the round they first change
+        series = {"lr": record.lr, **(getattr(record, "extra", None) or {})}
+        for name, value in series.items():
+            if "accuracy" in name or name in self._changing:  # (an exit's accuracy: a curve)
+                values[name] = value
+                continue
+            seen = self._unchanged.setdefault(name, [])
+            seen.append((record.round, float(value)))
+            if any(v != seen[0][1] for _, v in seen):  # changed: its whole curve from now on
+                self._changing.add(name)
+                points = self._unchanged.pop(name)
+                metrics = [_metric(name, v, step) for step, v in points[:-1] if v == v]
+                if metrics:
+                    self._client.log_batch(self.run_id, metrics=metrics)
+                values[name] = value
+        metrics = [_metric(k, v, record.round) for k, v in values.items() if v == v]
         self._client.log_batch(self.run_id, metrics=metrics)
 
     def on_fit_end(self, history: Any) -> None:
         """``last_rounds_L``: the L that ``mean_accuracy_last_L`` averaged, federation.last_rounds
-        capped by the rounds evaluated (fedcore.events.History), as every report label names it."""
-        from mlflow.entities import Metric
+        capped by the rounds evaluated (fedcore.events.History), as every report label names it.
+        The series that never changed: params (``lr`` = 0.05), not flat lines."""
+        from mlflow.entities import Metric, Param
 
         L = min(history.last_rounds, len(history.evaluated))
         self._client.log_batch(self.run_id, metrics=[Metric("last_rounds_L", float(L), 0, 0)])
+        params = [Param(name, f"{seen[0][1]:g}") for name, seen in self._unchanged.items() if seen]
+        if params:
+            self._client.log_batch(self.run_id, params=params)
+        self._unchanged.clear()
+
+
+# A cell's results, one value each (step 0): its row in the Runs table and a bar per cell
+_FINAL_METRICS = {
+    "final_accuracy": "final_accuracy",
+    "mean_accuracy_last_L": "mean_accuracy_last_L",
+    "wall_seconds": "wall_seconds",
+    "local_train_seconds_mean": "local_train_seconds_mean",  # measured (seed 003 §4.4.1)
+    "local_train_seconds_per_round": "local_train_seconds_per_round",
+    "diverged_at_round": "diverged_at_round",  # logged only when the run diverged
+}
+_TOTAL_MIB = {"upload_bytes": "upload_mib", "download_bytes": "download_mib"}
+# What a cell's method and schedule fix (the adapter method's sizes, a round's traffic):
+# params, not flat metric lines or one-point panels
+_SIZE_PARAMS = {"total_params": "total_params", "trainable_params": "trainable_params"}
+_MIB_PARAMS = {
+    "payload_bytes": "payload_mib",
+    "model_bytes": "model_mib",
+    "base_download_bytes": "base_download_mib",
+    "upload_bytes_per_round": "upload_mib_per_round",
+    "download_bytes_per_round": "download_mib_per_round",
+}
 
 
 def log_final_metrics(run_id: str, record: dict[str, Any]) -> None:
-    from mlflow.entities import Metric
+    """A cell's results: accuracies in % and total MiB each way as metrics; the method's
+    sizes (parameters, MiB of a payload, of the model, of the base sent once) and the MiB
+    of a round as params (MiB = 2**20 bytes)."""
+    from mlflow.entities import Param
 
-    # Totals get their own names: "upload_bytes" is the per-round series (step = round).
-    names = {
-        "final_accuracy": "final_accuracy",
-        "mean_accuracy_last_L": "mean_accuracy_last_L",
-        "upload_bytes": "total_upload_bytes",
-        "download_bytes": "total_download_bytes",
-        "wall_seconds": "wall_seconds",
-        # The adapter method's sizes and the measured local training time (seed 003 §4.4.1).
-        "total_params": "total_params",
-        "trainable_params": "trainable_params",
-        "payload_bytes": "payload_bytes",
-        "model_bytes": "model_bytes",
-        "base_download_bytes": "base_download_bytes",
-        "local_train_seconds_mean": "local_train_seconds_mean",
-        "local_train_seconds_per_round": "local_train_seconds_per_round",
-        "diverged_at_round": "diverged_at_round",  # logged only when the run diverged
-    }
     metrics = [
-        Metric(name, float(record[key]), 0, 0)
-        for key, name in names.items()
+        _metric(name, record[key], 0)
+        for key, name in _FINAL_METRICS.items()
+        if record.get(key) is not None
+    ]
+    metrics += [
+        _metric(name, round(mib(record[key]), 6), 0)
+        for key, name in _TOTAL_MIB.items()
+        if record.get(key) is not None
+    ]
+    params = [Param(n, str(int(record[k]))) for k, n in _SIZE_PARAMS.items() if k in record]
+    params += [
+        Param(name, f"{mib(record[key]):.4f}")
+        for key, name in _MIB_PARAMS.items()
         if record.get(key) is not None
     ]
     # Personalization (seed 001 Table 4): means, and one point per client (step = client id)
     for scope, result in (record.get("personalization") or {}).items():
         for key in ("mean_accuracy_before", "mean_accuracy_after", "mean_gain"):
             if result.get(key) is not None:
-                metrics.append(Metric(f"personal_{scope}_{key}", float(result[key]), 0, 0))
+                metrics.append(_metric(f"personal_{scope}_{key}", result[key], 0))
         for c in result["clients"]:
             for key in ("accuracy_before", "accuracy_after", "gain"):
-                metrics.append(Metric(f"personal_{scope}_{key}", float(c[key]), 0, c["client"]))
+                metrics.append(_metric(f"personal_{scope}_{key}", c[key], c["client"]))
     client = store.client()
+    if params:
+        client.log_batch(run_id, params=params)
     for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
         client.log_batch(run_id, metrics=metrics[i : i + 1000])
 
@@ -285,10 +346,9 @@ def log_artifacts(run_id: str, paths: list[str], artifact_path: str) -> None:
 
 
 def log_metrics(run_id: str, values: dict[str, float]) -> None:
-    """Single-value metrics (step 0) of a run, e.g. a sweep's per-cell mean and std."""
-    from mlflow.entities import Metric
-
-    metrics = [Metric(k, float(v), 0, 0) for k, v in sorted(values.items())]
+    """Single-value metrics (step 0) of a run, e.g. a sweep's per-cell mean and std
+    (accuracies in %: ``percent_named``)."""
+    metrics = [_metric(k, v, 0) for k, v in sorted(values.items())]
     client = store.client()
     for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
         client.log_batch(run_id, metrics=metrics[i : i + 1000])

@@ -177,6 +177,9 @@ def client() -> Any:
 
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
+    # MLflow prints "View run ... at: <url>" (the GenAI view, once per run it ends) itself;
+    # fedapt prints one link, the training view's Runs table (views.runs_table_url)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if uri.startswith("sqlite:///") and uri not in _ready_stores:
         return _init_sqlite_store(uri)
     return MlflowClient(uri)
@@ -196,8 +199,9 @@ def _init_sqlite_store(uri: str) -> Any:
     return client
 
 
-# MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view; this value
-# (the UI's ``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT``) opens the classic training view.
+# The experiment's kind (the UI's ``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT``: model
+# training). MLflow 3.17's UI keeps its view in the browser (GenAI by default) whatever this
+# tag says: fedapt's links ask for the training view themselves (views.py).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
