@@ -111,14 +111,15 @@ def test_stopping_s3_stops_mlflow_that_stores_artifacts_in_it(sd):
     )
     st = S.down(["s3"], state=sd)
     assert sorted(st) == ["mlflow", "s3"]
-    assert sorted(S.read_state(sd)) == ["prefect", "ray", "worker"]  # ray needs neither
+    # ray needs neither; postgres is no store of theirs here
+    assert sorted(S.read_state(sd)) == ["postgres", "prefect", "ray", "worker"]
 
 
 def test_stopping_prefect_stops_its_worker(sd):
     S.write_state(sd, {n: _record(n, _dead_pid()) for n in S.SERVICES})
     st = S.down(["prefect"], state=sd)
     assert sorted(st) == ["prefect", "worker"]
-    assert sorted(S.read_state(sd)) == ["mlflow", "ray", "s3"]
+    assert sorted(S.read_state(sd)) == ["mlflow", "postgres", "ray", "s3"]
 
 
 def test_recycled_pid_is_stale_and_never_killed(sd, bystander):

@@ -55,7 +55,9 @@ def test_a_plain_up_does_not_start_ray_but_down_and_status_cover_it(sd, monkeypa
     with pytest.raises(S.PortInUseError):
         S.up(state=sd)
     assert checked and "ray" not in checked
-    assert config.DEFAULT_SERVICES == tuple(n for n in S.SERVICES if n != "ray")
+    # postgres: only for a PostgreSQL store (tests/test_services_postgres.py)
+    assert config.DEFAULT_SERVICES == tuple(n for n in S.SERVICES if n not in ("ray", "postgres"))
+    assert "postgres" not in checked
     assert "ray" in S.status(state=sd)
     assert S.status(state=sd)["ray"].state == "stopped"
 

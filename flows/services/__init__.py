@@ -26,6 +26,8 @@ Modules by job, each importing only those before it and only their public names:
   of a process group and whether a pid is still ours (psutil), ``terminate``, and
   ``flock_fd``, the package's one raw flock, for the locks a server inherits or shares.
 - ``s3``: SeaweedFS (command line, data-folder lock, leftovers), the S3 client, buckets.
+- ``pgstore``: the store of Prefect and MLflow (SQLite, fedapt's own PostgreSQL server, or
+  a PostgreSQL URL): the setting, its checks, initdb, databases, the server's command line.
 - ``rayhead``: the Ray head (``ray start --head --block``: command line, readiness, every
   process of it, its stop).
 - ``supervisor``: each service's command and environment, ``up``, ``down``, ``status``.

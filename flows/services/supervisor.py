@@ -3,8 +3,10 @@ and the readiness of the worker's pool."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 import urllib.request
@@ -12,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedcore.errors import ConfigError
+from fedcore.errors import ConfigError, mask_credentials
+from flows.services import pgstore
 from flows.services.config import (
     DEFAULT_BUCKET,
     DEFAULT_SERVICES,
@@ -34,6 +37,7 @@ from flows.services.config import (
     with_dependants,
     with_dependencies,
 )
+from flows.services.pgstore import Store
 from flows.services.ports import base_url, check_port, free_port, health_url, probe
 from flows.services.process import (
     group_alive,
@@ -43,6 +47,7 @@ from flows.services.process import (
     returncode,
     spawn,
     terminate,
+    wait_until,
 )
 from flows.services.rayhead import (
     ensure_token,
@@ -92,8 +97,35 @@ def worker_limit() -> int:
     return limit
 
 
-def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
+def store_server(store: Store, sd: Path, records: Mapping[str, Any]) -> str | None:
+    """The URL of the PostgreSQL server of ``store`` (it holds the password: never print or
+    record it unmasked); None for SQLite."""
+    if store.kind == "postgres":
+        return pgstore.own_server_url(sd, int(records["postgres"]["port"]))
+    if store.kind == "url":
+        if store.url is None:  # resolve_store: a running service's, whose password is not kept
+            raise ConfigError(
+                f"{pgstore.STORE_VAR}: unset, and the services that are running use "
+                f"{store.shown}; give that URL again (--store or {pgstore.STORE_VAR}) or stop "
+                "them first (fedapt down)"
+            )
+        return store.url
+    return None
+
+
+def command(
+    name: str,
+    sd: Path,
+    port: int,
+    records: Mapping[str, Any],
+    store: Store | None = None,
+) -> tuple[list, dict, Path]:
     env = base_env()
+    server = store_server(store, sd, records) if store and name in pgstore.STORE_USERS else None
+    if name == "postgres":  # pgstore.py; run as the system user postgres under root
+        bindir = pgstore.check_binaries("postgres")
+        home = pgstore.home_dir(sd)
+        return pgstore.server_cmd(sd, bindir, port), pgstore.server_env(env), home
     if name == "ray":  # rayhead.py; cwd: its session folder's root
         cmd, env = ray_cmd(sd, port), ray_env(env)
         ensure_token(env)
@@ -107,6 +139,10 @@ def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple
         home = sd / "mlflow"
         home.mkdir(parents=True, exist_ok=True)
         env.update(s3_client_env(records["s3"]["url"]))
+        backend = ["--backend-store-uri", conf["backend_store_uri"]]
+        if server is not None:  # in its environment: a command line is everyone's to read
+            env["MLFLOW_BACKEND_STORE_URI"] = pgstore.db_url(server, "mlflow", "psycopg")
+            backend = []
         cmd = [
             str(bindir / "mlflow"),
             "server",
@@ -116,8 +152,7 @@ def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple
             str(port),
             "--workers",
             str(conf["workers"]),
-            "--backend-store-uri",
-            conf["backend_store_uri"],
+            *backend,
             "--artifacts-destination",
             conf["artifacts_destination"],
             *conf["extra_args"],
@@ -159,6 +194,10 @@ def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple
     # The UI asks the API at this address (else Prefect's default port, 4200: on any other
     # port, FEDAPT_PREFECT_PORT, the UI showed "Can't connect to Server API")
     env["PREFECT_UI_API_URL"] = f"{base_url(port)}/api"
+    if server is not None:  # Prefect's API database on PostgreSQL, with its async driver
+        for k in [k for k in env if k.startswith("PREFECT_SERVER_DATABASE_")]:
+            env.pop(k)
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = pgstore.db_url(server, "prefect", "asyncpg")
     cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
     return cmd, env, home
 
@@ -179,7 +218,71 @@ def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
         rec["pool"] = WORK_POOL
     if name == "ray":  # its address, not a URL: 127.0.0.1:<port> (RAY_ADDRESS)
         rec["url"] = f"{HOST}:{port}"
+    if name == "postgres":  # no password in it: the role's is in <state dir>/postgres/password
+        rec["url"] = health_url(name, port)
     return rec
+
+
+def store_record(
+    name: str, store: Store, sd: Path, records: Mapping[str, Any], env: Mapping[str, str]
+) -> dict[str, Any]:
+    """What the record of mlflow or prefect says about its store (passwords masked):
+    ``store_kind``, ``store_server`` (the PostgreSQL server, or sqlite) and ``store`` (its
+    database)."""
+    server = store_server(store, sd, records)
+    if server is not None:
+        db = pgstore.db_url(server, name, "psycopg" if name == "mlflow" else "asyncpg")
+        shown = {"store_server": mask_credentials(server), "store": mask_credentials(db)}
+        return {"store_kind": store.kind, **shown}
+    if name == "mlflow":
+        db = mlflow_config(sd)["backend_store_uri"]
+    else:  # the user's own Prefect database setting stays; else PREFECT_HOME/prefect.db
+        db = env.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or (
+            f"sqlite:///{sd / 'prefect' / 'prefect.db'}"
+        )
+    return {"store_kind": "sqlite", "store_server": "sqlite", "store": mask_credentials(db)}
+
+
+def _same_store(rec: Mapping[str, Any], store: Store, sd: Path, records: Mapping[str, Any]) -> bool:
+    """The running mlflow/prefect of ``rec`` uses the server of ``store``."""
+    if rec.get("store_kind", "sqlite") != store.kind:
+        return False
+    if store.kind == "sqlite":
+        return True
+    if store.kind == "postgres" and "postgres" not in records:
+        return False
+    if store.kind == "url" and store.url is None:
+        return True  # the running one's (resolve_store)
+    return bool(rec.get("store_server") == mask_credentials(str(store_server(store, sd, records))))
+
+
+def preflight(store: Store, names: list[str], sd: Path, running: Mapping[str, Any]) -> None:
+    """The checks of a PostgreSQL store, before anything starts: the drivers, fedapt's
+    server's binaries and user, or the user's server (connects, version, pg_trgm, databases);
+    the MLflow store of mlflow/server.toml left at its SQLite default."""
+    users = [n for n in pgstore.STORE_USERS if n in names] if store.kind != "sqlite" else []
+    if not (users or "postgres" in names):
+        return
+    # `fedapt up postgres` on its own (the store SQLite): the service is the setting
+    setting = store.setting if users or store.kind == "postgres" else "postgres"
+    pgstore.check_drivers(setting)
+    if "postgres" in names and "postgres" not in running:
+        pgstore.check_binaries(setting)
+        user = pgstore.run_as()
+        if user is not None:
+            pgstore.check_reachable(pgstore.data_dir(sd), user)
+    if "mlflow" in users:
+        own = mlflow_config(sd)["backend_store_uri"]
+        if not own.startswith("sqlite:"):
+            raise ConfigError(
+                f"{store.setting}: {store.kind} would move MLflow's store, which "
+                f"mlflow/server.toml sets to {mask_credentials(own)} (server.backend_store_uri); "
+                "leave that at its SQLite default or use --store sqlite"
+            )
+    if store.kind == "url" and store.url is not None:
+        pgstore.prepare_server(store.url, store.setting, store.shown)
+    elif store.kind == "url" and [n for n in users if n not in running]:
+        store_server(store, sd, running)  # one line: the URL is needed again
 
 
 def _fail(name: str, pid: int, log: Path, why: str) -> ServiceError:
@@ -239,7 +342,12 @@ def _wait_ray_ready(rec: Mapping[str, Any], deadline: float) -> None:
 
 def _stop(name: str, rec: Mapping[str, Any], timeout: float) -> None:
     """Stop a recorded service that is still ours: its process group (the Ray head: see
-    ``rayhead.stop_head``)."""
+    ``rayhead.stop_head``; PostgreSQL: first its fast shutdown, SIGINT to the postmaster,
+    which ends its sessions and writes a checkpoint)."""
+    if name == "postgres":
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(rec["pid"]), signal.SIGINT)
+        wait_until(lambda: not group_alive(int(rec["pid"])), timeout)
     if name == "ray":
         stop_head(rec, timeout)
         if not group_alive(int(rec["pid"])):
@@ -258,9 +366,13 @@ def up(
     ports: Mapping[str, int] | None = None,
     timeout: float = START_TIMEOUT,
     buckets: Iterable[str] = (DEFAULT_BUCKET,),
+    store: str | None = None,
 ) -> dict[str, ServiceStatus]:
     """Start the services (default all but ray; mlflow pulls in s3) and wait until they are
-    healthy.
+    healthy. ``store``: where Prefect and MLflow keep their data (``pgstore``: sqlite,
+    postgres, a postgresql:// URL; default ``$FEDAPT_STORE``, else the running services',
+    else sqlite); fedapt's PostgreSQL server (service ``postgres``) starts first when it is
+    theirs.
 
     Idempotent: a recorded service that is alive and healthy is left as it is; stale records
     are dropped. Every port is checked before anything starts. Raises ``PortInUseError`` or
@@ -269,6 +381,11 @@ def up(
     sd = state_dir(state)
     names = with_dependencies(service_names(services, DEFAULT_SERVICES))
     wanted = resolve_ports(ports)
+    running = {n: r for n, r in read_state(sd).items() if _alive_record(n, r)}
+    chosen = pgstore.resolve_store(store, running)
+    if chosen.kind == "postgres" and set(names) & set(pgstore.STORE_USERS):
+        names = [n for n in SERVICES if n in {*names, "postgres"}]
+    preflight(chosen, names, sd, running)  # a bad store stops here, before anything starts
     buckets = list(buckets)
     if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
         bucket = artifact_bucket(mlflow_config(sd)["artifacts_destination"])
@@ -281,7 +398,12 @@ def up(
                 if n == "ray":  # its `ray start` is gone: any process left of it
                     stop_head(records[n], timeout=0)
                 remove_leftovers(records.pop(n).get("leftovers", []))
-        # A service whose dependency moved (or is gone) is restarted against the new one.
+        # A service whose store or dependency moved (or is gone) is restarted against it.
+        for n in pgstore.STORE_USERS:
+            rec = records.get(n)
+            if rec and n in names and not _same_store(rec, chosen, sd, records):
+                terminate(int(rec["pid"]))
+                records.pop(n)
         for n, dep, key, field in (
             ("mlflow", "s3", "s3_url", "url"),
             ("worker", "prefect", "api_url", "api_url"),
@@ -306,16 +428,23 @@ def up(
                 rec = records[n]
                 _wait_running(n, rec, deadline)
         # s3 first (mlflow needs it), then mlflow and prefect side by side, then the worker.
-        for group in (["s3"], ["mlflow", "prefect", "ray"], ["worker"]):
+        for group in (["s3", "postgres"], ["mlflow", "prefect", "ray"], ["worker"]):
             pending = {}
             for n in group:
                 if n not in to_start:
                     continue
                 port = wanted[n] or free_port()
-                cmd, env, cwd = command(n, sd, port, records)
+                cmd, env, cwd = command(n, sd, port, records, chosen)
                 log = sd / "logs" / f"{n}.log"
-                pid = spawn(cmd, env, cwd, log, data_lock_path(sd) if n == "s3" else None)
+                user = None
+                if n == "postgres":  # its data folder, made once; as postgres under root
+                    user = pgstore.run_as()
+                    pgstore.initdb(sd, Path(cmd[0]).parent, env, log, user)
+                lock = data_lock_path(sd) if n == "s3" else None
+                pid = spawn(cmd, env, cwd, log, lock, user=user)
                 records[n] = _record(n, pid, port, log)
+                if n in pgstore.STORE_USERS:
+                    records[n].update(store_record(n, chosen, sd, records, env))
                 if n == "s3":
                     records[n]["leftovers"] = weed_leftovers(cmd)
                 if n == "ray":  # address, client_url, temp_dir
@@ -332,6 +461,10 @@ def up(
                     wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
                     if n == "s3":
                         ensure_buckets(rec["url"], buckets, deadline)
+                    if n == "postgres":  # Prefect's and MLflow's databases, pg_trgm
+                        url = pgstore.own_server_url(sd, int(rec["port"]))
+                        setting = chosen.setting if chosen.kind == "postgres" else "postgres"
+                        pgstore.prepare_server(url, setting)
                     if n == "worker":
                         _wait_pool_ready(rec, deadline)
                     if n == "ray":
@@ -376,6 +509,9 @@ def down(
     names = with_dependants(service_names(services))
     with state_lock(sd):
         records = read_state(sd)
+        if "postgres" in names:  # and the services whose store it is
+            users = [n for n, r in records.items() if r.get("store_kind") == "postgres"]
+            names = with_dependants([*names, *users])
         for n in reversed(SERVICES):
             if n not in names or n not in records:
                 continue
@@ -418,5 +554,6 @@ def status(
             url=rec.get("url"),
             log=rec.get("log"),
             started_at=rec.get("started_at"),
+            store=rec.get("store"),
         )
     return out
