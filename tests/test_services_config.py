@@ -24,7 +24,7 @@ def test_ports_from_argument_then_environment_then_default(monkeypatch):
     monkeypatch.delenv("FEDAPT_POSTGRES_PORT", raising=False)
     ports = S.resolve_ports({"s3": 0})
     assert ports == {
-        "postgres": 5432,
+        "postgres": 5433,
         "s3": 0,
         "mlflow": 5123,
         "prefect": S.DEFAULT_PORTS["prefect"],

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from fedcore.errors import ConfigError, mask_credentials
 from flows import services as S
 from flows.cli import app
+from flows.cli import services as cli_services
 from flows.services import embedded, pgstore, process, supervisor
 
 runner = CliRunner()
@@ -360,16 +361,23 @@ def test_prefect_and_mlflow_on_postgres(monkeypatch):
     base.chmod(0o755)  # the system user postgres enters it (tmp_path's parent is 0700)
     sd = base / "state"
     monkeypatch.setenv("FEDAPT_STATE_DIR", str(sd))
-    ports = {"postgres": 0, "s3": 0, "mlflow": 0, "prefect": 0}
+    for name in ("postgres", "s3", "mlflow", "prefect"):
+        monkeypatch.setenv(S.port_env_var(name), "0")
+    # not this checkout's .dvc/config.local (the s3 endpoint of `fedapt up`)
+    monkeypatch.setattr(cli_services, "configure_dvc_remote", lambda endpoint: None)
     pids: list[int] = []
     try:
         t = time.monotonic()
-        st = S.up(["mlflow", "prefect"], state=sd, ports=ports, store="postgres")
+        res = runner.invoke(app, ["up", "--store", "postgres", "mlflow", "prefect"])
         print(f"up: {time.monotonic() - t:.1f} s")
+        st = {n: s for n, s in S.status(state=sd).items() if s.state != "stopped"}
         pids = [s.pid for s in st.values() if s.pid]
+        assert res.exit_code == 0, res.output
         assert sorted(st) == ["mlflow", "postgres", "prefect", "s3"]
         assert all(s.state == "running" and s.healthy for s in st.values()), st
         password = pgstore.password_path(sd).read_text().strip()
+        assert password not in res.output
+        assert "Prefect store: postgresql+asyncpg://fedapt:***@127.0.0.1:" in res.output
         assert stat.S_IMODE(pgstore.password_path(sd).stat().st_mode) == 0o600
         if os.geteuid() == 0:
             assert pgstore.data_dir(sd).stat().st_uid != 0  # the server is not root
@@ -406,15 +414,18 @@ def test_prefect_and_mlflow_on_postgres(monkeypatch):
             ).fetchall()
         assert rows == [("acc", 0.625, 3)]
 
-        again = S.up(["mlflow", "prefect"], state=sd, ports=ports)  # unset: the running store
+        again = S.up(["mlflow", "prefect"], state=sd)  # FEDAPT_STORE unset: the running store
         assert sorted(s.pid for s in again.values() if s.pid) == sorted(pids)
     finally:
         t = time.monotonic()
-        stopped = S.down(state=sd)
+        res = runner.invoke(app, ["down"])
         print(f"down: {time.monotonic() - t:.1f} s")
         for pid in pids:
             if not _gone(pid):
                 process.signal_group(pid, signal.SIGKILL)
+        left = process.pids_with_arg(str(pgstore.data_dir(sd)))  # postgres -D <data>
         shutil.rmtree(base, ignore_errors=True)
-    assert all(s.state == "stopped" for s in stopped.values())
+    assert res.exit_code == 0, res.output
+    assert all(s.state == "stopped" for s in S.status(state=sd).values())
     assert all(_gone(pid) for pid in pids)
+    assert left == []

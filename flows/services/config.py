@@ -23,9 +23,10 @@ SERVICES = ("postgres", "s3", "mlflow", "prefect", "worker", "ray")
 DEFAULT_SERVICES = ("s3", "mlflow", "prefect", "worker")
 # worker: the port of the Prefect worker's health check (`prefect worker start --with-healthcheck`)
 # ray: the port of the Ray head's GCS (its address: 127.0.0.1:<port>, what RAY_ADDRESS takes)
-# postgres: only with a PostgreSQL store (`fedapt up --store postgres`, pgstore.py)
+# postgres: only with a PostgreSQL store (`fedapt up --store postgres`, pgstore.py); 5433,
+# not PostgreSQL's 5432, which the system server of Debian's postgresql package takes
 DEFAULT_PORTS = {
-    "postgres": 5432,
+    "postgres": 5433,
     "s3": 8333,
     "mlflow": 5000,
     "prefect": 4200,
