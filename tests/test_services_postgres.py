@@ -326,6 +326,29 @@ def test_missing_driver(sd, fresh_env, no_spawn, monkeypatch, missing, store):
     assert "--store: a PostgreSQL store needs the Python packages" in res.output
 
 
+@pytest.mark.parametrize(
+    ("files", "needle"),
+    [
+        ({"data/PG_VERSION": "15\n"}, "is lost; move"),
+        ({"data/PG_VERSION": "15\n", "data/base/1": ""}, "postgres/password is missing"),
+        ({"data/notes.txt": "x"}, "is neither empty nor a PostgreSQL data folder"),
+    ],
+)
+def test_postgres_data_folder_that_cannot_serve(sd, fresh_env, no_spawn, files, needle):
+    """A data folder whose password is lost, or that is no data folder: before anything
+    starts, nothing written."""
+    for name, text in files.items():
+        path = pgstore.home_dir(sd) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    before = sorted(sd.rglob("*"))
+    res = runner.invoke(app, ["up", "--store", "postgres"])
+    text = res.output.strip()
+    assert res.exit_code != 0 and "Traceback" not in text, text
+    assert text.splitlines()[-1].startswith("fedapt: error: postgres"), text
+    assert needle in text and sorted(sd.rglob("*")) == before
+
+
 # ----------------------------------------------------------------------------- the servers
 
 
@@ -413,6 +436,17 @@ def test_prefect_and_mlflow_on_postgres(monkeypatch):
                 "SELECT key, value, step FROM metrics WHERE run_uuid = %s", (mrun.info.run_id,)
             ).fetchall()
         assert rows == [("acc", 0.625, 3)]
+
+        # a server of the user's: this one's URL passes the checks (version, pg_trgm, the
+        # databases there already); with a wrong password it is one line, before anything
+        pgstore.prepare_server(server, "--store")
+        wrong = server.replace(password, SECRET)
+        res = runner.invoke(app, ["up", "--store", wrong, "prefect"])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        last = res.output.strip().splitlines()[-1]
+        assert last.startswith("fedapt: error: --store: postgresql://fedapt:***@127.0.0.1:")
+        assert "password authentication failed" in last and SECRET not in res.output
+        assert S.status(state=sd)["prefect"].pid in pids  # still the one on fedapt's server
 
         again = S.up(["mlflow", "prefect"], state=sd)  # FEDAPT_STORE unset: the running store
         assert sorted(s.pid for s in again.values() if s.pid) == sorted(pids)

@@ -32,7 +32,7 @@ StoreOpt = Annotated[
     typer.Option(
         "--store",
         help="where Prefect and MLflow keep their data: sqlite, postgres (fedapt's own "
-        "PostgreSQL server, service postgres) or postgresql://user:password@host:port/db (yours); "
+        "PostgreSQL server, service postgres) or the postgresql:// URL of a server of yours; "
         "default: FEDAPT_STORE, else the store of the running services, else sqlite",
         show_default=False,
     ),

@@ -318,6 +318,21 @@ def server_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("PG")}
 
 
+def check_data(sd: Path) -> bool:
+    """Whether the data folder is made (and its password kept); one line when it is something
+    else, or its password is lost. (Before anything starts: ``supervisor.preflight``.)"""
+    data = data_dir(sd)
+    if (data / "PG_VERSION").is_file():
+        own_server_url(sd, 0)  # its password is there
+        return True
+    if data.is_dir() and any(data.iterdir()):
+        raise ServiceError(
+            f"postgres cannot start: {data} is neither empty nor a PostgreSQL data folder (no "
+            "PG_VERSION); move it away"
+        )
+    return False
+
+
 def initdb(
     sd: Path, bindir: Path, env: Mapping[str, str], log: Path, user: tuple[int, int] | None
 ) -> None:
@@ -325,15 +340,9 @@ def initdb(
     authentication over TCP, UTF-8, C locale), the folder owned by whoever runs the server.
     A data folder that exists is left as it is."""
     data, home = data_dir(sd), home_dir(sd)
-    if (data / "PG_VERSION").is_file():
-        own_server_url(sd, 0)  # its password is there
+    if check_data(sd):
         return
     home.mkdir(parents=True, exist_ok=True)
-    if data.exists() and any(data.iterdir()):
-        raise ServiceError(
-            f"postgres cannot start: {data} is neither empty nor a PostgreSQL data folder (no "
-            "PG_VERSION); move it away"
-        )
     data.mkdir(mode=0o700, exist_ok=True)
     if user is not None:
         home.chmod(0o711)  # its user enters it (whatever the umask), and lists nothing

@@ -268,6 +268,7 @@ def preflight(store: Store, names: list[str], sd: Path, running: Mapping[str, An
     pgstore.check_drivers(setting)
     if "postgres" in names and "postgres" not in running:
         pgstore.check_binaries(setting)
+        pgstore.check_data(sd)
         user = pgstore.run_as()
         if user is not None:
             pgstore.check_reachable(pgstore.data_dir(sd), user)
@@ -427,8 +428,9 @@ def up(
             if n in records:
                 rec = records[n]
                 _wait_running(n, rec, deadline)
-        # s3 first (mlflow needs it), then mlflow and prefect side by side, then the worker.
-        for group in (["s3", "postgres"], ["mlflow", "prefect", "ray"], ["worker"]):
+        # s3 and postgres first (mlflow and prefect need them; postgres's initdb before s3
+        # starts), then mlflow and prefect side by side, then the worker.
+        for group in (["postgres", "s3"], ["mlflow", "prefect", "ray"], ["worker"]):
             pending = {}
             for n in group:
                 if n not in to_start:
