@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from flows import services as S
 from flows.cli import app
-from flows.services import supervisor
+from flows.services import commands
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -170,7 +170,7 @@ def test_cron_deployment_fires_and_the_worker_runs_it(tmp_path, monkeypatch):
 def _check_prefect_yaml(client, api: str, home: Path) -> None:
     """`prefect deploy --all` from the repository (after `fedapt up`): the experiment flow with
     params.yaml, on fedapt's pool, one run at a time, its example cron schedule inactive."""
-    env = {**supervisor.base_env(), "PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
+    env = {**commands.base_env(), "PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy", "--all"],
         cwd=REPO,

@@ -8,7 +8,7 @@ import pytest
 
 from fedcore.errors import ConfigError
 from flows import services as S
-from flows.services import supervisor
+from flows.services import commands
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_worker_runs_the_pool_of_fedapt_deploy_in_this_checkout(sd, monkeypatch)
     monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")
     monkeypatch.setenv("FEDAPT_WORKER_LIMIT", "2")
     records = {"prefect": {"api_url": "http://127.0.0.1:4242/api"}}
-    cmd, env, cwd = supervisor.command("worker", sd, 4243, records)
+    cmd, env, cwd = commands.command("worker", sd, 4243, records)
     assert cmd[1:3] == ["worker", "start"]
     assert cmd[cmd.index("--pool") + 1] == S.WORK_POOL
     assert cmd[cmd.index("--type") + 1] == "process"
@@ -68,14 +68,14 @@ def test_worker_runs_the_pool_of_fedapt_deploy_in_this_checkout(sd, monkeypatch)
     assert env["MLFLOW_TRACKING_URI"] == "sqlite:////tmp/x.db"
     monkeypatch.setenv("FEDAPT_WORKER_LIMIT", "0")
     with pytest.raises(ConfigError, match="FEDAPT_WORKER_LIMIT"):
-        supervisor.command("worker", sd, 4243, records)
+        commands.command("worker", sd, 4243, records)
 
 
 def test_mlflow_server_is_configured_by_mlflow_server_toml(sd, monkeypatch, tmp_path):
     """`fedapt up` starts the tracking server from mlflow/server.toml (the repository's, or
     the file FEDAPT_MLFLOW_CONFIG names)."""
     records = {"s3": {"url": "http://127.0.0.1:8333"}}
-    cmd, env, cwd = supervisor.command("mlflow", sd, 5055, records)
+    cmd, env, cwd = commands.command("mlflow", sd, 5055, records)
     assert cmd[1] == "server" and cwd == sd / "mlflow"
     assert cmd[cmd.index("--backend-store-uri") + 1] == f"sqlite:///{sd / 'mlflow' / 'mlflow.db'}"
     assert cmd[cmd.index("--artifacts-destination") + 1] == f"s3://{S.DEFAULT_BUCKET}/mlflow"
@@ -90,7 +90,7 @@ def test_mlflow_server_is_configured_by_mlflow_server_toml(sd, monkeypatch, tmp_
         'extra_args = ["--gunicorn-opts", "--timeout 120"]\n'
     )
     monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(own))
-    cmd, _, _ = supervisor.command("mlflow", sd, 5055, records)
+    cmd, _, _ = commands.command("mlflow", sd, 5055, records)
     assert cmd[cmd.index("--backend-store-uri") + 1].endswith("mlflow/other.db")
     assert cmd[cmd.index("--artifacts-destination") + 1] == "s3://team-bucket/runs"
     assert cmd[cmd.index("--workers") + 1] == "2"
@@ -150,7 +150,7 @@ def test_prefect_server_gets_its_server_settings_not_client_settings(sd, monkeyp
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "2")
     monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:1/api")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/x.db")
-    cmd, env, _ = supervisor.command("prefect", sd, 4242, {})
+    cmd, env, _ = commands.command("prefect", sd, 4242, {})
     assert cmd[1:3] == ["server", "start"]
     assert env["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] == "2"
     assert "PREFECT_API_URL" not in env and "MLFLOW_TRACKING_URI" not in env

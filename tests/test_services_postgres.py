@@ -1,6 +1,6 @@
-"""Prefect and MLflow on PostgreSQL (flows/services/pgstore.py): the store setting, URLs and
-their masking, the version check, the command lines, bad input before anything starts (one
-line each, through the CLI), and one run of the real servers (slow)."""
+"""Prefect and MLflow on PostgreSQL (flows/services/pgstore.py, pgserver.py, stores.py): the
+store setting, URLs and their masking, the version check, the command lines, bad input before
+anything starts (one line each, through the CLI), and one run of the real servers (slow)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from fedcore.errors import ConfigError, mask_credentials
 from flows import services as S
 from flows.cli import app
 from flows.cli import services as cli_services
-from flows.services import embedded, pgstore, process, supervisor
+from flows.services import commands, embedded, pgserver, pgstore, process, stores, supervisor
 
 runner = CliRunner()
 SECRET = "s3cr3t-pw"
@@ -46,7 +46,7 @@ def no_spawn(monkeypatch):
 
     for module in (supervisor, embedded):
         monkeypatch.setattr(module, "spawn", fail)
-    monkeypatch.setattr(pgstore, "initdb", fail)
+    monkeypatch.setattr(pgserver, "initdb", fail)
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_store_setting_values_and_precedence(monkeypatch):
     kept = pgstore.resolve_store(None, running)
     assert (kept.kind, kept.url, kept.shown) == ("url", None, shown)
     with pytest.raises(ConfigError, match="FEDAPT_STORE: unset, and the services"):
-        supervisor.store_server(kept, Path("/nonexistent"), {})
+        stores.store_server(kept, Path("/nonexistent"), {})
     for bad in ("mysql", "postgresql://", "postgresql://u:p@h:port/x", ""):
         with pytest.raises(ConfigError, match="^--store: .* is not a store; allowed: sqlite"):
             pgstore.parse_store(bad, "--store")
@@ -122,36 +122,34 @@ def test_servers_get_their_database_in_the_environment_not_the_command_line(sd, 
     environment (a command line is everyone's to read) with their own drivers; fedapt's
     server listens on 127.0.0.1 only, without a Unix socket."""
     monkeypatch.setenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", "sqlite:////tmp/other.db")
-    pw = pgstore.password_path(sd)
+    pw = pgserver.password_path(sd)
     pw.parent.mkdir(parents=True)
     pw.write_text(SECRET + "\n")
     records = {"s3": {"url": "http://127.0.0.1:8333"}, "postgres": {"port": 5999}}
     store = pgstore.Store("postgres", "--store")
-    cmd, env, _ = supervisor.command("mlflow", sd, 5055, records, store)
+    cmd, env, _ = commands.command("mlflow", sd, 5055, records, store)
     assert "--backend-store-uri" not in cmd and not any(SECRET in a for a in cmd)
     assert env["MLFLOW_BACKEND_STORE_URI"] == (
         f"postgresql+psycopg://fedapt:{SECRET}@127.0.0.1:5999/mlflow"
     )
-    cmd, env, _ = supervisor.command("prefect", sd, 4242, records, store)
+    cmd, env, _ = commands.command("prefect", sd, 4242, records, store)
     assert env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] == (
         f"postgresql+asyncpg://fedapt:{SECRET}@127.0.0.1:5999/prefect"
     )
-    rec = supervisor.store_record("prefect", store, sd, records, env)
+    rec = stores.store_record("prefect", store, sd, records, env)
     assert rec == {
         "store_kind": "postgres",
         "store_server": "postgresql://fedapt:***@127.0.0.1:5999/postgres",
         "store": "postgresql+asyncpg://fedapt:***@127.0.0.1:5999/prefect",
     }
-    cmd, env, cwd = supervisor.command("postgres", sd, 5999, records)
+    cmd, env, cwd = commands.command("postgres", sd, 5999, records)
     assert cmd[cmd.index("-p") + 1] == "5999" and cwd == sd / "postgres"
     assert "listen_addresses=127.0.0.1" in cmd and "unix_socket_directories=" in cmd
     # SQLite stays the default: the user's own Prefect database setting stays too
-    cmd, env, _ = supervisor.command("prefect", sd, 4242, records)
+    cmd, env, _ = commands.command("prefect", sd, 4242, records)
     assert env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] == "sqlite:////tmp/other.db"
     sqlite = pgstore.Store("sqlite")
-    assert supervisor.store_record("mlflow", sqlite, sd, records, env)["store"].startswith(
-        "sqlite:///"
-    )
+    assert stores.store_record("mlflow", sqlite, sd, records, env)["store"].startswith("sqlite:///")
 
 
 def _dead_pid() -> int:
@@ -338,7 +336,7 @@ def test_postgres_data_folder_that_cannot_serve(sd, fresh_env, no_spawn, files, 
     """A data folder whose password is lost, or that is no data folder: before anything
     starts, nothing written."""
     for name, text in files.items():
-        path = pgstore.home_dir(sd) / name
+        path = pgserver.home_dir(sd) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     before = sorted(sd.rglob("*"))
@@ -398,13 +396,13 @@ def test_prefect_and_mlflow_on_postgres(monkeypatch):
         assert res.exit_code == 0, res.output
         assert sorted(st) == ["mlflow", "postgres", "prefect", "s3"]
         assert all(s.state == "running" and s.healthy for s in st.values()), st
-        password = pgstore.password_path(sd).read_text().strip()
+        password = pgserver.password_path(sd).read_text().strip()
         assert password not in res.output
         assert "Prefect store: postgresql+asyncpg://fedapt:***@127.0.0.1:" in res.output
-        assert stat.S_IMODE(pgstore.password_path(sd).stat().st_mode) == 0o600
+        assert stat.S_IMODE(pgserver.password_path(sd).stat().st_mode) == 0o600
         if os.geteuid() == 0:
-            assert pgstore.data_dir(sd).stat().st_uid != 0  # the server is not root
-        server = pgstore.own_server_url(sd, st["postgres"].port)
+            assert pgserver.data_dir(sd).stat().st_uid != 0  # the server is not root
+        server = pgserver.own_server_url(sd, st["postgres"].port)
         assert st["prefect"].store.startswith("postgresql+asyncpg://fedapt:***@127.0.0.1:")
         assert st["mlflow"].store.startswith("postgresql+psycopg://fedapt:***@127.0.0.1:")
         # the password: in no record, no command line, no output
@@ -457,7 +455,7 @@ def test_prefect_and_mlflow_on_postgres(monkeypatch):
         for pid in pids:
             if not _gone(pid):
                 process.signal_group(pid, signal.SIGKILL)
-        left = process.pids_with_arg(str(pgstore.data_dir(sd)))  # postgres -D <data>
+        left = process.pids_with_arg(str(pgserver.data_dir(sd)))  # postgres -D <data>
         shutil.rmtree(base, ignore_errors=True)
     assert res.exit_code == 0, res.output
     assert all(s.state == "stopped" for s in S.status(state=sd).values())

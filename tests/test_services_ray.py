@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from flows import services as S
-from flows.services import config, rayhead, supervisor
+from flows.services import commands, config, rayhead, supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,13 +76,14 @@ def test_ray_on_a_busy_port_is_one_line_naming_the_variable(sd, busy_port):
 def test_a_ray_that_fails_to_start_is_one_line_and_leaves_nothing(sd, monkeypatch):
     script = "import sys; print('ValueError: no such option --bad'); sys.exit(1)"
     monkeypatch.setattr(
-        supervisor,
+        commands,
         "ray_cmd",
         lambda sd, port: [sys.executable, "-c", script, "--port", str(port), "--temp-dir", "x"],
     )
     (sd / "ray").mkdir(parents=True)
-    monkeypatch.setattr(supervisor, "ray_record", lambda cmd: {"temp_dir": str(sd / "ray")})
-    monkeypatch.setattr(supervisor, "ensure_token", lambda env: None)
+    for module in (commands, supervisor):  # command's, and up's record of the head
+        monkeypatch.setattr(module, "ray_record", lambda cmd: {"temp_dir": str(sd / "ray")})
+    monkeypatch.setattr(commands, "ensure_token", lambda env: None)
     with pytest.raises(S.ServiceError) as info:
         S.up(["ray"], state=sd, ports={"ray": 0})
     msg = str(info.value)

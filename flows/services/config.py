@@ -23,7 +23,7 @@ SERVICES = ("postgres", "s3", "mlflow", "prefect", "worker", "ray")
 DEFAULT_SERVICES = ("s3", "mlflow", "prefect", "worker")
 # worker: the port of the Prefect worker's health check (`prefect worker start --with-healthcheck`)
 # ray: the port of the Ray head's GCS (its address: 127.0.0.1:<port>, what RAY_ADDRESS takes)
-# postgres: only with a PostgreSQL store (`fedapt up --store postgres`, pgstore.py); 5433,
+# postgres: only with a PostgreSQL store (`fedapt up --store postgres`, pgserver.py); 5433,
 # not PostgreSQL's 5432, which the system server of Debian's postgresql package takes
 DEFAULT_PORTS = {
     "postgres": 5433,
@@ -35,7 +35,8 @@ DEFAULT_PORTS = {
 }
 DEFAULT_BUCKET = "fedapt"  # s3://fedapt/mlflow (MLflow artifacts), s3://fedapt/dvc, outputs
 # mlflow and prefect also need postgres when their store is fedapt's PostgreSQL server: that
-# dependency is the store's (supervisor.up and down add it), not listed here.
+# dependency is the store's (stores.with_store_server and supervisor.down add it), not
+# listed here.
 DEPENDS = {
     "postgres": (),
     "s3": (),

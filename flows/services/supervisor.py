@@ -1,5 +1,6 @@
-"""The supervisor: each service's command and environment, ``up``, ``down`` and ``status``,
-and the readiness of the worker's pool."""
+"""The supervisor: ``up``, ``down`` and ``status``, and the readiness of each service (its
+health probe, the worker's pool, the Ray head). Each service's command line and environment:
+``commands``; which store mlflow and prefect use: ``stores``."""
 
 from __future__ import annotations
 
@@ -7,26 +8,22 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedcore.errors import ConfigError, mask_credentials
-from flows.services import pgstore
+from flows.services import pgserver, pgstore
+from flows.services.commands import command
 from flows.services.config import (
     DEFAULT_BUCKET,
     DEFAULT_SERVICES,
     HOST,
-    QUIET_ENV,
-    ROOT,
     SERVICES,
     START_TIMEOUT,
     STOP_TIMEOUT,
     WORK_POOL,
-    WORK_POOL_TYPE,
     ServiceError,
     ServiceStatus,
     artifact_bucket,
@@ -37,7 +34,6 @@ from flows.services.config import (
     with_dependants,
     with_dependencies,
 )
-from flows.services.pgstore import Store
 from flows.services.ports import base_url, check_port, free_port, health_url, probe
 from flows.services.process import (
     group_alive,
@@ -49,157 +45,16 @@ from flows.services.process import (
     terminate,
     wait_until,
 )
-from flows.services.rayhead import (
-    ensure_token,
-    ray_cmd,
-    ray_env,
-    ray_leftovers,
-    ray_ready,
-    ray_record,
-    stop_head,
-)
-from flows.services.s3 import (
-    data_lock_path,
-    ensure_buckets,
-    remove_leftovers,
-    s3_client_env,
-    scratch_dir,
-    weed_cmd,
-    weed_leftovers,
-)
+from flows.services.rayhead import ray_leftovers, ray_ready, ray_record, stop_head
+from flows.services.s3 import data_lock_path, ensure_buckets, remove_leftovers, weed_leftovers
 from flows.services.state import now, read_state, state_lock, write_state
-
-# ----------------------------------------------------------------------------- commands
-
-
-def base_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
-    """The environment of a server: the user's, less the client settings of other services
-    (``AWS_*``, ``MLFLOW_*``, ``PREFECT_*``) unless they start with one of ``keep``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_")) or k in QUIET_ENV or k.startswith(keep)
-    }
-    env.update(QUIET_ENV)
-    return env
-
-
-def worker_limit() -> int:
-    """Flow runs the worker runs at once (``FEDAPT_WORKER_LIMIT``, default 1: a run already
-    uses every core of a small machine)."""
-    value = os.environ.get("FEDAPT_WORKER_LIMIT", "1")
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if limit < 1:
-        raise ConfigError(f"FEDAPT_WORKER_LIMIT={value!r} is not a positive whole number")
-    return limit
-
-
-def store_server(store: Store, sd: Path, records: Mapping[str, Any]) -> str | None:
-    """The URL of the PostgreSQL server of ``store`` (it holds the password: never print or
-    record it unmasked); None for SQLite."""
-    if store.kind == "postgres":
-        return pgstore.own_server_url(sd, int(records["postgres"]["port"]))
-    if store.kind == "url":
-        if store.url is None:  # resolve_store: a running service's, whose password is not kept
-            raise ConfigError(
-                f"{pgstore.STORE_VAR}: unset, and the services that are running use "
-                f"{store.shown}; give that URL again (--store or {pgstore.STORE_VAR}) or stop "
-                "them first (fedapt down)"
-            )
-        return store.url
-    return None
-
-
-def command(
-    name: str,
-    sd: Path,
-    port: int,
-    records: Mapping[str, Any],
-    store: Store | None = None,
-) -> tuple[list, dict, Path]:
-    env = base_env()
-    server = store_server(store, sd, records) if store and name in pgstore.STORE_USERS else None
-    if name == "postgres":  # pgstore.py; run as the system user postgres under root
-        bindir = pgstore.check_binaries("postgres")
-        home = pgstore.home_dir(sd)
-        return pgstore.server_cmd(sd, bindir, port), pgstore.server_env(env), home
-    if name == "ray":  # rayhead.py; cwd: its session folder's root
-        cmd, env = ray_cmd(sd, port), ray_env(env)
-        ensure_token(env)
-        return cmd, env, Path(ray_record(cmd)["temp_dir"])
-    if name == "s3":  # its files live in its scratch folder, removed when it stops
-        env["TMPDIR"] = str(scratch_dir(sd, port))
-        return weed_cmd(sd, port), env, scratch_dir(sd, port)
-    bindir = Path(sys.executable).parent
-    if name == "mlflow":  # configured in mlflow/server.toml
-        conf = mlflow_config(sd)
-        home = sd / "mlflow"
-        home.mkdir(parents=True, exist_ok=True)
-        env.update(s3_client_env(records["s3"]["url"]))
-        backend = ["--backend-store-uri", conf["backend_store_uri"]]
-        if server is not None:  # in its environment: a command line is everyone's to read
-            env["MLFLOW_BACKEND_STORE_URI"] = pgstore.db_url(server, "mlflow", "psycopg")
-            backend = []
-        cmd = [
-            str(bindir / "mlflow"),
-            "server",
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--workers",
-            str(conf["workers"]),
-            *backend,
-            "--artifacts-destination",
-            conf["artifacts_destination"],
-            *conf["extra_args"],
-        ]
-        return cmd, env, home
-    if name == "worker":
-        # Scheduled runs are child processes of the worker and inherit this environment:
-        # the user's own MLflow/S3 settings stay (as for `fedapt run`), the flow adds the
-        # services that are up (services.run_environment). Working directory: this checkout.
-        env = base_env(keep=("AWS_", "MLFLOW_", "PREFECT_WORKER_"))
-        env["PREFECT_HOME"] = str(sd / "prefect")
-        env["PREFECT_API_URL"] = records["prefect"]["api_url"]
-        env["PREFECT_WORKER_WEBSERVER_HOST"] = HOST
-        env["PREFECT_WORKER_WEBSERVER_PORT"] = str(port)
-        cmd = [
-            str(bindir / "prefect"),
-            "worker",
-            "start",
-            "--pool",
-            WORK_POOL,
-            "--type",
-            WORK_POOL_TYPE,  # the pool is created if it does not exist yet
-            "--name",
-            f"fedapt-worker-{port}",
-            "--limit",
-            str(worker_limit()),
-            "--with-healthcheck",
-            "--install-policy",
-            "never",
-        ]
-        return cmd, env, ROOT
-    home = sd / "prefect"
-    home.mkdir(parents=True, exist_ok=True)
-    # The server's own settings (e.g. PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS) are
-    # the user's to choose; client settings (PREFECT_API_URL ...) are not passed on.
-    env = base_env(keep=("PREFECT_SERVER_",))
-    env["PREFECT_HOME"] = str(home)
-    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    # The UI asks the API at this address (else Prefect's default port, 4200: on any other
-    # port, FEDAPT_PREFECT_PORT, the UI showed "Can't connect to Server API")
-    env["PREFECT_UI_API_URL"] = f"{base_url(port)}/api"
-    if server is not None:  # Prefect's API database on PostgreSQL, with its async driver
-        for k in [k for k in env if k.startswith("PREFECT_SERVER_DATABASE_")]:
-            env.pop(k)
-        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = pgstore.db_url(server, "prefect", "asyncpg")
-    cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
-    return cmd, env, home
+from flows.services.stores import (
+    preflight,
+    prepare_own_server,
+    same_store,
+    store_record,
+    with_store_server,
+)
 
 
 def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
@@ -221,69 +76,6 @@ def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
     if name == "postgres":  # no password in it: the role's is in <state dir>/postgres/password
         rec["url"] = health_url(name, port)
     return rec
-
-
-def store_record(
-    name: str, store: Store, sd: Path, records: Mapping[str, Any], env: Mapping[str, str]
-) -> dict[str, Any]:
-    """What the record of mlflow or prefect says about its store (passwords masked):
-    ``store_kind``, ``store_server`` (the PostgreSQL server, or sqlite) and ``store`` (its
-    database)."""
-    server = store_server(store, sd, records)
-    if server is not None:
-        db = pgstore.db_url(server, name, "psycopg" if name == "mlflow" else "asyncpg")
-        shown = {"store_server": mask_credentials(server), "store": mask_credentials(db)}
-        return {"store_kind": store.kind, **shown}
-    if name == "mlflow":
-        db = mlflow_config(sd)["backend_store_uri"]
-    else:  # the user's own Prefect database setting stays; else PREFECT_HOME/prefect.db
-        db = env.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or (
-            f"sqlite:///{sd / 'prefect' / 'prefect.db'}"
-        )
-    return {"store_kind": "sqlite", "store_server": "sqlite", "store": mask_credentials(db)}
-
-
-def _same_store(rec: Mapping[str, Any], store: Store, sd: Path, records: Mapping[str, Any]) -> bool:
-    """The running mlflow/prefect of ``rec`` uses the server of ``store``."""
-    if rec.get("store_kind", "sqlite") != store.kind:
-        return False
-    if store.kind == "sqlite":
-        return True
-    if store.kind == "postgres" and "postgres" not in records:
-        return False
-    if store.kind == "url" and store.url is None:
-        return True  # the running one's (resolve_store)
-    return bool(rec.get("store_server") == mask_credentials(str(store_server(store, sd, records))))
-
-
-def preflight(store: Store, names: list[str], sd: Path, running: Mapping[str, Any]) -> None:
-    """The checks of a PostgreSQL store, before anything starts: the drivers, fedapt's
-    server's binaries and user, or the user's server (connects, version, pg_trgm, databases);
-    the MLflow store of mlflow/server.toml left at its SQLite default."""
-    users = [n for n in pgstore.STORE_USERS if n in names] if store.kind != "sqlite" else []
-    if not (users or "postgres" in names):
-        return
-    # `fedapt up postgres` on its own (the store SQLite): the service is the setting
-    setting = store.setting if users or store.kind == "postgres" else "postgres"
-    pgstore.check_drivers(setting)
-    if "postgres" in names and "postgres" not in running:
-        pgstore.check_binaries(setting)
-        pgstore.check_data(sd)
-        user = pgstore.run_as()
-        if user is not None:
-            pgstore.check_reachable(pgstore.data_dir(sd), user)
-    if "mlflow" in users:
-        own = mlflow_config(sd)["backend_store_uri"]
-        if not own.startswith("sqlite:"):
-            raise ConfigError(
-                f"{store.setting}: {store.kind} would move MLflow's store, which "
-                f"mlflow/server.toml sets to {mask_credentials(own)} (server.backend_store_uri); "
-                "leave that at its SQLite default or use --store sqlite"
-            )
-    if store.kind == "url" and store.url is not None:
-        pgstore.prepare_server(store.url, store.setting, store.shown)
-    elif store.kind == "url" and [n for n in users if n not in running]:
-        store_server(store, sd, running)  # one line: the URL is needed again
 
 
 def _fail(name: str, pid: int, log: Path, why: str) -> ServiceError:
@@ -384,8 +176,7 @@ def up(
     wanted = resolve_ports(ports)
     running = {n: r for n, r in read_state(sd).items() if _alive_record(n, r)}
     chosen = pgstore.resolve_store(store, running)
-    if chosen.kind == "postgres" and set(names) & set(pgstore.STORE_USERS):
-        names = [n for n in SERVICES if n in {*names, "postgres"}]
+    names = with_store_server(chosen, names)
     preflight(chosen, names, sd, running)  # a bad store stops here, before anything starts
     buckets = list(buckets)
     if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
@@ -402,7 +193,7 @@ def up(
         # A service whose store or dependency moved (or is gone) is restarted against it.
         for n in pgstore.STORE_USERS:
             rec = records.get(n)
-            if rec and n in names and not _same_store(rec, chosen, sd, records):
+            if rec and n in names and not same_store(rec, chosen, sd, records):
                 terminate(int(rec["pid"]))
                 records.pop(n)
         for n, dep, key, field in (
@@ -440,8 +231,8 @@ def up(
                 log = sd / "logs" / f"{n}.log"
                 user = None
                 if n == "postgres":  # its data folder, made once; as postgres under root
-                    user = pgstore.run_as()
-                    pgstore.initdb(sd, Path(cmd[0]).parent, env, log, user)
+                    user = pgserver.run_as()
+                    pgserver.initdb(sd, Path(cmd[0]).parent, env, log, user)
                 lock = data_lock_path(sd) if n == "s3" else None
                 pid = spawn(cmd, env, cwd, log, lock, user=user)
                 records[n] = _record(n, pid, port, log)
@@ -464,9 +255,7 @@ def up(
                     if n == "s3":
                         ensure_buckets(rec["url"], buckets, deadline)
                     if n == "postgres":  # Prefect's and MLflow's databases, pg_trgm
-                        url = pgstore.own_server_url(sd, int(rec["port"]))
-                        setting = chosen.setting if chosen.kind == "postgres" else "postgres"
-                        pgstore.prepare_server(url, setting)
+                        prepare_own_server(chosen, sd, int(rec["port"]))
                     if n == "worker":
                         _wait_pool_ready(rec, deadline)
                     if n == "ray":
