@@ -202,9 +202,11 @@ def test_masked_stream_masks_every_write_and_keeps_the_rest_of_the_stream():
     assert buf.getvalue().endswith("plain line\n" + "postgresql://u:***@db/x\n" + "the last line\n")
 
 
-def test_a_library_traceback_is_one_console_line_and_goes_to_the_log(tmp_path, monkeypatch):
-    """What Prefect logs for a failed task (a full disk) reaches the console as its message
-    and where the traceback went; the traceback, password masked, is in the run's log."""
+def test_library_failure_lines_go_to_the_log_not_the_console(tmp_path, monkeypatch):
+    """Prefect's lines for a failed task or flow run (a full disk) never reach the console:
+    they are appended, tracebacks and all, passwords masked, to the run's log; Prefect's
+    progress lines stay. Another library's traceback is one console line saying where it
+    went."""
     import errno
     import logging
 
@@ -220,17 +222,29 @@ def test_a_library_traceback_is_one_console_line_and_goes_to_the_log(tmp_path, m
         try:
             raise OSError(errno.ENOSPC, "No space left on device", "/x/summary.json")
         except OSError:
-            logging.getLogger("prefect.flow_engine").error(
+            logging.getLogger("prefect.task_runs").error(
                 "Task run failed (at http://u:%s@h:1)", CANARY, exc_info=True
             )
+            logging.getLogger("mlflow.store").error("upload failed", exc_info=True)
+        flows_log = logging.getLogger("prefect.flow_runs")
+        monkeypatch.setattr(flows_log, "level", logging.INFO)  # as Prefect's configuration
+        flows_log.error("Crash detected! Execution was interrupted")
+        flows_log.info("Finished in state Failed('Flow run encountered an exception')")
+        flows_log.info("Finished in state Completed()")
+        flows_log.warning("a warning stays")
     finally:
         root.removeHandler(handler)
     log = tmp_path / "state" / "logs" / "fedapt.log"
-    text = console.getvalue()
-    assert text.splitlines() == [f"Task run failed (at http://u:***@h:1) (traceback in {log})"]
+    assert console.getvalue().splitlines() == [
+        f"upload failed (traceback in {log})",
+        "Finished in state Completed()",
+        "a warning stays",
+    ]
     logged = log.read_text()
-    assert "Traceback (most recent call last)" in logged and "No space left" in logged
-    assert CANARY not in logged and CANARY not in text
+    assert "Task run failed (at http://u:***@h:1)" in logged and "Crash detected!" in logged
+    assert "Finished in state Failed(" in logged and "Completed()" not in logged
+    assert logged.count("Traceback (most recent call last)") == 2 and "No space left" in logged
+    assert CANARY not in logged and CANARY not in console.getvalue()
     assert (tmp_path / "state" / ".gitignore").is_file()  # the state dir stays out of git
 
 
@@ -433,3 +447,69 @@ def test_no_password_is_printed_or_logged_by_anyone(tmp_path):
     assert any(f.name == "summary.json" for f in files)
     assert not [str(f) for f in files if CANARY.encode() in f.read_bytes()]
     assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+
+
+# A `fedapt run` whose flow fails in its first task (the partition's writer replaced): what a
+# run that fails inside the flow prints, in a real process.
+_FAILING_RUN = """
+import errno, os, sys
+import tasks.partitioning as tp
+from fedcore.errors import ConfigError
+
+def fail(params, data, part, out_dir):
+    if {case!r} == "setting":
+        raise ConfigError("partition.num_clients: refused inside the flow (a test)")
+    raise OSError(errno.ENOSPC, "No space left on device", os.path.join(out_dir, "manifest.csv"))
+
+tp.write_partition = fail
+from flows.cli import app
+sys.argv[0] = "fedapt"
+app()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["setting"])
+def test_a_run_failing_in_the_flow_prints_fedapts_line_last_and_no_library_line(tmp_path, case):
+    """Prefect's "Task run failed ...", "Finished in state Failed(...)" and "Encountered
+    exception" lines (with tracebacks) go to the state dir's fedapt.log; the terminal shows
+    Prefect's progress, then fedapt's one line, last. Nothing is left under the reports."""
+    from tests.test_faults import TINY
+
+    reports = tmp_path / "reports"
+    env = _services_env(tmp_path)
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(tmp_path / "prefect"))
+    sets = {
+        **TINY,
+        "storage.bucket": "null",
+        "runtime.tracking": "false",
+        "experiment.reports_dir": str(reports),
+        "data.root": str(REPO / "data/raw"),
+    }
+    args = ["run", "--params", str(REPO / "params.yaml")]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    res = subprocess.run(
+        [PY, "-c", _FAILING_RUN.format(case=case), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # the terminal's order
+        text=True,
+        timeout=240,
+    )
+    lines = res.stdout.strip().splitlines()
+    assert res.returncode == 2, res.stdout[-3000:]
+    assert "Traceback" not in res.stdout, res.stdout[-3000:]
+    assert lines[-1].startswith("fedapt: error: "), lines
+    assert [ln for ln in lines if ln.startswith("fedapt:")] == lines[-1:], lines
+    assert not [ln for ln in lines if "| ERROR" in ln or "Failed(" in ln], lines
+    assert "Beginning flow run" in res.stdout  # progress lines stay
+    if case == "setting":
+        assert lines[-1] == (
+            "fedapt: error: partition.num_clients: refused inside the flow (a test)"
+        ), lines
+    logged = (tmp_path / "state" / "logs" / "fedapt.log").read_text()
+    assert "Task run failed with exception" in logged, logged
+    assert "Finished in state Failed(" in logged and "Encountered exception" in logged
+    assert not reports.exists() or not any(p.is_file() for p in reports.rglob("*"))

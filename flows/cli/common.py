@@ -107,29 +107,67 @@ class _NoTracebackForFedaptErrors(logging.Filter):
 
 
 class _TracebacksToLog(logging.Filter):
-    """On the console, a library's traceback (Prefect logs one per failed task and flow run,
-    before fedapt's own line) is one line: the record's message, and where its traceback
-    went: appended, with the record, to the run's log ``<state dir>/logs/fedapt.log``
-    (``FEDAPT_STATE_DIR``, default .fedapt/). The logs sent to the Prefect API keep it."""
+    """Library lines that would come before fedapt's own one-line error go to the run's log
+    ``<state dir>/logs/fedapt.log`` (``FEDAPT_STATE_DIR``, default .fedapt/), not the console:
+
+    - Prefect's failure lines (``prefect_failure``: "Task run failed ...", "Finished in state
+      Failed(...)", "Crash detected! ...", "Encountered exception during execution"),
+      tracebacks included, are appended there and not printed: the error line fedapt prints
+      as the run stops says what failed. (A log that cannot be written, a full disk: they
+      are dropped all the same.) Progress lines ("Finished in state Completed()") stay.
+    - another library's traceback is one line on the console, the record's message and where
+      its traceback went, the record appended to the log.
+
+    The logs sent to the Prefect API keep everything."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if prefect_failure(record):
+            _append_to_log(record)
+            return False
         if not record.exc_info or record.exc_info[1] is None:
             return True
-        path = run_log_path()
-        text = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-        with contextlib.suppress(Exception):  # the log cannot be written (a full disk): as is
-            from fedcore.errors import mask_credentials
-            from flows.services.state import prepare_dir
-
-            entry = mask_credentials(text.format(record))
-            prepare_dir(path.parent.parent)  # the state dir, kept out of git
-            path.parent.mkdir(exist_ok=True)
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write(entry + "\n")
+        if (path := _append_to_log(record)) is not None:
             record.exc_info = None
             record.exc_text = None
             record.msg, record.args = f"{record.getMessage()} (traceback in {path})", ()
         return True
+
+
+# Prefect's terminal states that are not a success ("Finished in state Failed(...)")
+_FAILED_STATES = ("Failed", "Crashed", "TimedOut", "Cancelled", "Cancelling", "Aborted")
+
+
+def prefect_failure(record: logging.LogRecord) -> bool:
+    """A line Prefect logs as a task or flow run fails or crashes: an error of a ``prefect``
+    logger, or its "Finished in state <not a success>" (a flow run's is logged as INFO)."""
+    if record.name != "prefect" and not record.name.startswith("prefect."):
+        return False
+    if record.levelno >= logging.ERROR:
+        return True
+    with contextlib.suppress(Exception):
+        message = record.getMessage()
+        if message.startswith("Finished in state "):
+            return message.removeprefix("Finished in state ").startswith(_FAILED_STATES)
+    return False
+
+
+def _append_to_log(record: logging.LogRecord) -> Path | None:
+    """Append ``record`` (its traceback too, passwords masked) to the run's log; its path, or
+    None when it cannot be written (a full disk)."""
+    path = run_log_path()
+    text = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    try:
+        from fedcore.errors import mask_credentials
+        from flows.services.state import prepare_dir
+
+        entry = mask_credentials(text.format(record))
+        prepare_dir(path.parent.parent)  # the state dir, kept out of git
+        path.parent.mkdir(exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(entry + "\n")
+    except Exception:
+        return None
+    return path
 
 
 def run_log_path() -> Path:
