@@ -9,9 +9,11 @@ the real `fedapt up` servers and `fedapt run` (tiny configuration) in subprocess
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,6 +250,107 @@ def test_library_failure_lines_go_to_the_log_not_the_console(tmp_path, monkeypat
     assert (tmp_path / "state" / ".gitignore").is_file()  # the state dir stays out of git
 
 
+# A `fedapt` command (the real entry point, flows.cli.main) whose body prints a password in
+# every way a command's process tree can: its own streams, a Python child, a shell child with
+# a line left open, forked and spawned pool workers writing to the file descriptors; then
+# its one-line error (or stop_now, as a lost service or SIGTERM ends a run).
+_CHILDREN = """
+import multiprocessing as mp, os, subprocess, sys
+from fedcore.errors import ConfigError
+from flows.cli import app, main
+from flows.cli.common import guarded, stop_now
+
+URI = "http://user:{canary}@127.0.0.1:5000"
+
+
+def worker(name):
+    os.write(1, f"worker {{name}} {{URI}}\\n".encode())
+
+
+@guarded
+def canary() -> None:
+    print("tty", sys.stdout.isatty(), sys.stderr.isatty(), flush=True)
+    for i in range(20):
+        print(f"out {{i}}", flush=True)
+        print(f"err {{i}} {{URI}}", file=sys.stderr, flush=True)
+    code = f"import sys; print('child {{URI}}'); print('child-err {{URI}}', file=sys.stderr)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run(["sh", "-c", f"printf 'open {{URI}}'; sleep 0.3; echo ' closed'"], check=True)
+    for how in ("fork", "spawn"):
+        with mp.get_context(how).Pool(1) as pool:
+            pool.map(worker, [how])
+    if {stop!r}:
+        stop_now(2, f"stopped {{URI}}", error=True)
+    raise ConfigError(f"runtime.tracking: the end {{URI}}")
+
+
+app.command()(canary)
+if __name__ == "__main__":
+    main()
+"""
+
+_MASKED = "http://user:***@127.0.0.1:5000"
+_OUT = [
+    "tty False False",
+    *(line for i in range(20) for line in (f"out {i}", f"err {i} {_MASKED}")),
+    f"child {_MASKED}",
+    f"child-err {_MASKED}",
+    f"open {_MASKED} closed",
+    f"worker fork {_MASKED}",
+    f"worker spawn {_MASKED}",
+]
+
+
+@pytest.mark.parametrize("case", ["one-terminal", "two-files", "stop", "tty"])
+def test_what_child_processes_print_is_masked_in_order(tmp_path, case):
+    """Masking holds at the file descriptors (``flows.streams.mask_descriptors``): no byte
+    of the canary reaches the terminal, whoever writes it; every line arrives, in the order
+    written (one pipe when standard output and error are the same file), the error line
+    last; a terminal stays a terminal for the command (Rich's colours)."""
+    script = tmp_path / "canary_cmd.py"
+    script.write_text(_CHILDREN.format(canary=CANARY, stop=case == "stop"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [PY, str(script), "canary"]
+    end = "stopped" if case == "stop" else "runtime.tracking: the end"
+    last = f"fedapt: error: {end} {_MASKED}"
+    if case == "tty":
+        import pty
+
+        main, sub = pty.openpty()
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdin=sub, stdout=sub, stderr=sub)
+        os.close(sub)
+        raw = b""
+        with contextlib.suppress(OSError):  # EIO: the command and its children are gone
+            while data := os.read(main, 65536):
+                raw += data
+        os.close(main)
+        assert proc.wait(timeout=60) == 2
+        assert CANARY.encode() not in raw
+        lines = raw.decode().replace("\r\n", "\n").splitlines()
+        assert lines[0] == "tty True True" and lines[1:-1] == _OUT[1:], lines
+        assert lines[-1].startswith("\x1b[31m"), lines[-1]  # colour: a terminal still
+        assert re.sub("\x1b\\[[0-9;]*m", "", lines[-1]) == last, lines[-1]
+        return
+    merged = case != "two-files"
+    res = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    raw = res.stdout + (res.stderr or b"")
+    assert CANARY.encode() not in raw and b"Traceback" not in raw, raw.decode()
+    if merged:
+        assert res.stdout.decode().splitlines() == [*_OUT, last]
+    else:  # each stream whole and in order
+        out, err = res.stdout.decode().splitlines(), res.stderr.decode().splitlines()
+        assert out == [ln for ln in _OUT if not ln.startswith(("err ", "child-err"))], out
+        assert err == [*(ln for ln in _OUT if ln.startswith(("err ", "child-err"))), last], err
+
+
 # ----------------------------------------------------------------------------- ports
 
 
@@ -462,9 +565,9 @@ def fail(params, data, part, out_dir):
     raise OSError(errno.ENOSPC, "No space left on device", os.path.join(out_dir, "manifest.csv"))
 
 tp.write_partition = fail
-from flows.cli import app
+from flows.cli import main
 sys.argv[0] = "fedapt"
-app()
+main()
 """
 
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from flows.streams import MaskedStream, mask_streams
+from flows.streams import MaskedStream, mask_streams, release_descriptors
 
 # Offline and quiet by default; the project keeps its own Prefect home. Set when a command
 # runs (the app's callback), before it imports Prefect or MLflow; never at import.
@@ -312,7 +312,9 @@ def stop_now(
     """End the process now, threads and all: ``line`` on stderr, the last thing it prints
     (``error``: as ``print_error`` prints it), then exit ``code``. Whoever stops first prints
     the one line; others wait for the exit. From the start of the stop only this thread
-    prints (``MaskedStream.seal``); ``cleanup`` runs first, for ``CLEANUP_SECONDS`` at most.
+    prints (``MaskedStream.seal``), and child processes print nowhere once their output so
+    far is out (``release_descriptors``); ``cleanup`` runs first, for ``CLEANUP_SECONDS`` at
+    most.
     The semaphores of its worker pools are unlinked (no "leaked semaphore objects" warning
     from multiprocessing's resource tracker)."""
     if not _stop_line.acquire(blocking=False):
@@ -322,6 +324,9 @@ def stop_now(
     if cleanup is not None:
         bounded(cleanup, CLEANUP_SECONDS)
     _release_semaphores()
+    # what the command's child processes printed is written out; from here on they print
+    # nowhere, so the line below is the last on the terminal
+    release_descriptors()
     if error:
         print_error(line)
     else:
