@@ -351,6 +351,13 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         return env, ray, "unset RAY_AUTH_MODE or set it to token"
     if name == "numerics":
         return {"FEDAPT_NUMERICS": "fast"}, [], "FEDAPT_NUMERICS: 'fast' is not one of portable"
+    if name.startswith("service-grace-"):  # checked before anything starts
+        value = {"zero": "0", "text": "3s", "too-long": "3600"}[name.removeprefix("service-grace-")]
+        return (
+            {"FEDAPT_SERVICE_GRACE": value},
+            [],
+            (f"FEDAPT_SERVICE_GRACE={value!r} is not a number of seconds in (0, 600]"),
+        )
     raise AssertionError(name)
 
 
@@ -373,6 +380,9 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         "ray-auth-disabled",
         "ray-auth-unknown",
         "numerics",
+        "service-grace-zero",
+        "service-grace-text",
+        "service-grace-too-long",
     ],
 )
 def test_bad_environment(tmp_path, monkeypatch, name):

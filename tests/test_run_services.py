@@ -137,6 +137,38 @@ def test_a_service_that_goes_away_is_reported_once_within_seconds(servers):
     assert [[s.name for s in group] for group in lost] == [["prefect"]]
 
 
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(None, 3.0), ("30", 30.0), ("0.5", 0.5), (" 7 ", 7.0), ("600", 600.0), ("1e2", 100.0)],
+)
+def test_service_grace_is_a_setting(monkeypatch, value, seconds):
+    """FEDAPT_SERVICE_GRACE: the seconds a service may not answer before the run stops, the
+    value the run's watch is given."""
+    from flows.cli import common
+
+    if value is None:
+        monkeypatch.delenv(runwatch.GRACE_VAR, raising=False)
+    else:
+        monkeypatch.setenv(runwatch.GRACE_VAR, value)
+    assert runwatch.grace_seconds() == seconds
+    given: dict[str, object] = {}
+    monkeypatch.setattr(runwatch, "watch", lambda services, on_lost, **kw: given.update(kw))
+    common.services_watched((), "resume", tracking=False)
+    assert given == {"grace": seconds}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "", "nan", "inf", "600.5", "1e9", "9" * 500])
+def test_a_bad_service_grace_is_one_line_naming_the_variable(value):
+    from fedcore.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        runwatch.grace_seconds({runwatch.GRACE_VAR: value})
+    text = str(exc.value)
+    assert text.startswith(f"FEDAPT_SERVICE_GRACE={value!r}"[:40]), text
+    assert "is not a number of seconds in (0, 600]" in text and "(unset: 3)" in text, text
+    assert len(text) < 300, text
+
+
 # ----------------------------------------------------------------------------- the stop
 
 _STOPPER = """

@@ -433,13 +433,15 @@ def services_watched(
 ) -> contextlib.AbstractContextManager[None]:
     """For the block, the watch over the services a run uses (``flows.services.runwatch``):
     one that stops answering (`fedapt down`, a crash) stops the run within seconds in one
-    line (``services_lost``), not after minutes of the clients' retries. ``managed``: the
+    line (``services_lost``), not after minutes of the clients' retries: after
+    ``FEDAPT_SERVICE_GRACE`` seconds without an answer (default 3). ``managed``: the
     variables `fedapt up`'s services set; ``resume``: what the same command does then."""
     from flows.services import runwatch
 
     return runwatch.watch(
         runwatch.watched_services(managed=managed),
         lambda lost: services_lost(lost, resume, tracking=tracking),
+        grace=runwatch.grace_seconds(),  # FEDAPT_SERVICE_GRACE (checked as the command starts)
     )
 
 
