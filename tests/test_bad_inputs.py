@@ -536,6 +536,67 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch,
     assert list(target.parent.iterdir()) == [], "a partial output or temp file was left"
 
 
+@pytest.mark.parametrize("case", ["partition", "state-dir", "no-file-named"])
+def test_full_disk_names_the_setting_whose_folder_filled(tmp_path, monkeypatch, capsys, case):
+    """ENOSPC at a file under a setting's folder: the line names the setting, its value and
+    the file, and says to free space; exit 2, no traceback, nothing left (issue 45: it named
+    the file only). An OSError of a write that names no file: the settings' folders."""
+    import os
+
+    import typer
+
+    from flows import settings
+    from flows.cli.common import guard
+
+    real_fdopen = os.fdopen
+
+    def full(fd, *args, **kwargs):
+        real_fdopen(fd, *args, **kwargs).close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    reports = tmp_path / "reports"
+    if case == "partition":  # `fedapt partition` writes manifest.csv atomically (os.fdopen)
+        monkeypatch.setattr(os, "fdopen", full)
+        res = invoke(tmp_path, "partition")
+        manifest = reports / "fmnist-dir05-fedavg" / "partition" / "manifest.csv"
+        needle = (
+            f"experiment.reports_dir: {reports}: No space left on device at "
+            f"{settings.shorten(str(manifest))}; "
+            "free some space there (or raise the quota) and run again"
+        )
+        assert_one_clear_line(res, needle, reports)
+        return
+    state = tmp_path / "state"
+    settings.forget()
+    settings.setting_path("FEDAPT_STATE_DIR", str(state), state, "a folder")
+    settings.setting_path("experiment.reports_dir", str(reports), reports / "exp", "a folder")
+
+    def body() -> None:
+        if case == "state-dir":
+            raise OSError(errno.ENOSPC, "No space left on device", str(state / "logs/x.log"))
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")  # a write() names no file
+
+    try:
+        with pytest.raises(typer.Exit) as code:
+            guard(body)
+    finally:
+        settings.forget()
+    err = capsys.readouterr().err
+    assert code.value.exit_code == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("fedapt: error: "), err
+    if case == "state-dir":
+        assert err.strip() == (
+            f"fedapt: error: FEDAPT_STATE_DIR: {state}: No space left on device at "
+            f"{state / 'logs/x.log'}; free some space there (or raise the quota) and run again"
+        )
+    else:
+        assert err.strip() == (
+            "fedapt: error: Disk quota exceeded; free some space (or raise the quota) on the "
+            f"disk of FEDAPT_STATE_DIR ({state}), experiment.reports_dir ({reports / 'exp'}), "
+            "then run again"
+        )
+
+
 def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     """user:password@ -> user:***@ in the error line, the lines after a run, Prefect's log
     records (console and API) and the MLflow links of the Prefect results artifact."""

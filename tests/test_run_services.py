@@ -604,7 +604,7 @@ main()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["setting"])
+@pytest.mark.parametrize("case", ["setting", "full-disk"])
 def test_a_run_failing_in_the_flow_prints_fedapts_line_last_and_no_library_line(tmp_path, case):
     """Prefect's "Task run failed ...", "Finished in state Failed(...)" and "Encountered
     exception" lines (with tracebacks) go to the state dir's fedapt.log; the terminal shows
@@ -619,6 +619,7 @@ def test_a_run_failing_in_the_flow_prints_fedapts_line_last_and_no_library_line(
         "storage.bucket": "null",
         "runtime.tracking": "false",
         "experiment.reports_dir": str(reports),
+        "experiment.name": "faults",
         "data.root": str(REPO / "data/raw"),
     }
     args = ["run", "--params", str(REPO / "params.yaml")]
@@ -643,6 +644,15 @@ def test_a_run_failing_in_the_flow_prints_fedapts_line_last_and_no_library_line(
     if case == "setting":
         assert lines[-1] == (
             "fedapt: error: partition.num_clients: refused inside the flow (a test)"
+        ), lines
+    else:  # the setting whose folder filled, its value, the file, and what to do
+        from flows.settings import shorten
+
+        manifest = reports / "faults" / "partition" / "manifest.csv"
+        assert lines[-1] == (
+            f"fedapt: error: experiment.reports_dir: {reports}: No space left on device at "
+            f"{shorten(str(manifest))}; free some space there (or raise the quota) and run "
+            "again"
         ), lines
     logged = (tmp_path / "state" / "logs" / "fedapt.log").read_text()
     assert "Task run failed with exception" in logged, logged

@@ -260,17 +260,23 @@ def guard(fn: Callable[[], Any]) -> Any:
         print_error(str(exc))
         raise typer.Exit(2) from None
     except OSError as exc:  # at the edges: a path that cannot be read or written
-        if exc.filename is None:
-            raise
         from flows import settings
 
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        if exc.filename is None:
+            if not full:
+                raise
+            print_error(_full_disk_without_a_path(exc))  # a write that names no file
+            raise typer.Exit(2) from None
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
-        named = settings.explain(exc)  # the setting (params key, variable) that made the path
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            hint = "free some space there (or raise the quota) and run again"
-        elif named is not None:
+        # the setting (params key, variable) that made the path; a full disk too: the line
+        # names the setting whose folder filled, and the file
+        named = settings.explain(exc, FULL_DISK_ADVICE if full else None)
+        if named is not None:
             print_error(named)
             raise typer.Exit(2) from None
+        if full:
+            hint = FULL_DISK_ADVICE
         else:
             hint = (
                 "check that the path exists, is the right kind (file or folder) and that you "
@@ -283,6 +289,19 @@ def guard(fn: Callable[[], Any]) -> Any:
             _exit_now(exc.exit_code, exc.signame)
         err.print("fedapt: interrupted")
         raise typer.Exit(130) from None
+
+
+FULL_DISK_ADVICE = "free some space there (or raise the quota) and run again"
+
+
+def _full_disk_without_a_path(exc: OSError) -> str:
+    """A full disk whose error names no file: the folders the command's settings name."""
+    from flows import settings
+
+    problem = exc.strerror or "No space left on device"
+    named = [f"{s.key} ({settings.shorten(str(s.path))})" for s in settings.registered()]
+    where = ", ".join(named) or "the outputs"
+    return f"{problem}; free some space (or raise the quota) on the disk of {where}, then run again"
 
 
 class Interrupted(KeyboardInterrupt):
