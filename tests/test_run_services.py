@@ -259,7 +259,7 @@ def test_library_failure_lines_go_to_the_log_not_the_console(tmp_path, monkeypat
             logging.getLogger("prefect.task_runs").error(
                 "Task run failed (at http://u:%s@h:1)", CANARY, exc_info=True
             )
-            logging.getLogger("mlflow.store").error("upload failed", exc_info=True)
+            logging.getLogger("a_library.store").error("upload failed", exc_info=True)
         flows_log = logging.getLogger("prefect.flow_runs")
         monkeypatch.setattr(flows_log, "level", logging.INFO)  # as Prefect's configuration
         flows_log.error("Crash detected! Execution was interrupted")

@@ -152,9 +152,12 @@ def prefect_failure(record: logging.LogRecord) -> bool:
 
 
 def _append_to_log(record: logging.LogRecord) -> Path | None:
-    """Append ``record`` (its traceback too, passwords masked) to the run's log; its path, or
-    None when it cannot be written (a full disk)."""
+    """Append ``record`` (its traceback too, passwords masked) to the run's log, once however
+    many console handlers see it; its path, or None when it cannot be written (a full disk)."""
     path = run_log_path()
+    if getattr(record, "fedapt_logged", False):
+        return path
+    record.fedapt_logged = True
     text = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
     try:
         from fedcore.errors import mask_credentials
