@@ -128,6 +128,13 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
             "codec topk: k 100000 is above the size of a tensor it encodes",
         ),
         (["--set", "grid.codecs=[none,none]"], "grid.codecs: names none more than once"),
+        # the sweep of issue 45: keys with empty parts were read as the key without them
+        (["--set", "federation..rounds=5"], "--set federation..rounds: an empty key between"),
+        (["--set", ".federation.rounds=5"], "--set .federation.rounds: an empty key between"),
+        (["--set", "federation.rounds.=5"], "--set federation.rounds.: an empty key between"),
+        # a section given a value: what it must be, not pydantic's class name
+        (["--set", "federation=5"], "federation: must be a mapping of its keys (key: value)"),
+        (["--set", "report=[1]"], "report: must be a mapping of its keys (key: value) (got"),
     ],
 )
 def test_bad_params_values(tmp_path, args, needle):
@@ -351,6 +358,15 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         return env, ray, "unset RAY_AUTH_MODE or set it to token"
     if name == "numerics":
         return {"FEDAPT_NUMERICS": "fast"}, [], "FEDAPT_NUMERICS: 'fast' is not one of portable"
+    if name.endswith("-empty"):  # the sweep of issue 45: set but empty was taken as unset
+        var = {
+            "state-dir-empty": "FEDAPT_STATE_DIR",
+            "prefect-home-empty": "PREFECT_HOME",  # (Prefect wrote its database into ./)
+            "mlflow-config-empty": "FEDAPT_MLFLOW_CONFIG",
+        }[name]
+        return {var: ""}, [], f"{var} is set but empty (''); allowed: a "
+    if name == "tracking-blank":
+        return {"MLFLOW_TRACKING_URI": "  "}, track, "MLFLOW_TRACKING_URI: '  ' is blank; allowed"
     if name.startswith("service-grace-"):  # checked before anything starts
         value = {"zero": "0", "text": "3s", "too-long": "3600"}[name.removeprefix("service-grace-")]
         return (
@@ -383,6 +399,10 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         "service-grace-zero",
         "service-grace-text",
         "service-grace-too-long",
+        "state-dir-empty",
+        "prefect-home-empty",
+        "mlflow-config-empty",
+        "tracking-blank",
     ],
 )
 def test_bad_environment(tmp_path, monkeypatch, name):
@@ -394,6 +414,7 @@ def test_bad_environment(tmp_path, monkeypatch, name):
     res = invoke(tmp_path, "run", *args)
     assert_one_clear_line(res, needle, tmp_path / "reports")
     assert "secret" not in res.output, res.output
+    assert not (REPO / "prefect.db").exists()  # (an empty PREFECT_HOME: the current folder)
 
 
 # ---- units: the manifest reader and the data.root rule ---------------------------------------

@@ -48,6 +48,16 @@ OFFLINE_DEFAULTS = {
 CUBLAS_WORKSPACE = ":4096:8"
 
 
+# Variables that name a path: an empty value (`FEDAPT_STATE_DIR= fedapt ...`) is refused in one
+# line. (Prefect took an empty PREFECT_HOME as the current folder and wrote its database there;
+# the others fell back to their defaults without a word.)
+EMPTY_REFUSED = {
+    "FEDAPT_STATE_DIR": "a folder fedapt may create and write into",
+    "PREFECT_HOME": "a folder Prefect may create and write into",
+    "FEDAPT_MLFLOW_CONFIG": "a TOML file with one [server] table, as mlflow/server.toml",
+}
+
+
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
     CUDA libraries read at their first call; and standard output and error masked
@@ -55,6 +65,13 @@ def offline_defaults() -> None:
     from flows import settings
 
     settings.forget()  # a new command (a test's CliRunner runs many in one process)
+    for var, unset in EMPTY_REFUSED.items():  # set but empty: not "unset", never a guess
+        if var in os.environ and not os.environ[var].strip():
+            print_error(
+                f"{var} is set but empty ({os.environ[var]!r}); allowed: {unset} "
+                f"(unset {var} for its default)"
+            )
+            raise typer.Exit(2)
     given = os.environ.get("PREFECT_HOME")
     for key, value in {**OFFLINE_DEFAULTS, "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}.items():
         os.environ.setdefault(key, value)
