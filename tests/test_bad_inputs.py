@@ -128,6 +128,13 @@ def assert_one_clear_line(res, needle: str, outputs: Path) -> None:
             "codec topk: k 100000 is above the size of a tensor it encodes",
         ),
         (["--set", "grid.codecs=[none,none]"], "grid.codecs: names none more than once"),
+        # the sweep of issue 45: keys with empty parts were read as the key without them
+        (["--set", "federation..rounds=5"], "--set federation..rounds: an empty key between"),
+        (["--set", ".federation.rounds=5"], "--set .federation.rounds: an empty key between"),
+        (["--set", "federation.rounds.=5"], "--set federation.rounds.: an empty key between"),
+        # a section given a value: what it must be, not pydantic's class name
+        (["--set", "federation=5"], "federation: must be a mapping of its keys (key: value)"),
+        (["--set", "report=[1]"], "report: must be a mapping of its keys (key: value) (got"),
     ],
 )
 def test_bad_params_values(tmp_path, args, needle):
@@ -351,6 +358,22 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         return env, ray, "unset RAY_AUTH_MODE or set it to token"
     if name == "numerics":
         return {"FEDAPT_NUMERICS": "fast"}, [], "FEDAPT_NUMERICS: 'fast' is not one of portable"
+    if name.endswith("-empty"):  # the sweep of issue 45: set but empty was taken as unset
+        var = {
+            "state-dir-empty": "FEDAPT_STATE_DIR",
+            "prefect-home-empty": "PREFECT_HOME",  # (Prefect wrote its database into ./)
+            "mlflow-config-empty": "FEDAPT_MLFLOW_CONFIG",
+        }[name]
+        return {var: ""}, [], f"{var} is set but empty (''); allowed: a "
+    if name == "tracking-blank":
+        return {"MLFLOW_TRACKING_URI": "  "}, track, "MLFLOW_TRACKING_URI: '  ' is blank; allowed"
+    if name.startswith("service-grace-"):  # checked before anything starts
+        value = {"zero": "0", "text": "3s", "too-long": "3600"}[name.removeprefix("service-grace-")]
+        return (
+            {"FEDAPT_SERVICE_GRACE": value},
+            [],
+            (f"FEDAPT_SERVICE_GRACE={value!r} is not a number of seconds in (0, 600]"),
+        )
     raise AssertionError(name)
 
 
@@ -373,6 +396,13 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         "ray-auth-disabled",
         "ray-auth-unknown",
         "numerics",
+        "service-grace-zero",
+        "service-grace-text",
+        "service-grace-too-long",
+        "state-dir-empty",
+        "prefect-home-empty",
+        "mlflow-config-empty",
+        "tracking-blank",
     ],
 )
 def test_bad_environment(tmp_path, monkeypatch, name):
@@ -384,6 +414,7 @@ def test_bad_environment(tmp_path, monkeypatch, name):
     res = invoke(tmp_path, "run", *args)
     assert_one_clear_line(res, needle, tmp_path / "reports")
     assert "secret" not in res.output, res.output
+    assert not (REPO / "prefect.db").exists()  # (an empty PREFECT_HOME: the current folder)
 
 
 # ---- units: the manifest reader and the data.root rule ---------------------------------------
@@ -524,6 +555,67 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch,
     assert len(err.strip().splitlines()) == 1 and err.startswith("fedapt: error: "), err
     assert f"{target}: No space left on device; free some space" in err, err
     assert list(target.parent.iterdir()) == [], "a partial output or temp file was left"
+
+
+@pytest.mark.parametrize("case", ["partition", "state-dir", "no-file-named"])
+def test_full_disk_names_the_setting_whose_folder_filled(tmp_path, monkeypatch, capsys, case):
+    """ENOSPC at a file under a setting's folder: the line names the setting, its value and
+    the file, and says to free space; exit 2, no traceback, nothing left (issue 45: it named
+    the file only). An OSError of a write that names no file: the settings' folders."""
+    import os
+
+    import typer
+
+    from flows import settings
+    from flows.cli.common import guard
+
+    real_fdopen = os.fdopen
+
+    def full(fd, *args, **kwargs):
+        real_fdopen(fd, *args, **kwargs).close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    reports = tmp_path / "reports"
+    if case == "partition":  # `fedapt partition` writes manifest.csv atomically (os.fdopen)
+        monkeypatch.setattr(os, "fdopen", full)
+        res = invoke(tmp_path, "partition")
+        manifest = reports / "fmnist-dir05-fedavg" / "partition" / "manifest.csv"
+        needle = (
+            f"experiment.reports_dir: {reports}: No space left on device at "
+            f"{settings.shorten(str(manifest))}; "
+            "free some space there (or raise the quota) and run again"
+        )
+        assert_one_clear_line(res, needle, reports)
+        return
+    state = tmp_path / "state"
+    settings.forget()
+    settings.setting_path("FEDAPT_STATE_DIR", str(state), state, "a folder")
+    settings.setting_path("experiment.reports_dir", str(reports), reports / "exp", "a folder")
+
+    def body() -> None:
+        if case == "state-dir":
+            raise OSError(errno.ENOSPC, "No space left on device", str(state / "logs/x.log"))
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")  # a write() names no file
+
+    try:
+        with pytest.raises(typer.Exit) as code:
+            guard(body)
+    finally:
+        settings.forget()
+    err = capsys.readouterr().err
+    assert code.value.exit_code == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("fedapt: error: "), err
+    if case == "state-dir":
+        assert err.strip() == (
+            f"fedapt: error: FEDAPT_STATE_DIR: {state}: No space left on device at "
+            f"{state / 'logs/x.log'}; free some space there (or raise the quota) and run again"
+        )
+    else:
+        assert err.strip() == (
+            "fedapt: error: Disk quota exceeded; free some space (or raise the quota) on the "
+            f"disk of FEDAPT_STATE_DIR ({state}), experiment.reports_dir ({reports / 'exp'}), "
+            "then run again"
+        )
 
 
 def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):

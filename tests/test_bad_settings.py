@@ -127,6 +127,50 @@ def test_yaml_numbers_still_parse_as_they_did():
     assert type(p.client.momentum) is float and type(p.federation.rounds) is int
 
 
+@pytest.mark.parametrize(
+    ("text", "args", "needle"),
+    [
+        ("federation:\n", ["--set", "federation.rounds=2"], "'federation' is empty (null) in the"),
+        ("federation: 5\n", [], ":1: federation: must be a mapping of its keys (key: value)"),
+        ("client:\n  lr: 0.1\nreport: [1, 2]\n", [], ":3: report: must be a mapping of its"),
+    ],
+)
+def test_sections_that_are_not_mappings(tmp_path, text, args, needle):
+    """The sweep of issue 45: a section left empty (YAML's null) met by --set was "not a
+    section", blaming the --set; a section given a value named pydantic's class."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "params.yaml").write_text(text)
+    res = invoke(tmp_path, "run", *args, "--params", str(tmp_path / "p" / "params.yaml"))
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "needle"),
+    [
+        ({"FEDAPT_WORKER_LIMIT": "0"}, ["up", "worker"], "FEDAPT_WORKER_LIMIT='0' is not a"),
+        ({"FEDAPT_WORKER_LIMIT": "two"}, ["up", "worker"], "FEDAPT_WORKER_LIMIT='two' is not"),
+        ({"FEDAPT_MLFLOW_CONFIG": ""}, ["up", "mlflow"], "FEDAPT_MLFLOW_CONFIG is set but empty"),
+        ({"FEDAPT_STATE_DIR": ""}, ["status"], "FEDAPT_STATE_DIR is set but empty"),
+        ({"PREFECT_HOME": " "}, ["up", "prefect"], "PREFECT_HOME is set but empty (' ')"),
+    ],
+)
+def test_bad_service_variables_start_nothing(tmp_path, monkeypatch, env, args, needle):
+    """Checked before any service starts (the sweep of issue 45: FEDAPT_WORKER_LIMIT was read
+    once S3, MLflow and Prefect were up; an empty FEDAPT_MLFLOW_CONFIG or FEDAPT_STATE_DIR
+    meant the default without a word)."""
+    from flows.services import read_state
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("FEDAPT_STATE_DIR", str(state))
+    for name in ("s3", "mlflow", "prefect", "worker", "ray"):
+        monkeypatch.setenv(f"FEDAPT_{name.upper()}_PORT", "0")
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    res = runner.invoke(app, args)
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+    assert not state.exists() or read_state(state) == {}  # no service recorded, none started
+
+
 # ---- empty values where a name is expected -------------------------------------------------
 
 

@@ -318,6 +318,33 @@ def test_checkpoint_of_another_model_is_refused_before_resuming(tmp_path, checkp
     assert_refused(res, [f"checkpoint {path}: ", *needles, "runtime.resume=false"], before, roots)
 
 
+@pytest.mark.parametrize("case", ["empty", "not-a-zip", "a-folder", "a-folder-no-resume"])
+def test_unreadable_checkpoint_is_refused_before_the_flow(tmp_path, case):
+    """A cell's checkpoint path holding an empty file, a foreign file or a folder: refused by
+    ``prepare`` in one line naming it (the sweep of issue 45: an empty file said "cannot be
+    read ()", a foreign one repeated torch.load's weights_only advice, and a folder was met
+    only when the trained cell wrote its checkpoint, files already written)."""
+    from tasks.config import experiment_dir
+
+    sets = [*CKPT_SETS] + (["runtime.resume=false"] if case == "a-folder-no-resume" else [])
+    path = experiment_dir(_ckpt_params(tmp_path / "reports")) / "checkpoints" / "fedavg-full.pt"
+    path.parent.mkdir(parents=True)
+    if case == "empty":
+        path.write_bytes(b"")
+        needles = [f"checkpoint {path} is empty (0 bytes", "runtime.resume=false"]
+    elif case == "not-a-zip":
+        path.write_bytes(b"\x00not a checkpoint" * 50)
+        needles = [f"checkpoint {path} is not a checkpoint file (not the zip archive"]
+    else:
+        path.mkdir()
+        needles = [f"checkpoint {path} is a folder", "delete it"]
+    roots = _roots(tmp_path)
+    before = _files(roots)
+    res = invoke(tmp_path, "run", *[a for s in sets for a in ("--set", s)])
+    assert_refused(res, needles, before, roots)
+    assert "weights_only" not in res.output
+
+
 # ---- storage.prefix ---------------------------------------------------------------------------
 
 

@@ -9,9 +9,11 @@ the real `fedapt up` servers and `fedapt run` (tiny configuration) in subprocess
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,6 +137,38 @@ def test_a_service_that_goes_away_is_reported_once_within_seconds(servers):
     assert [[s.name for s in group] for group in lost] == [["prefect"]]
 
 
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(None, 3.0), ("30", 30.0), ("0.5", 0.5), (" 7 ", 7.0), ("600", 600.0), ("1e2", 100.0)],
+)
+def test_service_grace_is_a_setting(monkeypatch, value, seconds):
+    """FEDAPT_SERVICE_GRACE: the seconds a service may not answer before the run stops, the
+    value the run's watch is given."""
+    from flows.cli import common
+
+    if value is None:
+        monkeypatch.delenv(runwatch.GRACE_VAR, raising=False)
+    else:
+        monkeypatch.setenv(runwatch.GRACE_VAR, value)
+    assert runwatch.grace_seconds() == seconds
+    given: dict[str, object] = {}
+    monkeypatch.setattr(runwatch, "watch", lambda services, on_lost, **kw: given.update(kw))
+    common.services_watched((), "resume", tracking=False)
+    assert given == {"grace": seconds}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "", "nan", "inf", "600.5", "1e9", "9" * 500])
+def test_a_bad_service_grace_is_one_line_naming_the_variable(value):
+    from fedcore.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        runwatch.grace_seconds({runwatch.GRACE_VAR: value})
+    text = str(exc.value)
+    assert text.startswith(f"FEDAPT_SERVICE_GRACE={value!r}"[:40]), text
+    assert "is not a number of seconds in (0, 600]" in text and "(unset: 3)" in text, text
+    assert len(text) < 300, text
+
+
 # ----------------------------------------------------------------------------- the stop
 
 _STOPPER = """
@@ -202,9 +236,11 @@ def test_masked_stream_masks_every_write_and_keeps_the_rest_of_the_stream():
     assert buf.getvalue().endswith("plain line\n" + "postgresql://u:***@db/x\n" + "the last line\n")
 
 
-def test_a_library_traceback_is_one_console_line_and_goes_to_the_log(tmp_path, monkeypatch):
-    """What Prefect logs for a failed task (a full disk) reaches the console as its message
-    and where the traceback went; the traceback, password masked, is in the run's log."""
+def test_library_failure_lines_go_to_the_log_not_the_console(tmp_path, monkeypatch):
+    """Prefect's lines for a failed task or flow run (a full disk) never reach the console:
+    they are appended, tracebacks and all, passwords masked, to the run's log; Prefect's
+    progress lines stay. Another library's traceback is one console line saying where it
+    went."""
     import errno
     import logging
 
@@ -220,18 +256,131 @@ def test_a_library_traceback_is_one_console_line_and_goes_to_the_log(tmp_path, m
         try:
             raise OSError(errno.ENOSPC, "No space left on device", "/x/summary.json")
         except OSError:
-            logging.getLogger("prefect.flow_engine").error(
+            logging.getLogger("prefect.task_runs").error(
                 "Task run failed (at http://u:%s@h:1)", CANARY, exc_info=True
             )
+            logging.getLogger("a_library.store").error("upload failed", exc_info=True)
+        flows_log = logging.getLogger("prefect.flow_runs")
+        monkeypatch.setattr(flows_log, "level", logging.INFO)  # as Prefect's configuration
+        flows_log.error("Crash detected! Execution was interrupted")
+        flows_log.info("Finished in state Failed('Flow run encountered an exception')")
+        flows_log.info("Finished in state Completed()")
+        flows_log.warning("a warning stays")
     finally:
         root.removeHandler(handler)
     log = tmp_path / "state" / "logs" / "fedapt.log"
-    text = console.getvalue()
-    assert text.splitlines() == [f"Task run failed (at http://u:***@h:1) (traceback in {log})"]
+    assert console.getvalue().splitlines() == [
+        f"upload failed (traceback in {log})",
+        "Finished in state Completed()",
+        "a warning stays",
+    ]
     logged = log.read_text()
-    assert "Traceback (most recent call last)" in logged and "No space left" in logged
-    assert CANARY not in logged and CANARY not in text
+    assert "Task run failed (at http://u:***@h:1)" in logged and "Crash detected!" in logged
+    assert "Finished in state Failed(" in logged and "Completed()" not in logged
+    assert logged.count("Traceback (most recent call last)") == 2 and "No space left" in logged
+    assert CANARY not in logged and CANARY not in console.getvalue()
     assert (tmp_path / "state" / ".gitignore").is_file()  # the state dir stays out of git
+
+
+# A `fedapt` command (the real entry point, flows.cli.main) whose body prints a password in
+# every way a command's process tree can: its own streams, a Python child, a shell child with
+# a line left open, forked and spawned pool workers writing to the file descriptors; then
+# its one-line error (or stop_now, as a lost service or SIGTERM ends a run).
+_CHILDREN = """
+import multiprocessing as mp, os, subprocess, sys
+from fedcore.errors import ConfigError
+from flows.cli import app, main
+from flows.cli.common import guarded, stop_now
+
+URI = "http://user:{canary}@127.0.0.1:5000"
+
+
+def worker(name):
+    os.write(1, f"worker {{name}} {{URI}}\\n".encode())
+
+
+@guarded
+def canary() -> None:
+    print("tty", sys.stdout.isatty(), sys.stderr.isatty(), flush=True)
+    for i in range(20):
+        print(f"out {{i}}", flush=True)
+        print(f"err {{i}} {{URI}}", file=sys.stderr, flush=True)
+    code = f"import sys; print('child {{URI}}'); print('child-err {{URI}}', file=sys.stderr)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run(["sh", "-c", f"printf 'open {{URI}}'; sleep 0.3; echo ' closed'"], check=True)
+    for how in ("fork", "spawn"):
+        with mp.get_context(how).Pool(1) as pool:
+            pool.map(worker, [how])
+    if {stop!r}:
+        stop_now(2, f"stopped {{URI}}", error=True)
+    raise ConfigError(f"runtime.tracking: the end {{URI}}")
+
+
+app.command()(canary)
+if __name__ == "__main__":
+    main()
+"""
+
+_MASKED = "http://user:***@127.0.0.1:5000"
+_OUT = [
+    "tty False False",
+    *(line for i in range(20) for line in (f"out {i}", f"err {i} {_MASKED}")),
+    f"child {_MASKED}",
+    f"child-err {_MASKED}",
+    f"open {_MASKED} closed",
+    f"worker fork {_MASKED}",
+    f"worker spawn {_MASKED}",
+]
+
+
+@pytest.mark.parametrize("case", ["one-terminal", "two-files", "stop", "tty"])
+def test_what_child_processes_print_is_masked_in_order(tmp_path, case):
+    """Masking holds at the file descriptors (``flows.streams.mask_descriptors``): no byte
+    of the canary reaches the terminal, whoever writes it; every line arrives, in the order
+    written (one pipe when standard output and error are the same file), the error line
+    last; a terminal stays a terminal for the command (Rich's colours)."""
+    script = tmp_path / "canary_cmd.py"
+    script.write_text(_CHILDREN.format(canary=CANARY, stop=case == "stop"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [PY, str(script), "canary"]
+    end = "stopped" if case == "stop" else "runtime.tracking: the end"
+    last = f"fedapt: error: {end} {_MASKED}"
+    if case == "tty":
+        import pty
+
+        main, sub = pty.openpty()
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdin=sub, stdout=sub, stderr=sub)
+        os.close(sub)
+        raw = b""
+        with contextlib.suppress(OSError):  # EIO: the command and its children are gone
+            while data := os.read(main, 65536):
+                raw += data
+        os.close(main)
+        assert proc.wait(timeout=60) == 2
+        assert CANARY.encode() not in raw
+        lines = raw.decode().replace("\r\n", "\n").splitlines()
+        assert lines[0] == "tty True True" and lines[1:-1] == _OUT[1:], lines
+        assert lines[-1].startswith("\x1b[31m"), lines[-1]  # colour: a terminal still
+        assert re.sub("\x1b\\[[0-9;]*m", "", lines[-1]) == last, lines[-1]
+        return
+    merged = case != "two-files"
+    res = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    raw = res.stdout + (res.stderr or b"")
+    assert CANARY.encode() not in raw and b"Traceback" not in raw, raw.decode()
+    if merged:
+        assert res.stdout.decode().splitlines() == [*_OUT, last]
+    else:  # each stream whole and in order
+        out, err = res.stdout.decode().splitlines(), res.stderr.decode().splitlines()
+        assert out == [ln for ln in _OUT if not ln.startswith(("err ", "child-err"))], out
+        assert err == [*(ln for ln in _OUT if ln.startswith(("err ", "child-err"))), last], err
 
 
 # ----------------------------------------------------------------------------- ports
@@ -433,3 +582,79 @@ def test_no_password_is_printed_or_logged_by_anyone(tmp_path):
     assert any(f.name == "summary.json" for f in files)
     assert not [str(f) for f in files if CANARY.encode() in f.read_bytes()]
     assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+
+
+# A `fedapt run` whose flow fails in its first task (the partition's writer replaced): what a
+# run that fails inside the flow prints, in a real process.
+_FAILING_RUN = """
+import errno, os, sys
+import tasks.partitioning as tp
+from fedcore.errors import ConfigError
+
+def fail(params, data, part, out_dir):
+    if {case!r} == "setting":
+        raise ConfigError("partition.num_clients: refused inside the flow (a test)")
+    raise OSError(errno.ENOSPC, "No space left on device", os.path.join(out_dir, "manifest.csv"))
+
+tp.write_partition = fail
+from flows.cli import main
+sys.argv[0] = "fedapt"
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["setting", "full-disk"])
+def test_a_run_failing_in_the_flow_prints_fedapts_line_last_and_no_library_line(tmp_path, case):
+    """Prefect's "Task run failed ...", "Finished in state Failed(...)" and "Encountered
+    exception" lines (with tracebacks) go to the state dir's fedapt.log; the terminal shows
+    Prefect's progress, then fedapt's one line, last. Nothing is left under the reports."""
+    from tests.test_faults import TINY
+
+    reports = tmp_path / "reports"
+    env = _services_env(tmp_path)
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(tmp_path / "prefect"))
+    sets = {
+        **TINY,
+        "storage.bucket": "null",
+        "runtime.tracking": "false",
+        "experiment.reports_dir": str(reports),
+        "experiment.name": "faults",
+        "data.root": str(REPO / "data/raw"),
+    }
+    args = ["run", "--params", str(REPO / "params.yaml")]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    res = subprocess.run(
+        [PY, "-c", _FAILING_RUN.format(case=case), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # the terminal's order
+        text=True,
+        timeout=240,
+    )
+    lines = res.stdout.strip().splitlines()
+    assert res.returncode == 2, res.stdout[-3000:]
+    assert "Traceback" not in res.stdout, res.stdout[-3000:]
+    assert lines[-1].startswith("fedapt: error: "), lines
+    assert [ln for ln in lines if ln.startswith("fedapt:")] == lines[-1:], lines
+    assert not [ln for ln in lines if "| ERROR" in ln or "Failed(" in ln], lines
+    assert "Beginning flow run" in res.stdout  # progress lines stay
+    if case == "setting":
+        assert lines[-1] == (
+            "fedapt: error: partition.num_clients: refused inside the flow (a test)"
+        ), lines
+    else:  # the setting whose folder filled, its value, the file, and what to do
+        from flows.settings import shorten
+
+        manifest = reports / "faults" / "partition" / "manifest.csv"
+        assert lines[-1] == (
+            f"fedapt: error: experiment.reports_dir: {reports}: No space left on device at "
+            f"{shorten(str(manifest))}; free some space there (or raise the quota) and run "
+            "again"
+        ), lines
+    logged = (tmp_path / "state" / "logs" / "fedapt.log").read_text()
+    assert "Task run failed with exception" in logged, logged
+    assert "Finished in state Failed(" in logged and "Encountered exception" in logged
+    assert not reports.exists() or not any(p.is_file() for p in reports.rglob("*"))

@@ -36,4 +36,9 @@ app.command()(reproduce.reproduce)
 
 
 def main() -> None:
+    """The ``fedapt`` command: what it and its child processes print reaches the terminal
+    with every URI's password masked (``flows.streams.mask_descriptors``)."""
+    from flows.streams import mask_descriptors
+
+    mask_descriptors()
     app(prog_name="fedapt")

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from flows.streams import MaskedStream, mask_streams
+from flows.streams import MaskedStream, mask_streams, release_descriptors
 
 # Offline and quiet by default; the project keeps its own Prefect home. Set when a command
 # runs (the app's callback), before it imports Prefect or MLflow; never at import.
@@ -48,6 +48,16 @@ OFFLINE_DEFAULTS = {
 CUBLAS_WORKSPACE = ":4096:8"
 
 
+# Variables that name a path: an empty value (`FEDAPT_STATE_DIR= fedapt ...`) is refused in one
+# line. (Prefect took an empty PREFECT_HOME as the current folder and wrote its database there;
+# the others fell back to their defaults without a word.)
+EMPTY_REFUSED = {
+    "FEDAPT_STATE_DIR": "a folder fedapt may create and write into",
+    "PREFECT_HOME": "a folder Prefect may create and write into",
+    "FEDAPT_MLFLOW_CONFIG": "a TOML file with one [server] table, as mlflow/server.toml",
+}
+
+
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
     CUDA libraries read at their first call; and standard output and error masked
@@ -55,6 +65,13 @@ def offline_defaults() -> None:
     from flows import settings
 
     settings.forget()  # a new command (a test's CliRunner runs many in one process)
+    for var, unset in EMPTY_REFUSED.items():  # set but empty: not "unset", never a guess
+        if var in os.environ and not os.environ[var].strip():
+            print_error(
+                f"{var} is set but empty ({os.environ[var]!r}); allowed: {unset} "
+                f"(unset {var} for its default)"
+            )
+            raise typer.Exit(2)
     given = os.environ.get("PREFECT_HOME")
     for key, value in {**OFFLINE_DEFAULTS, "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}.items():
         os.environ.setdefault(key, value)
@@ -107,29 +124,70 @@ class _NoTracebackForFedaptErrors(logging.Filter):
 
 
 class _TracebacksToLog(logging.Filter):
-    """On the console, a library's traceback (Prefect logs one per failed task and flow run,
-    before fedapt's own line) is one line: the record's message, and where its traceback
-    went: appended, with the record, to the run's log ``<state dir>/logs/fedapt.log``
-    (``FEDAPT_STATE_DIR``, default .fedapt/). The logs sent to the Prefect API keep it."""
+    """Library lines that would come before fedapt's own one-line error go to the run's log
+    ``<state dir>/logs/fedapt.log`` (``FEDAPT_STATE_DIR``, default .fedapt/), not the console:
+
+    - Prefect's failure lines (``prefect_failure``: "Task run failed ...", "Finished in state
+      Failed(...)", "Crash detected! ...", "Encountered exception during execution"),
+      tracebacks included, are appended there and not printed: the error line fedapt prints
+      as the run stops says what failed. (A log that cannot be written, a full disk: they
+      are dropped all the same.) Progress lines ("Finished in state Completed()") stay.
+    - another library's traceback is one line on the console, the record's message and where
+      its traceback went, the record appended to the log.
+
+    The logs sent to the Prefect API keep everything."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if prefect_failure(record):
+            _append_to_log(record)
+            return False
         if not record.exc_info or record.exc_info[1] is None:
             return True
-        path = run_log_path()
-        text = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-        with contextlib.suppress(Exception):  # the log cannot be written (a full disk): as is
-            from fedcore.errors import mask_credentials
-            from flows.services.state import prepare_dir
-
-            entry = mask_credentials(text.format(record))
-            prepare_dir(path.parent.parent)  # the state dir, kept out of git
-            path.parent.mkdir(exist_ok=True)
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write(entry + "\n")
+        if (path := _append_to_log(record)) is not None:
             record.exc_info = None
             record.exc_text = None
             record.msg, record.args = f"{record.getMessage()} (traceback in {path})", ()
         return True
+
+
+# Prefect's terminal states that are not a success ("Finished in state Failed(...)")
+_FAILED_STATES = ("Failed", "Crashed", "TimedOut", "Cancelled", "Cancelling", "Aborted")
+
+
+def prefect_failure(record: logging.LogRecord) -> bool:
+    """A line Prefect logs as a task or flow run fails or crashes: an error of a ``prefect``
+    logger, or its "Finished in state <not a success>" (a flow run's is logged as INFO)."""
+    if record.name != "prefect" and not record.name.startswith("prefect."):
+        return False
+    if record.levelno >= logging.ERROR:
+        return True
+    with contextlib.suppress(Exception):
+        message = record.getMessage()
+        if message.startswith("Finished in state "):
+            return message.removeprefix("Finished in state ").startswith(_FAILED_STATES)
+    return False
+
+
+def _append_to_log(record: logging.LogRecord) -> Path | None:
+    """Append ``record`` (its traceback too, passwords masked) to the run's log, once however
+    many console handlers see it; its path, or None when it cannot be written (a full disk)."""
+    path = run_log_path()
+    if getattr(record, "fedapt_logged", False):
+        return path
+    record.fedapt_logged = True
+    text = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    try:
+        from fedcore.errors import mask_credentials
+        from flows.services.state import prepare_dir
+
+        entry = mask_credentials(text.format(record))
+        prepare_dir(path.parent.parent)  # the state dir, kept out of git
+        path.parent.mkdir(exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(entry + "\n")
+    except Exception:
+        return None
+    return path
 
 
 def run_log_path() -> Path:
@@ -222,17 +280,23 @@ def guard(fn: Callable[[], Any]) -> Any:
         print_error(str(exc))
         raise typer.Exit(2) from None
     except OSError as exc:  # at the edges: a path that cannot be read or written
-        if exc.filename is None:
-            raise
         from flows import settings
 
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        if exc.filename is None:
+            if not full:
+                raise
+            print_error(_full_disk_without_a_path(exc))  # a write that names no file
+            raise typer.Exit(2) from None
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
-        named = settings.explain(exc)  # the setting (params key, variable) that made the path
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            hint = "free some space there (or raise the quota) and run again"
-        elif named is not None:
+        # the setting (params key, variable) that made the path; a full disk too: the line
+        # names the setting whose folder filled, and the file
+        named = settings.explain(exc, FULL_DISK_ADVICE if full else None)
+        if named is not None:
             print_error(named)
             raise typer.Exit(2) from None
+        if full:
+            hint = FULL_DISK_ADVICE
         else:
             hint = (
                 "check that the path exists, is the right kind (file or folder) and that you "
@@ -245,6 +309,19 @@ def guard(fn: Callable[[], Any]) -> Any:
             _exit_now(exc.exit_code, exc.signame)
         err.print("fedapt: interrupted")
         raise typer.Exit(130) from None
+
+
+FULL_DISK_ADVICE = "free some space there (or raise the quota) and run again"
+
+
+def _full_disk_without_a_path(exc: OSError) -> str:
+    """A full disk whose error names no file: the folders the command's settings name."""
+    from flows import settings
+
+    problem = exc.strerror or "No space left on device"
+    named = [f"{s.key} ({settings.shorten(str(s.path))})" for s in settings.registered()]
+    where = ", ".join(named) or "the outputs"
+    return f"{problem}; free some space (or raise the quota) on the disk of {where}, then run again"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -274,7 +351,9 @@ def stop_now(
     """End the process now, threads and all: ``line`` on stderr, the last thing it prints
     (``error``: as ``print_error`` prints it), then exit ``code``. Whoever stops first prints
     the one line; others wait for the exit. From the start of the stop only this thread
-    prints (``MaskedStream.seal``); ``cleanup`` runs first, for ``CLEANUP_SECONDS`` at most.
+    prints (``MaskedStream.seal``), and child processes print nowhere once their output so
+    far is out (``release_descriptors``); ``cleanup`` runs first, for ``CLEANUP_SECONDS`` at
+    most.
     The semaphores of its worker pools are unlinked (no "leaked semaphore objects" warning
     from multiprocessing's resource tracker)."""
     if not _stop_line.acquire(blocking=False):
@@ -284,6 +363,9 @@ def stop_now(
     if cleanup is not None:
         bounded(cleanup, CLEANUP_SECONDS)
     _release_semaphores()
+    # what the command's child processes printed is written out; from here on they print
+    # nowhere, so the line below is the last on the terminal
+    release_descriptors()
     if error:
         print_error(line)
     else:
@@ -390,13 +472,15 @@ def services_watched(
 ) -> contextlib.AbstractContextManager[None]:
     """For the block, the watch over the services a run uses (``flows.services.runwatch``):
     one that stops answering (`fedapt down`, a crash) stops the run within seconds in one
-    line (``services_lost``), not after minutes of the clients' retries. ``managed``: the
+    line (``services_lost``), not after minutes of the clients' retries: after
+    ``FEDAPT_SERVICE_GRACE`` seconds without an answer (default 3). ``managed``: the
     variables `fedapt up`'s services set; ``resume``: what the same command does then."""
     from flows.services import runwatch
 
     return runwatch.watch(
         runwatch.watched_services(managed=managed),
         lambda lost: services_lost(lost, resume, tracking=tracking),
+        grace=runwatch.grace_seconds(),  # FEDAPT_SERVICE_GRACE (checked as the command starts)
     )
 
 

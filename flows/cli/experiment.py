@@ -53,6 +53,7 @@ def run(
     --new-version runs as the next version of the experiment."""
 
     from flows import services
+    from flows.services import runwatch
 
     extra = []
     if device is not None:
@@ -60,6 +61,7 @@ def run(
     if workers is not None:
         extra.append(f"runtime.workers={workers}")
     p = load(params, set_, extra)
+    runwatch.grace_seconds()  # a bad FEDAPT_SERVICE_GRACE: one line before anything starts
     # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
     # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind
     # (servers stopped, MLflow runs KILLED, lock released), then exit 130/143 in one line.

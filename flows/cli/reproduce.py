@@ -78,6 +78,7 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     Rerun the same command to skip what finished and resume what did not."""
 
     from fedcore.errors import ConfigError
+    from flows.services import runwatch
     from tasks.reproduce import registry, runs
 
     registry.check_profile(profile)  # a bad profile: one line, nothing loaded
@@ -89,6 +90,7 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     if plan_only:
         out.print(_plan_table(items))
         return
+    runwatch.grace_seconds()  # a bad FEDAPT_SERVICE_GRACE: one line, nothing started
     if revalidate and (report_only or rerun_stale):
         other = "--report" if report_only else "--rerun-stale"
         raise ConfigError(f"--revalidate checks stale records; it does not go with {other}")

@@ -179,6 +179,8 @@ def up(
     names = with_store_server(chosen, names)
     preflight(chosen, names, sd, running)  # a bad store stops here, before anything starts
     buckets = list(buckets)
+    if "worker" in names:  # a bad FEDAPT_WORKER_LIMIT too
+        worker_limit()
     if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
         bucket = artifact_bucket(mlflow_config(sd)["artifacts_destination"])
         if bucket and "s3" in names and bucket not in buckets:
