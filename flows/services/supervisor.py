@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.services import pgserver, pgstore
-from flows.services.commands import command
+from flows.services.commands import command, worker_limit
 from flows.services.config import (
     DEFAULT_BUCKET,
     DEFAULT_SERVICES,
