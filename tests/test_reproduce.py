@@ -136,7 +136,12 @@ def test_status_from_records_and_the_experiment_folder(tmp_path):
     it = _plan_adapters(tmp_path)
     assert it.record == tmp_path / "out" / "records" / f"{it.params.experiment.name}.json"
     assert runs.status(it) == "pending"
-    (it.dir / "checkpoints").mkdir(parents=True)
+    (it.dir / "seed-1" / "checkpoints").mkdir(parents=True)  # a seed sweep's layout
+    (it.dir / "seed-1" / "checkpoints" / "fedavg-full.pt").write_bytes(b"x")
+    assert runs.status(it) == "resume"
+    shutil.rmtree(it.dir / "seed-1")
+    assert runs.status(it) == "pending"
+    (it.dir / "checkpoints").mkdir(parents=True)  # one seed's
     (it.dir / "checkpoints" / "fedavg-full.pt").write_bytes(b"x")
     assert runs.status(it) == "resume"
     _finish(it, **{"runtime.workers": 7})  # runtime.workers cannot change a number
