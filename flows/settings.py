@@ -1,7 +1,7 @@
 """Settings that become paths. Each place that turns a setting (a params key or an
 environment variable) into a path registers it here (``setting_path``); an OSError at that
 path, below it or at a folder above it is then reported naming the setting, its value
-(shortened) and what is allowed (``explain``, called by ``flows.cli.common.guard``), where
+(shortened) and what is allowed (``explain``, called by ``flows.cli.guards.guard``), where
 the OS names only the path (``File exists``, ``File name too long``, ``No such file or
 directory``, and a full disk's ``No space left on device``). Light on purpose: the services and the CLI import it before anything heavy."""
 

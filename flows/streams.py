@@ -1,8 +1,8 @@
 """Masked standard streams: every line a fedapt process writes through ``sys.stdout`` and
 ``sys.stderr`` has the password of each URI in it masked, whoever writes it (MLflow's own
 "View run ... at:" lines included). Installed by every ``fedapt`` command
-(``flows.cli.common.offline_defaults``) and by the experiment flow (a deployment's run, in a
-process of the Prefect worker).
+(``flows.cli.environment.offline_defaults``) and by the experiment flow (a deployment's run,
+in a process of the Prefect worker).
 
 ``mask_descriptors`` (the ``fedapt`` command's entry point, ``flows.cli.main``) holds the
 same at the file descriptors: what the command's child processes write to the terminal (a
@@ -170,7 +170,7 @@ def mask_descriptors() -> None:
     """File descriptors 1 and 2 through masking relays (``FdRelay``), once per process:
     every byte that this process and the processes it starts write to standard output and
     error reaches them masked. Released at exit (``release_descriptors``: ``atexit``, and
-    ``flows.cli.common.stop_now`` before ``os._exit``)."""
+    ``flows.cli.stopping.stop_now`` before ``os._exit``)."""
     global _owner
     if _owner == os.getpid():
         return

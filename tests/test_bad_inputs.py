@@ -450,7 +450,7 @@ def test_guard_prints_plain_text_and_names_the_path_of_an_os_error(capsys):
     """Error text is never Rich markup; an OSError at the edges is one line with its path."""
     import typer
 
-    from flows.cli.common import guard
+    from flows.cli.guards import guard
 
     def fail(exc: BaseException):
         def body():
@@ -519,7 +519,7 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch,
     import typer
 
     from fedcore.manifest import _atomic_write_text
-    from flows.cli.common import guard
+    from flows.cli.guards import guard
     from tasks.io import atomic_write_bytes
 
     real_fdopen = os.fdopen
@@ -567,7 +567,7 @@ def test_full_disk_names_the_setting_whose_folder_filled(tmp_path, monkeypatch, 
     import typer
 
     from flows import settings
-    from flows.cli.common import guard
+    from flows.cli.guards import guard
 
     real_fdopen = os.fdopen
 
@@ -624,7 +624,7 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     import logging
 
     from fedcore.errors import mask_credentials
-    from flows.cli import common
+    from flows.cli import logs
     from flows.cli.experiment import _where_results
     from tasks import artifacts, tracking
     from tasks.config import load_params
@@ -666,7 +666,7 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     record = logging.LogRecord(
         "prefect.flow_runs", logging.ERROR, __file__, 1, "failed: %s", (uri,), None
     )
-    assert common._NoTracebackForFedaptErrors().filter(record)
+    assert logs.NoTracebackForFedaptErrors().filter(record)
     assert record.getMessage() == "failed: https://fed:***@mlflow.example:5000"
 
 

@@ -281,7 +281,7 @@ def test_dvc_train_and_pretrain_use_the_running_services(monkeypatch):
     import os
 
     from flows import services
-    from flows.cli.common import guarded
+    from flows.cli.guards import guarded
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setattr(

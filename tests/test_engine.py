@@ -336,7 +336,7 @@ def test_every_command_sets_the_cublas_workspace_before_cuda_without_importing_t
     code = (
         "import os, sys\n"
         "os.environ.pop('CUBLAS_WORKSPACE_CONFIG', None)\n"
-        "from flows.cli.common import offline_defaults\n"
+        "from flows.cli.environment import offline_defaults\n"
         "offline_defaults()\n"
         "print(os.environ['CUBLAS_WORKSPACE_CONFIG'], 'torch' in sys.modules)"
     )

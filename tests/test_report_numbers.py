@@ -226,7 +226,7 @@ def test_the_committed_report_agrees_with_the_committed_runs():
 
 
 def test_the_terminal_table_names_the_capped_l():
-    from flows.cli.common import results_table
+    from flows.cli.tables import results_table
 
     record = json.loads((CELL / "metrics.json").read_text())
     short = {**record, "rounds": record["rounds"][:2]}

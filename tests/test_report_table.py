@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.cli.common import results_table, rounds_run
+from flows.cli.tables import results_table, rounds_run
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = REPO / "artifacts/runs/fedavg-full"  # the committed output of the train stage

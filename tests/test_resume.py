@@ -347,7 +347,7 @@ def test_preflight_refuses_a_foreign_checkpoint_before_anything_runs(tmp_path):
 def test_a_diverged_cell_exits_3_unless_allowed(tmp_path, allow, code, capsys):
     import typer
 
-    from flows.cli.common import exit_if_diverged
+    from flows.cli.runguards import exit_if_diverged
 
     p = cell_params(tmp_path, f"runtime.allow_divergence={str(allow).lower()}")
     records = [

@@ -144,7 +144,7 @@ def test_a_service_that_goes_away_is_reported_once_within_seconds(servers):
 def test_service_grace_is_a_setting(monkeypatch, value, seconds):
     """FEDAPT_SERVICE_GRACE: the seconds a service may not answer before the run stops, the
     value the run's watch is given."""
-    from flows.cli import common
+    from flows.cli import runguards
 
     if value is None:
         monkeypatch.delenv(runwatch.GRACE_VAR, raising=False)
@@ -153,7 +153,7 @@ def test_service_grace_is_a_setting(monkeypatch, value, seconds):
     assert runwatch.grace_seconds() == seconds
     given: dict[str, object] = {}
     monkeypatch.setattr(runwatch, "watch", lambda services, on_lost, **kw: given.update(kw))
-    common.services_watched((), "resume", tracking=False)
+    runguards.services_watched((), "resume", tracking=False)
     assert given == {"grace": seconds}
 
 
@@ -173,7 +173,8 @@ def test_a_bad_service_grace_is_one_line_naming_the_variable(value):
 
 _STOPPER = """
 import concurrent.futures as cf, multiprocessing as mp, sys, threading, time
-from flows.cli.common import mask_streams, stop_now
+from flows.cli.stopping import stop_now
+from flows.streams import mask_streams
 mask_streams()
 pool = cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))  # named semaphores
 def chatter():
@@ -244,7 +245,7 @@ def test_library_failure_lines_go_to_the_log_not_the_console(tmp_path, monkeypat
     import errno
     import logging
 
-    from flows.cli import common
+    from flows.cli import logs
 
     monkeypatch.setenv("FEDAPT_STATE_DIR", str(tmp_path / "state"))
     console = io.StringIO()
@@ -252,7 +253,7 @@ def test_library_failure_lines_go_to_the_log_not_the_console(tmp_path, monkeypat
     root = logging.getLogger()
     root.addHandler(handler)
     try:
-        common.quiet_prefect_tracebacks()
+        logs.quiet_prefect_tracebacks()
         try:
             raise OSError(errno.ENOSPC, "No space left on device", "/x/summary.json")
         except OSError:
@@ -290,7 +291,8 @@ _CHILDREN = """
 import multiprocessing as mp, os, subprocess, sys
 from fedcore.errors import ConfigError
 from flows.cli import app, main
-from flows.cli.common import guarded, stop_now
+from flows.cli.guards import guarded
+from flows.cli.stopping import stop_now
 
 URI = "http://user:{canary}@127.0.0.1:5000"
 

@@ -323,7 +323,7 @@ def test_sweep_statistics_and_parent_metrics():
     assert "| 80.00 (1 seed) |" in md and "| 2 (seed 1) |" in md, md
     from rich.console import Console
 
-    from flows.cli.common import sweep_table
+    from flows.cli.tables import sweep_table
 
     console = Console(record=True, width=200)
     console.print(sweep_table([cell], [0, 1]))

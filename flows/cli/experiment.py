@@ -10,20 +10,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import (
-    ParamsOpt,
-    SetOpt,
-    err,
-    exit_if_diverged,
-    guarded,
-    load,
-    out,
-    quiet_prefect_tracebacks,
-    results_table,
-    services_watched,
-    stop_on_signals,
-    sweep_table,
-)
+from flows.cli.console import err, out
+from flows.cli.guards import guarded
+from flows.cli.logs import quiet_prefect_tracebacks
+from flows.cli.params import ParamsOpt, SetOpt, load
+from flows.cli.runguards import exit_if_diverged, services_watched
+from flows.cli.stopping import stop_on_signals
+from flows.cli.tables import results_table, sweep_table
 
 MAX_LABEL_COLUMNS = 100  # `fedapt partition` prints per-class counts up to this many classes
 # `fedapt models`: the shapes it builds (model.input_size's bound; a decoder's vocabulary)

@@ -11,16 +11,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import (
-    ParamsOpt,
-    SetOpt,
-    err,
-    guarded,
-    out,
-    quiet_prefect_tracebacks,
-    services_watched,
-    stop_on_signals,
-)
+from flows.cli.console import err, out
+from flows.cli.guards import guarded
+from flows.cli.logs import quiet_prefect_tracebacks
+from flows.cli.params import ParamsOpt, SetOpt
+from flows.cli.runguards import services_watched
+from flows.cli.stopping import stop_on_signals
 
 if TYPE_CHECKING:
     from tasks.reproduce.runs import Planned

@@ -17,7 +17,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import err, guarded, out
+from flows.cli.console import err, out
+from flows.cli.guards import guarded
 
 ServiceArg = Annotated[
     list[str] | None,
