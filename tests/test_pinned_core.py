@@ -29,8 +29,8 @@ from fedcore.engine import FederationConfig, Simulation, derive_seed
 from fedcore.events import Callback
 from fedcore.partition import make_partition
 from fedcore.schedules import LRSchedule
+from tests.fedcore.engine.test_engine import make_sim
 from tests.helpers import tiny_cnn, tiny_layered, toy_data
-from tests.test_engine import make_sim
 
 # ---- FedNova: unequal client weights --------------------------------------------------------
 
