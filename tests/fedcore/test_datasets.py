@@ -379,3 +379,14 @@ def test_unknown_name_and_split(tmp_path):
     )
     with pytest.raises(ConfigError, match="train, test"):
         ds.load_dataset("mnist", tmp_path, "valid")
+
+
+def test_embedded_copy_only_for_the_default_root(tmp_path, monkeypatch):
+    """An empty default root reads the Debian copy and says so; any other root never does."""
+    if not (ds.DEBIAN_FASHION_MNIST / "t10k-labels-idx1-ubyte.gz").is_file():
+        pytest.skip("the Debian package dataset-fashion-mnist is not installed")
+    monkeypatch.setattr(ds, "DEFAULT_ROOT", tmp_path / "data/raw")
+    got = ds.load_dataset("fashion_mnist", tmp_path / "data/raw", "test", download=False)
+    assert len(got) == 10000 and "t10k-" in got.source and "embedded" in got.source
+    with pytest.raises(DataUnavailableError, match="data.root: no FashionMNIST files under"):
+        ds.load_dataset("fashion_mnist", tmp_path / "other", "test", download=False)

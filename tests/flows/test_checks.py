@@ -20,7 +20,7 @@ import torch
 
 from fedcore.manifest import read_manifest
 from fedcore.partition import Partition
-from tests.test_bad_inputs import REPO, invoke
+from tests.cli_contract import REPO, invoke
 
 WATCHED = [REPO / "runs", REPO / "reports", REPO / "artifacts"]
 

@@ -200,7 +200,7 @@ def test_a_runs_own_ray_listens_on_loopback_and_refuses_a_client_without_the_tok
 def test_local_ray_is_only_for_a_runs_own_ray(monkeypatch):
     """Where the run starts no Ray of its own (no Ray, or a cluster's address), the
     environment stays as it is and RAY_AUTH_MODE is the user's; where it does, a
-    RAY_AUTH_MODE other than token is refused (test_bad_inputs: the CLI's line)."""
+    RAY_AUTH_MODE other than token is refused (tests/flows/cli/test_environment.py: the CLI's line)."""
     from flows.localray import check_local_ray, local_ray, starts_local_ray
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

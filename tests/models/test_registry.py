@@ -11,6 +11,7 @@ import torch
 
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.payload import tensor_nbytes
+from flows.cli import app
 from models import (
     count_parameters,
     get_model,
@@ -21,6 +22,7 @@ from models import (
 )
 from models import registry as model_registry
 from models.text import is_text_model
+from tests.cli_contract import REPO, assert_one_clear_line, runner
 
 FAST = {"resnet26": {"width": 0.25}}  # keeps every parametrized case well under a second
 FAST.update({v: {"patch_size": 4, "depth": 2} for v in ("vit_small", "deit_small", "vit_base")})
@@ -290,3 +292,17 @@ def test_options_types_pickle(name):
     assert kind.__qualname__ == f"{name}.Options"
     options = kind()
     assert pickle.loads(pickle.dumps(options)) == options
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--num-classes", "0"], "--num-classes: must be in [2, 1000000] (got 0)"),
+        (["--num-classes", str(2**64)], f"--num-classes: must be in [2, 1000000] (got {2**64})"),
+        (["--input-shape", f"3,{2**40},{2**40}"], "--input-shape: C in [1, 64] and H = W in"),
+        (["--input-shape", "0,32,32"], "--input-shape: C in [1, 64]"),
+    ],
+)
+def test_bad_model_shapes(args, needle):
+    res = runner.invoke(app, ["models", "-m", "cifar_cnn", *args])
+    assert_one_clear_line(res, needle, REPO / "no-outputs")

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from flows.cli import app
 from flows.cli.common import results_table, rounds_run
+from tests.cli_contract import assert_one_clear_line, runner
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = REPO / "artifacts/runs/fedavg-full"  # the committed output of the train stage
@@ -62,3 +66,22 @@ def test_rounds_run_reads_a_count_or_the_per_round_list():
     record = json.loads((CELL / "metrics.json").read_text())
     table = results_table([record])
     assert list(table.columns[2].cells) == [str(len(record["rounds"]))]
+
+
+@pytest.mark.parametrize("folders", [[], ["fedavg-full-none"], ["fedavg-lora"]])
+def test_report_of_a_grid_cell_without_its_folder(tmp_path, folders):
+    """The DVC report stage reads artifacts/runs/<cell>: a cell no train stage wrote (a
+    folder of the old name, fedavg-full-none, included) is one line naming params.yaml's
+    dvc.cells, and no report is written."""
+    runs = tmp_path / "runs"
+    for name in folders:
+        (runs / name).mkdir(parents=True)
+        shutil.copy(REPO / "artifacts/runs/fedavg-full/metrics.json", runs / name)
+    res = runner.invoke(
+        app,
+        ["report", "--params", str(REPO / "params.yaml"), "--runs", str(runs)]
+        + ["--out", str(tmp_path / "report"), "--timing", str(tmp_path / "timing")],
+    )
+    needle = "no metrics for grid cell fedavg-full: "
+    assert_one_clear_line(res, needle, tmp_path / "report")
+    assert "list it under dvc.cells in params.yaml" in res.output

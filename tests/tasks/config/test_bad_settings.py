@@ -13,7 +13,7 @@ import yaml
 
 from flows.cli import app
 from tasks.config import Params, load_params
-from tests.test_bad_inputs import REPO, assert_one_clear_line, invoke, runner
+from tests.cli_contract import REPO, assert_one_clear_line, invoke, runner
 
 SECTIONS = list(Params.model_fields)
 
@@ -347,3 +347,98 @@ def test_settings_that_become_paths_are_named(tmp_path, monkeypatch, name):
     assert (sorted((REPO / "reports").glob("*")) if (REPO / "reports").exists() else []) == (
         cwd_reports
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--workers", "-1"], "runtime.workers"),
+        (["--set", "runtime.workers=-1"], "auto or a number of worker processes in [0, 1024]"),
+        (["--set", "runtime.dask_workers=0"], "runtime.dask_workers"),
+        (["--set", "runtime.cohort_size=0"], "runtime.cohort_size"),
+        (["--set", "data.test_subset=20000"], "data.test_subset: 20000 rows asked"),
+        (["--set", "data.train_subset=70000"], "train split of fashion_mnist has 60000"),
+        # error text is plain text, never Rich markup: printed as is, no crash
+        (["--set", "data.dataset=a[/x]"], "unknown dataset 'a[/x]'"),
+        (["--set", "data.dataset=x[full]"], "unknown dataset 'x[full]'"),
+        (["--set", "data.download=maybe"], "data.download"),
+        (["--set", "experiment.name=../x"], "experiment.name"),
+        # floats are finite, in the sections and in every registry entry's options
+        (["--set", "client.lr=.inf"], "client.lr: must be a finite number"),
+        (["--set", "client.lr=.nan"], "client.lr: must be a finite number"),
+        (["--set", "federation.participation=-.inf"], "federation.participation: must be a"),
+        (["--set", "grid.adapter_options.lora.alpha=.inf"], "lora.alpha: must be a finite"),
+        # empty and repeated lists
+        (["--set", "grid.algorithms=[]"], "grid.algorithms: name at least one algorithm; allowed"),
+        (["--set", "grid.adapters=[]"], "grid.adapters: name at least one adapter method"),
+        (["--set", "grid.algorithms=[fedavg,fedprox,fedavg]"], "names fedavg more than once"),
+        (["--set", "grid.adapters=[lora,lora]"], "grid.adapters: names lora more than once"),
+        (["--set", "experiment.seeds=[1,1]"], "experiment.seeds: must be a list of distinct"),
+        # numbers past int64 (or past a documented bound), refused at parse time
+        (["--set", f"experiment.seed={2**64}"], "experiment.seed: must be less than or equal"),
+        (["--set", f"experiment.seeds=[0,{2**40}]"], "seeds >= 0 (at most 4294967295)"),
+        (["--set", "federation.rounds=10000000000"], "federation.rounds: must be less than or"),
+        (["--set", f"client.batch_size={2**63}"], "client.batch_size: must be an integer in"),
+        (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
+        (["--set", "runtime.workers=100000"], "runtime.workers: workers is auto or a number of"),
+        (["--set", "runtime.dask_workers=100000"], "runtime.dask_workers: must be less than or"),
+        # GPUs on Ray (issue 31): a request the local Ray cannot meet, before anything runs
+        (["--set", "runtime.ray_gpus=-1"], "runtime.ray_gpus: ray_gpus is auto or a number"),
+        (
+            ["--set", "runtime.task_runner=ray", "--set", "runtime.ray_gpus=1"],
+            "runtime.ray_gpus: 1 GPU per cell asked, but no node of the local Ray has any",
+        ),
+        # clients on Ray actors (issue 32): before anything runs
+        (["--set", "runtime.ray_actors=0"], "runtime.ray_actors: ray_actors is auto or a number"),
+        (["--set", "runtime.ray_actor_gpus=-1"], "runtime.ray_actor_gpus: ray_actor_gpus is auto"),
+        (
+            ["--set", "runtime.clients=ray", "--set", "runtime.ray_address=127.0.0.1:1"],
+            "runtime.ray_address: nothing answers at 127.0.0.1:1 (",
+        ),
+        (
+            ["--set", "runtime.clients=ray", "--set", "runtime.device=cpu"]
+            + ["--set", "runtime.ray_actor_gpus=1"],
+            "runtime.ray_actor_gpus: 1 GPU per client actor asked, but no node of the local Ray "
+            "has any",
+        ),
+        # tuning (issue 29): a validation split to evaluate on, cells of the grid
+        (["--set", "data.evaluate=validation"], "data.evaluate: validation needs a validation "),
+        (["--set", "data.validation=0.5"], "data.validation: must be less than 0.5 (got 0.5)"),
+        (
+            ["--set", "grid.client_lr={fedavg-lora: 0.01}"],
+            "grid.client_lr: 'fedavg-lora' is not a cell of the grid (<algorithm>-<adapter>); "
+            "cells: fedavg-full",
+        ),
+        (["--set", "grid.client_lr={fedavg-full: -1}"], "grid.client_lr.fedavg-full: must be"),
+        # update codecs (issue 33): one line naming the key and the allowed values
+        (
+            ["--set", "grid.codecs=[zip]"],
+            "grid.codecs: unknown codec 'zip'; allowed: none, fp16, bf16, int8, int4, topk",
+        ),
+        (
+            ["--set", "grid.codec_options={int8: {bits: 3}}"],
+            "grid.codec_options: int8.bits: 3 is not supported; allowed: 2, 4, 8",
+        ),
+        (["--set", "grid.codec_options={topk: {k: 0}}"], "topk.k: 0 must be a whole number"),
+        (["--set", "grid.codec_options={topk: {fraction: 2}}"], "topk.fraction: 2 must be in"),
+        (
+            ["--set", "grid.codec_options={topk: {directions: [upload, download]}}"],
+            "topk.directions: topk cannot serve download",
+        ),
+        (
+            ["--set", "grid.codecs=[topk]", "--set", "grid.codec_options={topk: {k: 100000}}"],
+            "codec topk: k 100000 is above the size of a tensor it encodes",
+        ),
+        (["--set", "grid.codecs=[none,none]"], "grid.codecs: names none more than once"),
+        # the sweep of issue 45: keys with empty parts were read as the key without them
+        (["--set", "federation..rounds=5"], "--set federation..rounds: an empty key between"),
+        (["--set", ".federation.rounds=5"], "--set .federation.rounds: an empty key between"),
+        (["--set", "federation.rounds.=5"], "--set federation.rounds.: an empty key between"),
+        # a section given a value: what it must be, not pydantic's class name
+        (["--set", "federation=5"], "federation: must be a mapping of its keys (key: value)"),
+        (["--set", "report=[1]"], "report: must be a mapping of its keys (key: value) (got"),
+    ],
+)
+def test_bad_params_values(tmp_path, args, needle):
+    res = invoke(tmp_path, "run", *args)
+    assert_one_clear_line(res, needle, tmp_path / "reports")
