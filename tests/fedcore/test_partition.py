@@ -23,6 +23,7 @@ from fedcore.partition import (
     Partition,
     client_sizes,
     dirichlet_classwise,
+    iid,
     make_partition,
     scheme_options_type,
 )
@@ -433,3 +434,38 @@ def test_stats_fields_and_values(tmp_path):
     assert path.read_bytes() == first and json.loads(first) == stats
     noisy = partition_stats(part("gaussian_noise", num_clients=4, sigma=0.2), LABELS, 10)
     assert [c["noise_var"] for c in noisy["clients"]] == [0.2 * i / 4 for i in range(1, 5)]
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        (np.array([0, 1, -1, 2]), "integers >= 0"),
+        (np.array([0.0, 1.0]), "integers >= 0"),
+        (np.zeros((2, 2), dtype=int), "1-D"),
+    ],
+)
+def test_partition_labels_are_checked(labels, match):
+    with pytest.raises(ConfigError, match=match):
+        iid(labels, 2, 0)
+
+
+def test_partition_num_clients_and_samples_are_checked():
+    labels = np.arange(10) % 3
+    with pytest.raises(ConfigError, match=r"num_clients: must be an integer in \[1, 10\]"):
+        iid(labels, 11, 0)
+    with pytest.raises(ConfigError, match=r"num_clients: must be an integer in \[1, 10\]"):
+        iid(labels, 0, 0)
+    assert [len(s) for s in iid(labels, 10, 0).client_indices] == [1] * 10  # one each: allowed
+    with pytest.raises(ConfigError, match="no samples to partition"):
+        iid(np.array([], dtype=int), 1, 0)
+
+
+def test_dirichlet_min_size_holds_or_stops_in_one_line():
+    labels = np.repeat(np.arange(10), 100)
+    part = dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=40)
+    assert min(len(s) for s in part.client_indices) >= 40
+    assert sorted(np.concatenate(part.client_indices).tolist()) == list(range(1000))
+    with pytest.raises(ConfigError, match=r"min_size: must be less than or equal to 100 "):
+        dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=101)  # more than n / N
+    with pytest.raises(ConfigError, match="min_size: no draw gave all 10 clients >= 99"):
+        dirichlet_classwise(labels, 10, 0, beta=0.1, min_size=99)

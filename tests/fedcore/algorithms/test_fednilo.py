@@ -205,3 +205,66 @@ def test_communication_budget_stops_the_run():
 def test_model_without_layer_groups_is_a_config_error():
     with pytest.raises(ConfigError, match="layer_groups"):
         make_sim(SHARDS, algorithm=FedNILO(), model_fn=tiny_cnn)
+
+
+def _layer_bytes(state, *modules):
+    keys = [k for k in state if k.split(".")[0] in modules]
+    return len(payload.encode({k: state[k] for k in keys}))
+
+
+def test_fednilo_round_download_is_the_sum_of_per_client_downloads():
+    """TinyLayered (L = 3: conv1+bn1 | fc1 | fc2), K = 1, F = 1, 2 of 4 clients per round,
+    seed 0 (clients (0,1), (0,2), (1,3), (0,1), (1,3)). Freezing index 0, 1, 2, 2, 2.
+
+    Round 2: conv1 freezes; nobody holds it yet: 0 and 2 download the full model.
+    Round 3: fc1 freezes; 1 and 3 were not in round 2: full model each.
+    Round 4: 0 holds conv1 (round 2) but not fc1: fc1 + fc2; 1 holds both (round 3): fc2.
+    Round 5: 1 and 3 hold both: fc2 each.
+    """
+    seen = []
+
+    class Spy(Callback):
+        def on_client_end(self, rec):
+            seen.append(rec)
+
+    shards = np.array_split(np.arange(400), 4)
+    sim = make_sim(
+        shards,
+        rounds=5,
+        m=2,
+        algorithm=FedNILO(K=1, F=1),
+        model_fn=tiny_layered,
+        callbacks=[Spy()],
+        eval_every=0,
+    )
+    state = {k: v.clone() for k, v in sim.global_state.items()}
+    hist = sim.run()
+    full = _layer_bytes(state, "conv1", "bn1", "fc1", "fc2")
+    fc1_fc2 = _layer_bytes(state, "fc1", "fc2")
+    fc2 = _layer_bytes(state, "fc2")
+    assert full > fc1_fc2 > fc2 > 0
+    assert [r.clients for r in hist.rounds] == [(0, 1), (0, 2), (1, 3), (0, 1), (1, 3)]
+    per_client = {(c.round, c.client_id): c.download_bytes for c in seen}
+    assert per_client == {
+        (1, 0): full,
+        (1, 1): full,
+        (2, 0): full,
+        (2, 2): full,
+        (3, 1): full,
+        (3, 3): full,
+        (4, 0): fc1_fc2,
+        (4, 1): fc2,
+        (5, 1): fc2,
+        (5, 3): fc2,
+    }
+    assert [r.download_bytes for r in hist.rounds] == [
+        2 * full,
+        2 * full,
+        2 * full,
+        fc1_fc2 + fc2,  # 10,626 bytes here, not 2 x 8,733
+        2 * fc2,
+    ]
+    for r in hist.rounds:  # the round total is the sum of its clients' records
+        assert r.download_bytes == sum(c.download_bytes for c in seen if c.round == r.round)
+        assert r.upload_bytes == sum(c.upload_bytes for c in seen if c.round == r.round)
+    assert hist.download_bytes == 6 * full + fc1_fc2 + 3 * fc2

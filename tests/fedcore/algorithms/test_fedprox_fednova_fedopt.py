@@ -302,3 +302,27 @@ def test_server_moments_follow_the_model_to_its_device_after_a_resume(name, opts
     out = b.server_update(on_meta, {"w": torch.tensor([0.9], device="meta")}, 3)
     assert out["w"].device.type == "meta"
     assert {v.device.type for k in ("m", "v") for v in b.server.get(k, {}).values()} == {"meta"}
+
+
+def test_fednova_unequal_weights_hand_computed():
+    """Weights 1:3 (p = 1/4, 3/4), normalisers a = 1 and 4, global w = 0, clients 1 and 2.
+
+    d = 1/4 (0 - 1)/1 + 3/4 (0 - 2)/4 = -0.625; tau_eff = 1/4 * 1 + 3/4 * 4 = 3.25;
+    w' = 0 - 3.25 * -0.625 = 2.03125 (FedAvg: 1.75; tau_eff as the plain mean 2.5: 1.5625).
+    """
+    g = {"w": torch.tensor([0.0]), "bn.running_mean": torch.tensor([0.0])}
+    a = {"w": torch.tensor([1.0]), "bn.running_mean": torch.tensor([4.0])}
+    b = {"w": torch.tensor([2.0]), "bn.running_mean": torch.tensor([8.0])}
+    out = normalized_average(g, [a, b], [1, 3], [1.0, 4.0], ["w"])
+    assert out["w"].item() == pytest.approx(2.03125)
+    assert out["bn.running_mean"].item() == pytest.approx(7.0)  # 1/4 * 4 + 3/4 * 8
+
+    # The same case through the algorithm: n_k = 10 and 30 samples, tau = 1 and 4 plain SGD
+    # steps (not set up: momentum 0, a_i = tau_i).
+    ups = [
+        ClientUpdate(0, {"w": torch.tensor([1.0])}, 10, 1, 0.0, 0),
+        ClientUpdate(1, {"w": torch.tensor([2.0])}, 30, 4, 0.0, 0),
+    ]
+    nova = FedNova()
+    assert nova.aggregate({"w": torch.tensor([0.0])}, ups)["w"].item() == pytest.approx(2.03125)
+    assert nova.round_extra(1, ups) == {"tau_mean": 2.5, "tau_eff": pytest.approx(3.25)}

@@ -395,3 +395,25 @@ def test_the_verdict_window_measures_the_whole_test_split_the_curve_its_rows():
     assert [r.train_loss for r in mixed] == [r.train_loss for r in every]  # training untouched
     with pytest.raises(ConfigError, match="federation.whole_test_last must be >= 0"):
         FederationConfig(rounds=2, clients_per_round=1, whole_test_last=-1)
+
+
+class InfServer(FedAvg):
+    def server_update(self, global_state, aggregated, round_):
+        out = dict(aggregated)
+        out["4.bias"] = torch.full_like(out["4.bias"], float("inf"))
+        return out
+
+
+def test_nonfinite_server_update_keeps_the_model_and_sets_the_flag():
+    shards = np.array_split(np.arange(400), 2)
+    sim = make_sim(shards, rounds=2, algorithm=InfServer())
+    before = {k: v.clone() for k, v in sim.global_state.items()}
+    hist = sim.run()
+    for r in hist.rounds:
+        assert r.rejected == 0  # the clients' updates were fine
+        assert r.extra["nonfinite_global_rejected"] == 1.0
+        assert np.isfinite(r.test_loss)
+    for k, v in before.items():
+        assert torch.equal(v, sim.global_state[k]), k
+    ok = make_sim(shards, rounds=1).run()
+    assert "nonfinite_global_rejected" not in ok.rounds[0].extra

@@ -1,17 +1,13 @@
-"""Edges the mutation sample left unpinned (docs/testing.md): the residual adapter's centre-tap
-alignment for every padding/stride/dilation a 3x3 conv can have, which convs it adapts, and
-the partitioners' input checks and min_size guarantee."""
+"""The residual adapter (models/adapters/residual.py): centre-tap alignment for every
+padding/stride/dilation a 3x3 conv can have, and which convs it adapts."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedcore.errors import ConfigError
-from fedcore.partition import dirichlet_classwise, iid
 from models.adapters.residual import ResidualConv2d, adaptable, centre_shift
 
 CONVS = {  # name: Conv2d keyword arguments (3x3, zero padding)
@@ -29,6 +25,8 @@ CONVS = {  # name: Conv2d keyword arguments (3x3, zero padding)
     "pad1x2": {"padding": (1, 2)},
     "dil1x2-pad1": {"padding": 1, "dilation": (1, 2)},
 }
+
+
 SHIFTS = {  # dilation * (k - 1) / 2 - padding, by hand
     "pad1": (0, 0),
     "pad0": (1, 1),
@@ -88,38 +86,3 @@ def test_which_convs_take_a_residual_adapter():
     assert adaptable(nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")) is True
     assert adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="reflect")) is False
     assert adaptable(nn.Conv2d(2, 2, 3, padding=2, padding_mode="zeros")) is True
-
-
-@pytest.mark.parametrize(
-    "labels, match",
-    [
-        (np.array([0, 1, -1, 2]), "integers >= 0"),
-        (np.array([0.0, 1.0]), "integers >= 0"),
-        (np.zeros((2, 2), dtype=int), "1-D"),
-    ],
-)
-def test_partition_labels_are_checked(labels, match):
-    with pytest.raises(ConfigError, match=match):
-        iid(labels, 2, 0)
-
-
-def test_partition_num_clients_and_samples_are_checked():
-    labels = np.arange(10) % 3
-    with pytest.raises(ConfigError, match=r"num_clients: must be an integer in \[1, 10\]"):
-        iid(labels, 11, 0)
-    with pytest.raises(ConfigError, match=r"num_clients: must be an integer in \[1, 10\]"):
-        iid(labels, 0, 0)
-    assert [len(s) for s in iid(labels, 10, 0).client_indices] == [1] * 10  # one each: allowed
-    with pytest.raises(ConfigError, match="no samples to partition"):
-        iid(np.array([], dtype=int), 1, 0)
-
-
-def test_dirichlet_min_size_holds_or_stops_in_one_line():
-    labels = np.repeat(np.arange(10), 100)
-    part = dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=40)
-    assert min(len(s) for s in part.client_indices) >= 40
-    assert sorted(np.concatenate(part.client_indices).tolist()) == list(range(1000))
-    with pytest.raises(ConfigError, match=r"min_size: must be less than or equal to 100 "):
-        dirichlet_classwise(labels, 10, 0, beta=0.5, min_size=101)  # more than n / N
-    with pytest.raises(ConfigError, match="min_size: no draw gave all 10 clients >= 99"):
-        dirichlet_classwise(labels, 10, 0, beta=0.1, min_size=99)
