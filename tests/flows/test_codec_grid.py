@@ -14,7 +14,7 @@ from fedcore.codecs import encode_state
 from tasks import modelfile
 from tasks.config import load_params
 from tasks.grid import cell_name
-from tests.flows.cli.test_cli import invoke, prefect_server  # noqa: F401 (the module's Prefect server)
+from tests.flows.cli.test_cli import invoke
 from tests.repo.test_dvc import DVC, repo_copy, sh  # noqa: F401 (a copy of the repository)
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def _gen():
     return torch.Generator().manual_seed(0)
 
 
-def test_fedapt_run_grid_of_adapters_and_codecs(tmp_path, prefect_server, monkeypatch):  # noqa: F811
+def test_fedapt_run_grid_of_adapters_and_codecs(tmp_path, prefect_server, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     res = invoke(tmp_path, "run", *GRID, "--set", "runtime.tracking=true",
                  "--set", "tracking.register=never")  # fmt: skip

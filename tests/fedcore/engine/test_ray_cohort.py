@@ -8,7 +8,7 @@ size; ``cohort_size`` set: the same bytes with 1 and 2 actors, dropout and parti
 included). Cutting a cohort in two changes the last bits (measured here: the final models of
 one cohort of 4 and two of 2 differ, within the cohort engine's 1e-9 of the sequential
 reference). A lost slice is retried once on a restarted actor; lost again, its clients are
-counted as crashed. The module's local Ray is ``tests/fedcore/engine/test_ray_pool.py``'s.
+counted as crashed. The module's local Ray: ``local_ray`` of ``tests/fedcore/engine/conftest.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from fedcore import payload
 from fedcore.codecs import Codecs, make_codec
 from fedcore.engine import RayCohortBackend, Simulation
 from tests.fedcore.engine.test_dropout import CrashingFedAvg
-from tests.fedcore.engine.test_ray_pool import local_ray, make_sim, run_bytes
-
-__all__ = ["local_ray"]  # the module's Ray (a fixture of tests/fedcore/engine/test_ray_pool.py)
+from tests.fedcore.engine.test_ray_pool import make_sim, run_bytes
 
 FED = {"dropout": 0.3, "deadline_steps": 3, "speed_spread": 0.8, "stragglers": "partial"}
 

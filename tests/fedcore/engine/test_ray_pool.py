@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -42,25 +40,6 @@ images = images64  # the toy images as float64 batches
 
 def tiny64() -> torch.nn.Module:
     return tiny_cnn().double()
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray of 2 CPUs on 127.0.0.1 in a temp dir of its own, shut down after."""
-    temp = f"/tmp/rcl-{uuid.uuid4().hex[:8]}"
-    ray.init(
-        num_cpus=2,
-        num_gpus=0,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        _temp_dir=temp,
-        configure_logging=False,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def make_sim(

@@ -16,15 +16,6 @@ REPO = Path(__file__).resolve().parents[3]
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def prefect_server():
-    """One temporary Prefect server (real API, SQLite) for the flow runs in this module."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 SMALL = [
     "--set",
     "data.train_subset=1200",
