@@ -79,7 +79,7 @@ def test_first_reach_skips_unevaluated_rounds_and_reads_round_records():
 
 
 def test_report_from_a_real_history():
-    from tests.fedcore.engine.test_engine import make_sim
+    from tests.helpers import make_sim
 
     hist = make_sim(np.array_split(np.arange(400), 2), rounds=2).run()
     rounds = hist.to_dict()["rounds"]

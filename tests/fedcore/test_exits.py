@@ -22,8 +22,7 @@ from models.adapters import adapt, get_adapter
 from models.adapters.accumulator import AccumulatorOptions
 from models.adapters.exits import ExitOptions, ExitPlan
 from tasks.outputs import exit_accuracies
-from tests.helpers import toy_data
-from tests.models.adapters.test_lora import tiny_bert, tiny_vit
+from tests.helpers import tiny_bert, tiny_vit, toy_data
 
 EXIT_METHODS = ["accumulator", "lw_linear", "lw_mlp"]
 BUILDERS = {"bert": tiny_bert, "vit": tiny_vit}
@@ -360,7 +359,7 @@ def assert_exit_accuracies(model, sim, last, test_data, depth: int = DEPTH) -> l
     """The round's per-exit accuracies are the final model's at each exit (the module's
     forward ending at exit k), evaluated apart from the engine; the last is the round's.
     Returns them."""
-    from tests.fedcore.engine.test_accuracy_bookkeeping import independent_accuracy
+    from tests.helpers import independent_accuracy
 
     accs = [last.extra[f"test_accuracy_exit_{k}"] for k in range(depth)]
     assert accs[-1] == last.accuracy

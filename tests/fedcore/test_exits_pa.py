@@ -31,8 +31,8 @@ from models.adapters.exits_pa import (
     LayerwisePAOptions,
 )
 from tests.fedcore.test_exits import assert_exit_accuracies
-from tests.helpers import toy_data
-from tests.models.adapters.test_lora import H, inputs, one_step_changes, tiny_bert, tiny_vit
+from tests.helpers import H, tiny_bert, tiny_vit, toy_data
+from tests.models.adapters.test_lora import inputs, one_step_changes
 
 PLAIN = {"accumulator_pa": "accumulator", "lw_linear_pa": "lw_linear", "lw_mlp_pa": "lw_mlp"}
 KINDS = {"bert": tiny_bert, "vit": tiny_vit}

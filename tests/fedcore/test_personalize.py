@@ -14,8 +14,7 @@ from fedcore.personalize import PersonalizeConfig, corrupt, personalize, summari
 from fedcore.text import TextData
 from models.adapters import adapt, get_adapter
 from tasks.config import load_params
-from tests.helpers import toy_data
-from tests.models.adapters.test_lora import tiny_vit
+from tests.helpers import tiny_vit, toy_data
 
 SHARDS = [np.arange(0, 60), np.arange(60, 120), np.arange(120, 180)]
 
@@ -109,10 +108,7 @@ def test_payload_personalization_changes_the_accumulator_only_and_is_determinist
     assert summary["mean_gain"] == pytest.approx(float(np.mean(gains)))
     # Before and after are the accuracies of the global and of each tuned state on the
     # client's corrupted held-out rows, evaluated apart from fedcore.personalize.
-    from tests.fedcore.engine.test_accuracy_bookkeeping import (
-        independent_accuracy,
-        personal_test_split,
-    )
+    from tests.helpers import independent_accuracy, personal_test_split
 
     model = adapt(tiny_vit(2), "accumulator", "vit", {"exits": "last"})
     for r, tuned_state in zip(results, tuned, strict=True):
@@ -131,10 +127,7 @@ def test_payload_personalization_changes_the_accumulator_only_and_is_determinist
 
 
 def test_multitier_personalization_tunes_and_tests_at_the_clients_exit():
-    from tests.fedcore.engine.test_accuracy_bookkeeping import (
-        independent_accuracy,
-        personal_test_split,
-    )
+    from tests.helpers import independent_accuracy, personal_test_split
 
     options = {"exits": "multitier", "tiers": [0, 1]}
     torch.manual_seed(0)

@@ -280,7 +280,7 @@ def test_federated_tweets_two_rounds_full():
     assert len(metrics) == 2
     # The final round's accuracy and loss are the final model's, evaluated apart from the
     # engine (16 test tweets: accuracy in sixteenths).
-    from tests.fedcore.engine.test_accuracy_bookkeeping import independent_eval
+    from tests.helpers import independent_eval
 
     acc, loss = independent_eval(minilm(), state, test_data)
     assert metrics[-1][0] == pytest.approx(acc, abs=1e-12)

@@ -72,7 +72,7 @@ def test_cell_traffic_is_the_payload(tmp_path, adapter):
     assert metrics["payload_bytes"] == wire
     # The recorded accuracy is the saved model's, evaluated apart from the engine.
     from tasks.backbone import model_input
-    from tests.fedcore.engine.test_accuracy_bookkeeping import independent_accuracy
+    from tests.helpers import independent_accuracy
 
     saved = modelfile.load_state(
         tmp_path / "cell/model.pt", modelfile.initial_model(p, data, adapter)
@@ -116,10 +116,7 @@ def test_cell_personalization(tmp_path):
     # Before fine-tuning a client tests the saved global model on its own corrupted rows:
     # the recorded accuracy is that model's, evaluated apart from the engine.
     from tasks.backbone import model_input
-    from tests.fedcore.engine.test_accuracy_bookkeeping import (
-        independent_accuracy,
-        personal_test_split,
-    )
+    from tests.helpers import independent_accuracy, personal_test_split
 
     model = adapted_model("resnet26", "residual", num_classes=10, in_channels=1, width=0.125)
     saved = modelfile.load_state(

@@ -89,7 +89,7 @@ def test_pretrain_writes_a_deterministic_base_that_the_fl_model_starts_from(tmp_
     # The card's accuracy is base.pt's on the source test rows, evaluated apart from the stage.
     from fedcore.client import ImageData
     from models.registry import get_model
-    from tests.fedcore.engine.test_accuracy_bookkeeping import independent_accuracy
+    from tests.helpers import independent_accuracy
 
     _, _, source_test, test_rows = source_split(p)
     inp = model_input(p, load_experiment_data(p).train.info)

@@ -125,7 +125,7 @@ def test_defaults_add_nothing():
 def test_evaluation_measures_the_validation_rows(tmp_path):
     from tasks.registration import eval_set_sha256, registers
     from tasks.train import train_cell
-    from tests.fedcore.engine.test_accuracy_bookkeeping import independent_eval
+    from tests.helpers import independent_eval
 
     p = params(*VAL, "data.evaluate=validation")
     data = load_experiment_data(p)

@@ -15,8 +15,7 @@ from fedcore.client import LocalConfig
 from fedcore.engine import FederationConfig
 from fedcore.events import Callback
 from fedcore.partition import iid
-from tests.fedcore.engine.test_engine import make_sim
-from tests.helpers import toy_data
+from tests.helpers import make_sim, toy_data
 
 
 class Clients(Callback):

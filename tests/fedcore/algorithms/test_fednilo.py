@@ -14,8 +14,7 @@ from fedcore.client import LocalConfig
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from models.registry import get_model
-from tests.fedcore.engine.test_engine import make_sim
-from tests.helpers import tiny_cnn, tiny_layered, toy_data
+from tests.helpers import make_sim, tiny_cnn, tiny_layered, toy_data
 
 SHARDS = np.array_split(np.arange(400), 3)
 

@@ -17,7 +17,7 @@ from fedcore.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedcore.algorithms.fedprox import FedProx
 from fedcore.client import LocalConfig
 from fedcore.errors import ConfigError
-from tests.fedcore.engine.test_engine import make_sim
+from tests.helpers import make_sim
 
 SHARDS = np.array_split(np.arange(400), 4)
 

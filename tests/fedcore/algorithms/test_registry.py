@@ -10,8 +10,7 @@ import torch
 
 from fedcore.algorithms import ALGORITHMS, algorithm_options, build_algorithm, list_algorithms
 from fedcore.errors import ConfigError
-from tests.fedcore.engine.test_engine import make_sim
-from tests.helpers import tiny_layered
+from tests.helpers import make_sim, tiny_layered
 
 SHARDS = [np.arange(0, 60), np.arange(60, 200), np.arange(200, 400)]
 

@@ -25,8 +25,7 @@ from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord
 from fedcore.schedules import LRSchedule
 from models.adapters import ADAPTER_METHODS, adapt
-from tests.helpers import images64, tiny_adaptable, toy_data
-from tests.models.adapters.test_lora import tiny_bert, tiny_vit
+from tests.helpers import images64, tiny_adaptable, tiny_bert, tiny_vit, toy_data
 
 TOL = 1e-9
 

@@ -3,7 +3,8 @@ records equals the accuracy of the model it saved, computed apart from the engin
 evaluation path (the module's own forward after ``load_state_dict``, no ``functional_call``,
 no ``fedcore.client.evaluate``, no chunking).
 
-The helpers here are also used by the pipeline, exits, text, personalization and pretrain
+The helpers (``independent_eval``, ``independent_accuracy``, ``personal_test_split``, in
+tests/helpers.py) are also used by the pipeline, exits, text, personalization and pretrain
 tests, wherever a test used to check an accuracy only for being in [0, 1].
 """
 
@@ -11,48 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
-from fedcore.sampling import derive_seed
-from tests.fedcore.engine.test_engine import make_sim
-from tests.helpers import tiny_cnn, toy_data
-
-
-@torch.no_grad()
-def independent_eval(
-    model: nn.Module, state, data, rows=None, batch: int = 256
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of ``state`` on ``data[rows]`` (all rows: None)."""
-    model.load_state_dict(state)
-    model.eval()
-    if rows is None:
-        idx = torch.arange(len(data))
-    else:
-        idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
-    correct, loss = 0, 0.0
-    for pos in idx.split(batch):
-        x, y = data.batch(pos)
-        logits = model(x)
-        correct += int((logits.argmax(-1) == y).sum())
-        loss += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-    return correct / len(idx), loss / len(idx)
-
-
-def independent_accuracy(model: nn.Module, state, data, rows=None) -> float:
-    return independent_eval(model, state, data, rows)[0]
-
-
-def personal_test_split(data, shard, client: int, severity: int, seed: int, tune_fraction):
-    """A client's corrupted data and held-out rows, as fedcore.personalize documents them:
-    corruption from derive_seed(seed, stream, c, 0), split from derive_seed(seed, stream, c, 1)."""
-    from fedcore.personalize import _STREAM, corrupt
-
-    shard = np.asarray(shard, dtype=np.int64)
-    own = corrupt(data, shard, severity, derive_seed(seed, _STREAM, client, 0))
-    order = np.random.default_rng(derive_seed(seed, _STREAM, client, 1)).permutation(len(shard))
-    n_tune = min(len(shard) - 1, max(1, round(tune_fraction * len(shard))))
-    return own, np.sort(order[n_tune:])
+from tests.helpers import (
+    independent_accuracy,
+    independent_eval,
+    make_sim,
+    tiny_cnn,
+    toy_data,
+)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

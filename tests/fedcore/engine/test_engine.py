@@ -28,42 +28,7 @@ from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.events import Callback
 from fedcore.jobs import receive
 from fedcore.schedules import LRSchedule
-from tests.helpers import tiny_cnn, toy_data
-
-
-def make_sim(
-    shards,
-    rounds=2,
-    m=None,
-    workers=0,
-    callbacks=(),
-    local=None,
-    seed=0,
-    algorithm=None,
-    model_fn=tiny_cnn,
-    data=None,
-    test=None,
-    eval_every=1,
-    stop_after=None,
-):
-    return Simulation(
-        model_fn=model_fn,
-        algorithm=algorithm or FedAvg(),
-        train=data or toy_data(),
-        test=test or toy_data(100, seed=1),
-        shards=shards,
-        local=local or LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
-        lr_schedule=LRSchedule(lr=0.05),
-        federation=FederationConfig(
-            rounds=rounds,
-            clients_per_round=m or len(shards),
-            seed=seed,
-            eval_every=eval_every,
-            stop_after=stop_after,
-        ),
-        workers=workers,
-        callbacks=callbacks,
-    )
+from tests.helpers import make_sim, tiny_cnn, toy_data
 
 
 def test_single_client_fedavg_equals_plain_sgd():

@@ -19,7 +19,8 @@ from fedcore.schedules import LRSchedule
 from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.bottleneck import SequentialAdapter
-from tests.models.adapters.test_lora import H, data, inputs, one_step_changes, tiny_bert, tiny_vit
+from tests.helpers import H, tiny_bert, tiny_vit
+from tests.models.adapters.test_lora import data, inputs, one_step_changes
 
 METHODS = ("houlsby", "pfeiffer", "parallel")
 KINDS = {"bert": tiny_bert, "vit": tiny_vit}

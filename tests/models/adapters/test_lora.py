@@ -22,41 +22,11 @@ from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.lora import lora_delta, lora_layers
 from tasks import modelfile
-from tests.helpers import toy_data
+from tests.helpers import H, tiny_bert, tiny_vit, toy_data
 
 R = 8  # the default rank
-H = 16  # width of the tiny BERT and ViT
 REPO = Path(__file__).resolve().parents[3]
 EFF_BN_LAYERS = 49  # EfficientNet-Lite0's BatchNorm layers (stem, 48 in the blocks + head)
-
-
-def tiny_bert(num_classes: int = 3) -> nn.Module:
-    from transformers import BertConfig, BertModel
-
-    from models.minilm import TextEncoderClassifier
-
-    config = BertConfig(
-        vocab_size=40,
-        hidden_size=H,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    bert = BertModel(config, add_pooling_layer=False)
-    return TextEncoderClassifier(
-        bert, num_classes=num_classes, pad_id=0, pooling="cls", max_length=16
-    )
-
-
-def tiny_vit(num_classes: int = 3) -> nn.Module:
-    from models.timm_vit import ViTClassifier
-    from models.vit import ViTConfig
-
-    config = ViTConfig(None, embed_dim=H, depth=2, num_heads=2, patch_size=4)
-    return ViTClassifier(config, num_classes=num_classes, in_channels=1, input_size=12)
 
 
 def effnet(num_classes: int = 3) -> nn.Module:

@@ -12,7 +12,8 @@ from fedcore.errors import ConfigError
 from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.lora import LoraOptions, lora_layers
-from tests.models.adapters.test_lora import build, tiny_bert
+from tests.helpers import tiny_bert
+from tests.models.adapters.test_lora import build
 
 
 def test_target_modules_option():
