@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # PostgreSQL's server programs for `fedapt up --store postgres` and its test
-# (tests/test_services_postgres.py): Debian's postgresql package (initdb, postgres, pg_isready
+# (tests/flows/services/test_postgres.py): Debian's postgresql package (initdb, postgres, pg_isready
 # in /usr/lib/postgresql/<major>/bin, pg_trgm included). Root installs it; otherwise a hint
 # (the default store, SQLite, needs none of it).
 set -euo pipefail

@@ -31,7 +31,7 @@ OFFLINE_DEFAULTS = {
 
 # cuBLAS reads its workspace size once, at its first call, and its deterministic mode needs
 # this one: set before any CUDA work (fedcore.device.CUBLAS_WORKSPACE, which
-# tests/test_engine.py keeps equal; not imported here, it would import torch for every command).
+# tests/fedcore/engine/test_engine.py keeps equal; not imported here, it would import torch for every command).
 CUBLAS_WORKSPACE = ":4096:8"
 
 
