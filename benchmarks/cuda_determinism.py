@@ -54,7 +54,7 @@ def cifar_cnn_fn():
 
 
 def config(model: str):
-    if model == "tiny":  # as tests/test_gpu.py cohort_on
+    if model == "tiny":  # as tests/fedcore/engine/test_gpu.py cohort_on
         return dict(
             model_fn=tiny_layered,
             train=toy_data(400),
@@ -174,7 +174,7 @@ def main() -> None:
                 r["error"] = f"{type(exc).__name__}: {exc}"
                 r["traceback"] = traceback.format_exc()[-2000:]
                 results["configs"][key] = r
-    # CUDA cohort vs CPU sequential (the reference of tests/test_gpu.py)
+    # CUDA cohort vs CPU sequential (the reference of tests/fedcore/engine/test_gpu.py)
     for m in models_:
         seq = results["configs"].get(f"{m}/sequential", {}).get("_states", {})
         coh = results["configs"].get(f"{m}/cohort", {}).get("_states", {})

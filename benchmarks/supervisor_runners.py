@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flows.services import config as svc_config  # noqa: E402
+from flows.services.commands import command  # noqa: E402
 from flows.services.ports import health_url  # noqa: E402
-from flows.services.supervisor import command  # noqa: E402
 
 SERVICES = svc_config.SERVICES
 PY = str(ROOT / ".venv" / "bin" / "python")

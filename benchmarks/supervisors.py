@@ -13,7 +13,7 @@ Per runner and repetition (runner order rotated each repetition, a fresh state d
 Once: the wall time of each tool's control command (`fedapt status`, `supervisorctl status`,
 `circusctl status`, `honcho --version`).
 
-The commands: fedapt's own `_command()` (flows/services/supervisor.py) gives each service's
+The commands: fedapt's own `command()` (flows/services/commands.py) gives each service's
 argv, environment and working directory; for the three tools each service runs as
 `/bin/sh <state>/run-<name>.sh`, a script that does `cd <cwd>; exec env -i <env> <argv>`, so
 the process the tool supervises is exactly fedapt's command with fedapt's environment.

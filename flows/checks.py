@@ -104,6 +104,13 @@ def check_checkpoints(
     read). Returns the cells that will resume."""
     from tasks.cell import grid_cells
 
+    for spec in grid_cells(params):  # resuming or not: the cell writes its checkpoint there
+        path = Path(directory) / f"{spec.name}.pt"
+        if path.exists() and not path.is_file():
+            raise ConfigError(
+                f"checkpoint {path} is a folder (or another non-file), not a checkpoint file; "
+                "delete it: the cell writes its checkpoint there"
+            )
     if not params.runtime.resume:
         return []
     base = Path(base_path) if base_path is not None else None
@@ -114,6 +121,7 @@ def check_checkpoints(
         path = Path(directory) / f"{spec.name}.pt"
         if not path.is_file():
             continue
+        _check_readable(path)
         fp = checkpoint.fingerprint(
             params, spec.algorithm, spec.adapter, partition_hash, base, spec.codec
         )
@@ -123,6 +131,22 @@ def check_checkpoints(
         check_tensors(path, state, model_of(spec.adapter).state_dict(), spec.name)
         resuming.append(spec.name)
     return resuming
+
+
+def _check_readable(path: Path) -> None:
+    """A checkpoint file that is empty or not the zip archive ``torch.save`` writes (a torn
+    or foreign file): one line saying so, before ``torch.load``'s own message (its
+    ``weights_only`` advice, which does not apply) would."""
+    import zipfile
+
+    fix = f"delete {path} or run with --set runtime.resume=false to start the cell over"
+    if path.stat().st_size == 0:
+        raise ConfigError(f"checkpoint {path} is empty (0 bytes: a torn write?); {fix}")
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(
+            f"checkpoint {path} is not a checkpoint file (not the zip archive torch.save "
+            f"writes); {fix}"
+        )
 
 
 def check_tensors(path: Path, state: Any, model: dict[str, torch.Tensor], cell: str) -> None:

@@ -1,9 +1,9 @@
 """Settings that become paths. Each place that turns a setting (a params key or an
 environment variable) into a path registers it here (``setting_path``); an OSError at that
 path, below it or at a folder above it is then reported naming the setting, its value
-(shortened) and what is allowed (``explain``, called by ``flows.cli.common.guard``), where
+(shortened) and what is allowed (``explain``, called by ``flows.cli.guards.guard``), where
 the OS names only the path (``File exists``, ``File name too long``, ``No such file or
-directory``). Light on purpose: the services and the CLI import it before anything heavy."""
+directory``, and a full disk's ``No space left on device``). Light on purpose: the services and the CLI import it before anything heavy."""
 
 from __future__ import annotations
 
@@ -44,9 +44,15 @@ def forget() -> None:
     _paths.clear()
 
 
-def explain(exc: OSError) -> str | None:
+def registered() -> list[SettingPath]:
+    """The settings registered so far, in their order."""
+    return list(_paths.values())
+
+
+def explain(exc: OSError, advice: str | None = None) -> str | None:
     """One line naming the setting behind ``exc``'s path, or None when no registered
-    setting's path is that path, a folder above it or one below it."""
+    setting's path is that path, a folder above it or one below it. It ends with what the
+    setting allows, or ``advice`` (a full disk: free some space)."""
     if exc.filename is None or not _paths:
         return None
     failed = Path(os.path.abspath(os.fsdecode(exc.filename)))
@@ -60,4 +66,5 @@ def explain(exc: OSError) -> str | None:
         return None
     problem = exc.strerror or type(exc).__name__
     at = "" if failed == found.path else f" at {shorten(str(failed))}"
-    return f"{found.key}: {shorten(found.value)}: {problem}{at}; allowed: {found.allowed}"
+    then = advice if advice is not None else f"allowed: {found.allowed}"
+    return f"{found.key}: {shorten(found.value)}: {problem}{at}; {then}"

@@ -28,3 +28,4 @@ fi
 
 bash scripts/get-data.sh
 bash scripts/get-browser.sh
+bash scripts/get-postgres.sh

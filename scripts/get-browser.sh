@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The browser of the UI tests (tests/test_browser.py): Debian's chromium, driven by Playwright
+# The browser of the UI tests (tests/flows/services/test_browser.py): Debian's chromium, driven by Playwright
 # (a dev dependency) through executable_path=/usr/bin/chromium; Playwright never downloads a
 # browser. Root installs it; otherwise a hint (`make run` needs no browser, `make test` does).
 set -euo pipefail

@@ -176,9 +176,15 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"--set expects key=value (got {item!r})")
     key, raw = item.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
+    key = key.strip()
+    if not key:
         raise ConfigError(f"--set expects key=value (got {item!r})")
+    parts = key.split(".")
+    if not all(parts):  # `a..b`, `.a`, `a.`: a typo, never read as a.b
+        raise ConfigError(
+            f"--set {key}: an empty key between dots; allowed: section.key=value, e.g. "
+            "federation.rounds=5"
+        )
     if not raw.strip():
         return parts, ""
     source = f"--set {'.'.join(parts)}"
@@ -208,6 +214,11 @@ def apply_overrides(
         node = data
         for p in parts[:-1]:
             node = node.setdefault(p, {})
+            if node is None:  # `federation:` with nothing under it (YAML's null)
+                raise ConfigError(
+                    f"--set {'.'.join(parts)}: {p!r} is empty (null) in the params file; "
+                    "allowed: a section of key: value lines under it, or no such line"
+                )
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {'.'.join(parts)}: {p!r} is not a section")
         node[parts[-1]] = value

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
-from fedcore.client import ImageData
+from fedcore.algorithms import FedAvg
+from fedcore.client import ImageData, LocalConfig
+from fedcore.engine import FederationConfig, Simulation
+from fedcore.sampling import derive_seed
+from fedcore.schedules import LRSchedule
 
 
 def tiny_cnn(num_classes: int = 2) -> nn.Module:
@@ -97,3 +102,106 @@ def tiny_adapted(adapter: str, num_classes: int = 2) -> nn.Module:
     from models.adapters import adapt
 
     return adapt(TinyAdaptable(num_classes), adapter)
+
+
+def make_sim(
+    shards,
+    rounds=2,
+    m=None,
+    workers=0,
+    callbacks=(),
+    local=None,
+    seed=0,
+    algorithm=None,
+    model_fn=tiny_cnn,
+    data=None,
+    test=None,
+    eval_every=1,
+    stop_after=None,
+):
+    return Simulation(
+        model_fn=model_fn,
+        algorithm=algorithm or FedAvg(),
+        train=data or toy_data(),
+        test=test or toy_data(100, seed=1),
+        shards=shards,
+        local=local or LocalConfig(batch_size=16, momentum=0.9, weight_decay=5e-4),
+        lr_schedule=LRSchedule(lr=0.05),
+        federation=FederationConfig(
+            rounds=rounds,
+            clients_per_round=m or len(shards),
+            seed=seed,
+            eval_every=eval_every,
+            stop_after=stop_after,
+        ),
+        workers=workers,
+        callbacks=callbacks,
+    )
+
+
+@torch.no_grad()
+def independent_eval(
+    model: nn.Module, state, data, rows=None, batch: int = 256
+) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``state`` on ``data[rows]`` (all rows: None)."""
+    model.load_state_dict(state)
+    model.eval()
+    if rows is None:
+        idx = torch.arange(len(data))
+    else:
+        idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+    correct, loss = 0, 0.0
+    for pos in idx.split(batch):
+        x, y = data.batch(pos)
+        logits = model(x)
+        correct += int((logits.argmax(-1) == y).sum())
+        loss += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+    return correct / len(idx), loss / len(idx)
+
+
+def independent_accuracy(model: nn.Module, state, data, rows=None) -> float:
+    return independent_eval(model, state, data, rows)[0]
+
+
+def personal_test_split(data, shard, client: int, severity: int, seed: int, tune_fraction):
+    """A client's corrupted data and held-out rows, as fedcore.personalize documents them:
+    corruption from derive_seed(seed, stream, c, 0), split from derive_seed(seed, stream, c, 1)."""
+    from fedcore.personalize import _STREAM, corrupt
+
+    shard = np.asarray(shard, dtype=np.int64)
+    own = corrupt(data, shard, severity, derive_seed(seed, _STREAM, client, 0))
+    order = np.random.default_rng(derive_seed(seed, _STREAM, client, 1)).permutation(len(shard))
+    n_tune = min(len(shard) - 1, max(1, round(tune_fraction * len(shard))))
+    return own, np.sort(order[n_tune:])
+
+
+H = 16  # width of the tiny BERT and ViT
+
+
+def tiny_bert(num_classes: int = 3) -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    from models.minilm import TextEncoderClassifier
+
+    config = BertConfig(
+        vocab_size=40,
+        hidden_size=H,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    bert = BertModel(config, add_pooling_layer=False)
+    return TextEncoderClassifier(
+        bert, num_classes=num_classes, pad_id=0, pooling="cls", max_length=16
+    )
+
+
+def tiny_vit(num_classes: int = 3) -> nn.Module:
+    from models.timm_vit import ViTClassifier
+    from models.vit import ViTConfig
+
+    config = ViTConfig(None, embed_dim=H, depth=2, num_heads=2, patch_size=4)
+    return ViTClassifier(config, num_classes=num_classes, in_channels=1, input_size=12)

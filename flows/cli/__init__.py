@@ -1,13 +1,18 @@
 """The ``fedapt`` command line: one module per command group, each command a plain function
 under ``@guarded`` (its one-line error guard), registered here on one Typer app in the order
-of `fedapt --help` (``common``: what they share)."""
+of `fedapt --help`. What they share, one module per job: ``console`` (the app, consoles, the
+error line), ``environment`` (what every command starts with), ``params`` (--params/--set),
+``guards`` (the error guard), ``stopping`` (signals, the last line), ``logs`` (library log
+records), ``runguards`` (a run's services watch, divergence) and ``tables`` (results)."""
 
 from __future__ import annotations
 
 import typer
 
 from flows.cli import deployments, experiment, reproduce, services, stages
-from flows.cli.common import app, offline_defaults, results_table
+from flows.cli.console import app
+from flows.cli.environment import offline_defaults
+from flows.cli.tables import results_table
 
 __all__ = ["app", "main", "results_table"]
 
@@ -36,4 +41,9 @@ app.command()(reproduce.reproduce)
 
 
 def main() -> None:
+    """The ``fedapt`` command: what it and its child processes print reaches the terminal
+    with every URI's password masked (``flows.streams.mask_descriptors``)."""
+    from flows.streams import mask_descriptors
+
+    mask_descriptors()
     app(prog_name="fedapt")

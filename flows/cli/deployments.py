@@ -9,7 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import ParamsOpt, SetOpt, guarded, load, out, print_error
+from flows.cli.console import out, print_error
+from flows.cli.guards import guarded
+from flows.cli.params import ParamsOpt, SetOpt, load
 
 NameArg = Annotated[
     str, typer.Argument(help="deployment name (as in `fedapt deploy ls`)", show_default=False)

@@ -10,20 +10,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import (
-    ParamsOpt,
-    SetOpt,
-    err,
-    exit_if_diverged,
-    guarded,
-    load,
-    out,
-    quiet_prefect_tracebacks,
-    results_table,
-    services_watched,
-    stop_on_signals,
-    sweep_table,
-)
+from flows.cli.console import err, out
+from flows.cli.guards import guarded
+from flows.cli.logs import quiet_prefect_tracebacks
+from flows.cli.params import ParamsOpt, SetOpt, load
+from flows.cli.runguards import exit_if_diverged, services_watched
+from flows.cli.stopping import stop_on_signals
+from flows.cli.tables import results_table, sweep_table
 
 MAX_LABEL_COLUMNS = 100  # `fedapt partition` prints per-class counts up to this many classes
 # `fedapt models`: the shapes it builds (model.input_size's bound; a decoder's vocabulary)
@@ -53,6 +46,7 @@ def run(
     --new-version runs as the next version of the experiment."""
 
     from flows import services
+    from flows.services import runwatch
 
     extra = []
     if device is not None:
@@ -60,6 +54,7 @@ def run(
     if workers is not None:
         extra.append(f"runtime.workers={workers}")
     p = load(params, set_, extra)
+    runwatch.grace_seconds()  # a bad FEDAPT_SERVICE_GRACE: one line before anything starts
     # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
     # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind
     # (servers stopped, MLflow runs KILLED, lock released), then exit 130/143 in one line.

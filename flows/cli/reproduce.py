@@ -11,16 +11,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import (
-    ParamsOpt,
-    SetOpt,
-    err,
-    guarded,
-    out,
-    quiet_prefect_tracebacks,
-    services_watched,
-    stop_on_signals,
-)
+from flows.cli.console import err, out
+from flows.cli.guards import guarded
+from flows.cli.logs import quiet_prefect_tracebacks
+from flows.cli.params import ParamsOpt, SetOpt
+from flows.cli.runguards import services_watched
+from flows.cli.stopping import stop_on_signals
 
 if TYPE_CHECKING:
     from tasks.reproduce.runs import Planned
@@ -78,6 +74,7 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     Rerun the same command to skip what finished and resume what did not."""
 
     from fedcore.errors import ConfigError
+    from flows.services import runwatch
     from tasks.reproduce import registry, runs
 
     registry.check_profile(profile)  # a bad profile: one line, nothing loaded
@@ -89,6 +86,7 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     if plan_only:
         out.print(_plan_table(items))
         return
+    runwatch.grace_seconds()  # a bad FEDAPT_SERVICE_GRACE: one line, nothing started
     if revalidate and (report_only or rerun_stale):
         other = "--report" if report_only else "--rerun-stale"
         raise ConfigError(f"--revalidate checks stale records; it does not go with {other}")

@@ -1,7 +1,8 @@
 """``fedapt up | down | status``: the local services behind the UI workflows, on 127.0.0.1.
 
 s3 (SeaweedFS), mlflow (tracking server: SQLite store, artifacts in s3://fedapt/mlflow) and
-prefect (API + UI). ``fedapt run`` uses whichever are up and falls back to the embedded
+prefect (API + UI); with ``--store postgres`` both keep their data in PostgreSQL (postgres, a
+supervised server; or a server of yours, ``--store postgresql://...``). ``fedapt run`` uses whichever are up and falls back to the embedded
 defaults otherwise (see flows/services/). ray (a local Ray head) starts only when named
 (``fedapt up ray``); a run uses it where ``RAY_ADDRESS`` names it (``eval "$(fedapt env)"``).
 """
@@ -16,12 +17,24 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import err, guarded, out
+from flows.cli.console import err, out
+from flows.cli.guards import guarded
 
 ServiceArg = Annotated[
     list[str] | None,
     typer.Argument(
-        help="services (s3, mlflow, prefect, worker, ray); default: all (up: all but ray)",
+        help="services (postgres, s3, mlflow, prefect, worker, ray); default: all (up: all "
+        "but ray, and postgres only for a PostgreSQL store)",
+        show_default=False,
+    ),
+]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="where Prefect and MLflow keep their data: sqlite, postgres (fedapt's own "
+        "PostgreSQL server, service postgres) or the postgresql:// URL of a server of yours; "
+        "default: FEDAPT_STORE, else the store of the running services, else sqlite",
         show_default=False,
     ),
 ]
@@ -43,19 +56,28 @@ def _table(statuses: dict) -> Table:
     return t
 
 
+def _print_stores(statuses: dict) -> None:
+    """Where Prefect and MLflow keep their data (passwords masked)."""
+    for name, label in (("prefect", "Prefect"), ("mlflow", "MLflow")):
+        st = statuses.get(name)
+        if st is not None and st.state == "running" and st.store:
+            out.print(f"{label} store: {st.store}", highlight=False, markup=False)
+
+
 @guarded
-def up(services: ServiceArg = None) -> None:
+def up(services: ServiceArg = None, store: StoreOpt = None) -> None:
     """Start the services (ports: FEDAPT_S3_PORT, FEDAPT_MLFLOW_PORT, FEDAPT_PREFECT_PORT,
-    FEDAPT_WORKER_PORT, FEDAPT_RAY_PORT); the worker runs the scheduled deployments of
-    `fedapt deploy`. A local Ray head starts only when named: fedapt up ray."""
+    FEDAPT_WORKER_PORT, FEDAPT_RAY_PORT, FEDAPT_POSTGRES_PORT); the worker runs the scheduled
+    deployments of `fedapt deploy`. A local Ray head starts only when named: fedapt up ray."""
 
     from flows import services as svc
 
-    statuses = svc.up(services or None)  # the services asked for and what they need
+    statuses = svc.up(services or None, store=store)  # the services asked for, what they need
     healthy = {n for n, st in statuses.items() if st.healthy}
     if "s3" in healthy and statuses["s3"].url:
         configure_dvc_remote(statuses["s3"].url)
     out.print(_table(statuses))
+    _print_stores(statuses)
     if "mlflow" in healthy:
         url = statuses["mlflow"].url
         out.print(f"MLflow UI: {url}  (models: {url}/#/models)")
@@ -128,6 +150,7 @@ def status() -> None:
     statuses = svc.status()
     svc.write_env_file()  # a service that died since `fedapt up` leaves it
     out.print(_table(statuses))
+    _print_stores(statuses)
 
 
 def configure_dvc_remote(endpoint: str, repo: Path | None = None) -> None:

@@ -14,15 +14,11 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli.common import (
-    ParamsOpt,
-    SetOpt,
-    exit_if_diverged,
-    guarded,
-    load,
-    out,
-    results_table,
-)
+from flows.cli.console import out
+from flows.cli.guards import guarded
+from flows.cli.params import ParamsOpt, SetOpt, load
+from flows.cli.runguards import exit_if_diverged
+from flows.cli.tables import results_table
 
 
 @guarded

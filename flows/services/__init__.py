@@ -26,9 +26,17 @@ Modules by job, each importing only those before it and only their public names:
   of a process group and whether a pid is still ours (psutil), ``terminate``, and
   ``flock_fd``, the package's one raw flock, for the locks a server inherits or shares.
 - ``s3``: SeaweedFS (command line, data-folder lock, leftovers), the S3 client, buckets.
+- ``pgstore``: the store of Prefect and MLflow (SQLite, fedapt's own PostgreSQL server, or
+  a PostgreSQL URL): the setting, database URLs, drivers, the version check, a server's
+  databases.
+- ``pgserver``: fedapt's own PostgreSQL server: its binaries, data folder, initdb, password,
+  URL and command line.
 - ``rayhead``: the Ray head (``ray start --head --block``: command line, readiness, every
   process of it, its stop).
-- ``supervisor``: each service's command and environment, ``up``, ``down``, ``status``.
+- ``stores``: which store mlflow and prefect use: the checks before anything starts, the
+  server's URL, their records' store, whether a running one must restart on another store.
+- ``commands``: each service's command line, environment and working folder.
+- ``supervisor``: ``up``, ``down``, ``status``, each service's readiness.
 - ``embedded``: the servers a run starts for itself (``embedded_s3``, ``temporary_prefect``)
   and ``patched_environ``.
 - ``clients``: ``env_for_clients``, ``prefect_environment``, ``run_environment``.
@@ -49,6 +57,7 @@ from flows.services.clients import (
     run_environment,
     user_configured_s3,
 )
+from flows.services.commands import worker_limit
 from flows.services.config import (
     DEFAULT_BUCKET,
     DEFAULT_PORTS,
@@ -81,7 +90,7 @@ from flows.services.locks import LOCK_NAME, DirectoryLocked, run_lock
 from flows.services.ports import free_port, port_free, probe
 from flows.services.s3 import s3_client, s3_client_env, weed_binary
 from flows.services.state import read_state, write_state
-from flows.services.supervisor import down, status, up, work_pool_status, worker_limit
+from flows.services.supervisor import down, status, up, work_pool_status
 
 __all__ = [
     "DEFAULT_BUCKET",

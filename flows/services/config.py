@@ -16,22 +16,42 @@ from flows.settings import setting_path, shorten
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (flows/services/config.py)
 HOST = "127.0.0.1"
-SERVICES = ("s3", "mlflow", "prefect", "worker", "ray")
+SERVICES = ("postgres", "s3", "mlflow", "prefect", "worker", "ray")
 # What a plain `fedapt up` starts: all but ray (a Ray head holds ~1 GB of memory and takes
 # seconds to start, and a run starts its own local Ray unless told to use one), which starts
 # only when named: `fedapt up ray`.
 DEFAULT_SERVICES = ("s3", "mlflow", "prefect", "worker")
 # worker: the port of the Prefect worker's health check (`prefect worker start --with-healthcheck`)
 # ray: the port of the Ray head's GCS (its address: 127.0.0.1:<port>, what RAY_ADDRESS takes)
-DEFAULT_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200, "worker": 4201, "ray": 6379}
+# postgres: only with a PostgreSQL store (`fedapt up --store postgres`, pgserver.py); 5433,
+# not PostgreSQL's 5432, which the system server of Debian's postgresql package takes
+DEFAULT_PORTS = {
+    "postgres": 5433,
+    "s3": 8333,
+    "mlflow": 5000,
+    "prefect": 4200,
+    "worker": 4201,
+    "ray": 6379,
+}
 DEFAULT_BUCKET = "fedapt"  # s3://fedapt/mlflow (MLflow artifacts), s3://fedapt/dvc, outputs
-DEPENDS = {"s3": (), "mlflow": ("s3",), "prefect": (), "worker": ("prefect",), "ray": ()}
+# mlflow and prefect also need postgres when their store is fedapt's PostgreSQL server: that
+# dependency is the store's (stores.with_store_server and supervisor.down add it), not
+# listed here.
+DEPENDS = {
+    "postgres": (),
+    "s3": (),
+    "mlflow": ("s3",),
+    "prefect": (),
+    "worker": ("prefect",),
+    "ray": (),
+}
 HEALTH_PATHS = {
     "s3": "/healthz",
     "mlflow": "/health",
     "prefect": "/api/health",
     "worker": "/health",
 }  # ray: no HTTP endpoint (no dashboard); healthy when its GCS port accepts a connection
+# postgres: no HTTP either; healthy when pg_isready says it accepts connections
 WORK_POOL = "fedapt-process"  # the process work pool of `fedapt deploy` and prefect.yaml
 WORK_POOL_TYPE = "process"
 STATE_FILE = "services.json"
@@ -65,6 +85,7 @@ CMDLINE_MARKERS = {
     "prefect": "prefect",
     "worker": "worker",
     "ray": "ray start --head",
+    "postgres": "postgres -D",
 }
 
 State = Literal["running", "stopped", "stale"]
@@ -88,6 +109,7 @@ class ServiceStatus:
     url: str | None = None
     log: str | None = None
     started_at: str | None = None
+    store: str | None = None  # mlflow, prefect: their database's URL, password masked
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,6 +211,21 @@ def artifact_bucket(destination: str) -> str | None:
     if not destination.startswith("s3://"):
         return None
     return destination[len("s3://") :].split("/", 1)[0] or None
+
+
+PG_BINDIR_VAR = "FEDAPT_PG_BINDIR"
+
+
+def pg_bindir() -> Path | None:
+    """The folder of PostgreSQL's server programs (initdb, postgres, pg_isready):
+    ``$FEDAPT_PG_BINDIR``, else the newest Debian one (/usr/lib/postgresql/<major>/bin);
+    None when there is none."""
+    given = os.environ.get(PG_BINDIR_VAR)
+    if given:
+        return Path(given)
+    found = [p for p in Path("/usr/lib/postgresql").glob("*/bin") if (p / "postgres").is_file()]
+    found.sort(key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else -1)
+    return found[-1] if found else None
 
 
 def port_env_var(name: str) -> str:

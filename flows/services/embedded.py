@@ -16,6 +16,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from flows.services.commands import command
 from flows.services.config import (
     DEFAULT_BUCKET,
     HOST,
@@ -43,7 +44,7 @@ from flows.services.s3 import (
     weed_leftovers,
 )
 from flows.services.state import prepare_dir, state_lock
-from flows.services.supervisor import command, status, wait_healthy
+from flows.services.supervisor import status, wait_healthy
 
 
 @contextlib.contextmanager

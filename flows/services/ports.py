@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
 import urllib.request
 from collections.abc import Collection, Mapping
 
@@ -14,6 +15,7 @@ from flows.services.config import (
     HOST,
     PortInUseError,
     ServiceError,
+    pg_bindir,
     port_env_var,
 )
 
@@ -86,7 +88,11 @@ def check_port(name: str, port: int, taken: Mapping[int, str] | None = None) -> 
 
 def probe(url: str, timeout: float = 1.0) -> bool:
     """HTTP GET; healthy when it answers 2xx. ``tcp://host:port`` (the Ray head's GCS, which
-    speaks gRPC only): healthy when the port accepts a connection."""
+    speaks gRPC only): healthy when the port accepts a connection. ``postgresql://host:port``
+    (fedapt's PostgreSQL server): healthy when ``pg_isready`` says it accepts connections (a
+    server still starting or recovering accepts TCP but refuses sessions)."""
+    if url.startswith("postgresql://"):
+        return pg_isready(url, timeout)
     if url.startswith("tcp://"):
         host, _, port = url[len("tcp://") :].rpartition(":")
         try:
@@ -101,7 +107,40 @@ def probe(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def pg_isready(url: str, timeout: float = 1.0) -> bool:
+    """``pg_isready`` on ``postgresql://host:port``: the server accepts connections (no
+    password needed; nothing is printed)."""
+    host, _, port = url[len("postgresql://") :].split("/")[0].rpartition(":")
+    bindir = pg_bindir()
+    if bindir is None:
+        return False
+    cmd = [
+        str(bindir / "pg_isready"),
+        "-q",
+        "-h",
+        host,
+        "-p",
+        port,
+        "-t",
+        str(max(1, round(timeout))),
+    ]
+    try:
+        done = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=timeout + 5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
 def health_url(name: str, port: int) -> str:
+    if name == "postgres":
+        return f"postgresql://{HOST}:{port}"
     if name == "ray":
         return f"tcp://{HOST}:{port}"
     return f"http://{HOST}:{port}{HEALTH_PATHS[name]}"

@@ -161,6 +161,7 @@ def spawn(
     users: Path | None = None,
     info: Mapping[str, Any] | None = None,
     leftovers: Iterable[str] = (),
+    user: tuple[int, int] | None = None,
 ) -> int:
     """Start ``cmd`` detached (own session and process group). With ``lock``, the child
     inherits an exclusive flock on it and holds it for its lifetime (one SeaweedFS per data
@@ -169,7 +170,8 @@ def spawn(
     pipe from this process reaches end-of-file, and, with ``users``, no process holds a shared
     flock on that file any more (runs sharing the server). ``info`` goes into the lock file
     (e.g. the server's URL). A tied server's ``leftovers`` (files, folders) are removed by its
-    watchdog once it has stopped. Returns the pid (the process group's id)."""
+    watchdog once it has stopped. ``user`` (uid, gid): run it as that user, without root's
+    groups (PostgreSQL refuses to run as root). Returns the pid (the process group's id)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     label = Path(cmd[0]).name
     with contextlib.ExitStack() as stack:
@@ -190,7 +192,7 @@ def spawn(
             cmd = [sys.executable, "-I", "-S", WATCHDOG, str(read_end), *shared, *cmd]
             pass_fds = (*pass_fds, read_end)
         try:
-            proc = _popen(cmd, env, cwd, log, pass_fds, label)
+            proc = _popen(cmd, env, cwd, log, pass_fds, label, user)
         except BaseException:
             if write_end is not None:
                 os.close(write_end)
@@ -313,7 +315,11 @@ def _popen(
     log: Path,
     pass_fds: tuple[int, ...],
     label: str | None = None,
+    user: tuple[int, int] | None = None,
 ) -> subprocess.Popen[bytes]:
+    as_user: dict[str, Any] = {}
+    if user is not None:
+        as_user = {"user": user[0], "group": user[1], "extra_groups": []}
     with open(log, "ab") as fh:
         name = label or Path(cmd[0]).name
         fh.write(f"\n=== fedapt: starting {name} at {now()}\n".encode())
@@ -328,6 +334,7 @@ def _popen(
             start_new_session=True,  # own session and process group: see spawn
             close_fds=True,
             pass_fds=pass_fds,
+            **as_user,
         )
     return proc
 

@@ -24,8 +24,34 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 INTERVAL = 1.0  # seconds between two rounds of probes
-GRACE = 3.0  # seconds a service may fail to answer before the run stops
+GRACE = 3.0  # seconds a service may fail to answer before the run stops (FEDAPT_SERVICE_GRACE)
+MAX_GRACE = 600.0  # its most: a longer wait is the clients' own retries again
+GRACE_VAR = "FEDAPT_SERVICE_GRACE"
 PROBE_TIMEOUT = 2.0
+
+
+def grace_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """How long a service may not answer before the run stops: ``FEDAPT_SERVICE_GRACE``
+    (seconds, a number in (0, 600]; e.g. 30 for a server that restarts under the run), else
+    ``GRACE``. Anything else is one ConfigError line naming the variable."""
+    from fedcore.errors import ConfigError
+    from flows.settings import shorten
+
+    env = os.environ if environ is None else environ
+    value = env.get(GRACE_VAR)
+    if value is None:
+        return GRACE
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= MAX_GRACE:  # (NaN included)
+        raise ConfigError(
+            f"{GRACE_VAR}={shorten(repr(value))} is not a number of seconds in (0, "
+            f"{MAX_GRACE:g}]: how long a service of a run may not answer before the run "
+            f"stops (unset: {GRACE:g})"
+        )
+    return seconds
 
 
 @dataclass(frozen=True)

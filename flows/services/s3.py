@@ -166,7 +166,7 @@ def sweep_scratch(sd: Path) -> None:
 
 def weed_cmd(sd: Path, port: int) -> list[str]:
     """The command line of SeaweedFS; run it in ``scratch_dir(sd, port)`` with ``TMPDIR``
-    pointing there (``supervisor.command``)."""
+    pointing there (``commands.command``)."""
     data = sd / "s3"
     data.mkdir(parents=True, exist_ok=True)
     sweep_scratch(sd)

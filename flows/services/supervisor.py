@@ -1,29 +1,29 @@
-"""The supervisor: each service's command and environment, ``up``, ``down`` and ``status``,
-and the readiness of the worker's pool."""
+"""The supervisor: ``up``, ``down`` and ``status``, and the readiness of each service (its
+health probe, the worker's pool, the Ray head). Each service's command line and environment:
+``commands``; which store mlflow and prefect use: ``stores``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import sys
+import signal
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedcore.errors import ConfigError
+from flows.services import pgserver, pgstore
+from flows.services.commands import command, worker_limit
 from flows.services.config import (
     DEFAULT_BUCKET,
     DEFAULT_SERVICES,
     HOST,
-    QUIET_ENV,
-    ROOT,
     SERVICES,
     START_TIMEOUT,
     STOP_TIMEOUT,
     WORK_POOL,
-    WORK_POOL_TYPE,
     ServiceError,
     ServiceStatus,
     artifact_bucket,
@@ -43,124 +43,18 @@ from flows.services.process import (
     returncode,
     spawn,
     terminate,
+    wait_until,
 )
-from flows.services.rayhead import (
-    ensure_token,
-    ray_cmd,
-    ray_env,
-    ray_leftovers,
-    ray_ready,
-    ray_record,
-    stop_head,
-)
-from flows.services.s3 import (
-    data_lock_path,
-    ensure_buckets,
-    remove_leftovers,
-    s3_client_env,
-    scratch_dir,
-    weed_cmd,
-    weed_leftovers,
-)
+from flows.services.rayhead import ray_leftovers, ray_ready, ray_record, stop_head
+from flows.services.s3 import data_lock_path, ensure_buckets, remove_leftovers, weed_leftovers
 from flows.services.state import now, read_state, state_lock, write_state
-
-# ----------------------------------------------------------------------------- commands
-
-
-def base_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
-    """The environment of a server: the user's, less the client settings of other services
-    (``AWS_*``, ``MLFLOW_*``, ``PREFECT_*``) unless they start with one of ``keep``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_")) or k in QUIET_ENV or k.startswith(keep)
-    }
-    env.update(QUIET_ENV)
-    return env
-
-
-def worker_limit() -> int:
-    """Flow runs the worker runs at once (``FEDAPT_WORKER_LIMIT``, default 1: a run already
-    uses every core of a small machine)."""
-    value = os.environ.get("FEDAPT_WORKER_LIMIT", "1")
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if limit < 1:
-        raise ConfigError(f"FEDAPT_WORKER_LIMIT={value!r} is not a positive whole number")
-    return limit
-
-
-def command(name: str, sd: Path, port: int, records: Mapping[str, Any]) -> tuple[list, dict, Path]:
-    env = base_env()
-    if name == "ray":  # rayhead.py; cwd: its session folder's root
-        cmd, env = ray_cmd(sd, port), ray_env(env)
-        ensure_token(env)
-        return cmd, env, Path(ray_record(cmd)["temp_dir"])
-    if name == "s3":  # its files live in its scratch folder, removed when it stops
-        env["TMPDIR"] = str(scratch_dir(sd, port))
-        return weed_cmd(sd, port), env, scratch_dir(sd, port)
-    bindir = Path(sys.executable).parent
-    if name == "mlflow":  # configured in mlflow/server.toml
-        conf = mlflow_config(sd)
-        home = sd / "mlflow"
-        home.mkdir(parents=True, exist_ok=True)
-        env.update(s3_client_env(records["s3"]["url"]))
-        cmd = [
-            str(bindir / "mlflow"),
-            "server",
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--workers",
-            str(conf["workers"]),
-            "--backend-store-uri",
-            conf["backend_store_uri"],
-            "--artifacts-destination",
-            conf["artifacts_destination"],
-            *conf["extra_args"],
-        ]
-        return cmd, env, home
-    if name == "worker":
-        # Scheduled runs are child processes of the worker and inherit this environment:
-        # the user's own MLflow/S3 settings stay (as for `fedapt run`), the flow adds the
-        # services that are up (services.run_environment). Working directory: this checkout.
-        env = base_env(keep=("AWS_", "MLFLOW_", "PREFECT_WORKER_"))
-        env["PREFECT_HOME"] = str(sd / "prefect")
-        env["PREFECT_API_URL"] = records["prefect"]["api_url"]
-        env["PREFECT_WORKER_WEBSERVER_HOST"] = HOST
-        env["PREFECT_WORKER_WEBSERVER_PORT"] = str(port)
-        cmd = [
-            str(bindir / "prefect"),
-            "worker",
-            "start",
-            "--pool",
-            WORK_POOL,
-            "--type",
-            WORK_POOL_TYPE,  # the pool is created if it does not exist yet
-            "--name",
-            f"fedapt-worker-{port}",
-            "--limit",
-            str(worker_limit()),
-            "--with-healthcheck",
-            "--install-policy",
-            "never",
-        ]
-        return cmd, env, ROOT
-    home = sd / "prefect"
-    home.mkdir(parents=True, exist_ok=True)
-    # The server's own settings (e.g. PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS) are
-    # the user's to choose; client settings (PREFECT_API_URL ...) are not passed on.
-    env = base_env(keep=("PREFECT_SERVER_",))
-    env["PREFECT_HOME"] = str(home)
-    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    # The UI asks the API at this address (else Prefect's default port, 4200: on any other
-    # port, FEDAPT_PREFECT_PORT, the UI showed "Can't connect to Server API")
-    env["PREFECT_UI_API_URL"] = f"{base_url(port)}/api"
-    cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
-    return cmd, env, home
+from flows.services.stores import (
+    preflight,
+    prepare_own_server,
+    same_store,
+    store_record,
+    with_store_server,
+)
 
 
 def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
@@ -179,6 +73,8 @@ def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
         rec["pool"] = WORK_POOL
     if name == "ray":  # its address, not a URL: 127.0.0.1:<port> (RAY_ADDRESS)
         rec["url"] = f"{HOST}:{port}"
+    if name == "postgres":  # no password in it: the role's is in <state dir>/postgres/password
+        rec["url"] = health_url(name, port)
     return rec
 
 
@@ -239,7 +135,12 @@ def _wait_ray_ready(rec: Mapping[str, Any], deadline: float) -> None:
 
 def _stop(name: str, rec: Mapping[str, Any], timeout: float) -> None:
     """Stop a recorded service that is still ours: its process group (the Ray head: see
-    ``rayhead.stop_head``)."""
+    ``rayhead.stop_head``; PostgreSQL: first its fast shutdown, SIGINT to the postmaster,
+    which ends its sessions and writes a checkpoint)."""
+    if name == "postgres":
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(rec["pid"]), signal.SIGINT)
+        wait_until(lambda: not group_alive(int(rec["pid"])), timeout)
     if name == "ray":
         stop_head(rec, timeout)
         if not group_alive(int(rec["pid"])):
@@ -258,9 +159,13 @@ def up(
     ports: Mapping[str, int] | None = None,
     timeout: float = START_TIMEOUT,
     buckets: Iterable[str] = (DEFAULT_BUCKET,),
+    store: str | None = None,
 ) -> dict[str, ServiceStatus]:
     """Start the services (default all but ray; mlflow pulls in s3) and wait until they are
-    healthy.
+    healthy. ``store``: where Prefect and MLflow keep their data (``pgstore``: sqlite,
+    postgres, a postgresql:// URL; default ``$FEDAPT_STORE``, else the running services',
+    else sqlite); fedapt's PostgreSQL server (service ``postgres``) starts first when it is
+    theirs.
 
     Idempotent: a recorded service that is alive and healthy is left as it is; stale records
     are dropped. Every port is checked before anything starts. Raises ``PortInUseError`` or
@@ -269,7 +174,13 @@ def up(
     sd = state_dir(state)
     names = with_dependencies(service_names(services, DEFAULT_SERVICES))
     wanted = resolve_ports(ports)
+    running = {n: r for n, r in read_state(sd).items() if _alive_record(n, r)}
+    chosen = pgstore.resolve_store(store, running)
+    names = with_store_server(chosen, names)
+    preflight(chosen, names, sd, running)  # a bad store stops here, before anything starts
     buckets = list(buckets)
+    if "worker" in names:  # a bad FEDAPT_WORKER_LIMIT too
+        worker_limit()
     if "mlflow" in names:  # a bad mlflow/server.toml stops here, before anything starts
         bucket = artifact_bucket(mlflow_config(sd)["artifacts_destination"])
         if bucket and "s3" in names and bucket not in buckets:
@@ -281,7 +192,12 @@ def up(
                 if n == "ray":  # its `ray start` is gone: any process left of it
                     stop_head(records[n], timeout=0)
                 remove_leftovers(records.pop(n).get("leftovers", []))
-        # A service whose dependency moved (or is gone) is restarted against the new one.
+        # A service whose store or dependency moved (or is gone) is restarted against it.
+        for n in pgstore.STORE_USERS:
+            rec = records.get(n)
+            if rec and n in names and not same_store(rec, chosen, sd, records):
+                terminate(int(rec["pid"]))
+                records.pop(n)
         for n, dep, key, field in (
             ("mlflow", "s3", "s3_url", "url"),
             ("worker", "prefect", "api_url", "api_url"),
@@ -305,17 +221,25 @@ def up(
             if n in records:
                 rec = records[n]
                 _wait_running(n, rec, deadline)
-        # s3 first (mlflow needs it), then mlflow and prefect side by side, then the worker.
-        for group in (["s3"], ["mlflow", "prefect", "ray"], ["worker"]):
+        # s3 and postgres first (mlflow and prefect need them; postgres's initdb before s3
+        # starts), then mlflow and prefect side by side, then the worker.
+        for group in (["postgres", "s3"], ["mlflow", "prefect", "ray"], ["worker"]):
             pending = {}
             for n in group:
                 if n not in to_start:
                     continue
                 port = wanted[n] or free_port()
-                cmd, env, cwd = command(n, sd, port, records)
+                cmd, env, cwd = command(n, sd, port, records, chosen)
                 log = sd / "logs" / f"{n}.log"
-                pid = spawn(cmd, env, cwd, log, data_lock_path(sd) if n == "s3" else None)
+                user = None
+                if n == "postgres":  # its data folder, made once; as postgres under root
+                    user = pgserver.run_as()
+                    pgserver.initdb(sd, Path(cmd[0]).parent, env, log, user)
+                lock = data_lock_path(sd) if n == "s3" else None
+                pid = spawn(cmd, env, cwd, log, lock, user=user)
                 records[n] = _record(n, pid, port, log)
+                if n in pgstore.STORE_USERS:
+                    records[n].update(store_record(n, chosen, sd, records, env))
                 if n == "s3":
                     records[n]["leftovers"] = weed_leftovers(cmd)
                 if n == "ray":  # address, client_url, temp_dir
@@ -332,6 +256,8 @@ def up(
                     wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
                     if n == "s3":
                         ensure_buckets(rec["url"], buckets, deadline)
+                    if n == "postgres":  # Prefect's and MLflow's databases, pg_trgm
+                        prepare_own_server(chosen, sd, int(rec["port"]))
                     if n == "worker":
                         _wait_pool_ready(rec, deadline)
                     if n == "ray":
@@ -376,6 +302,9 @@ def down(
     names = with_dependants(service_names(services))
     with state_lock(sd):
         records = read_state(sd)
+        if "postgres" in names:  # and the services whose store it is
+            users = [n for n, r in records.items() if r.get("store_kind") == "postgres"]
+            names = with_dependants([*names, *users])
         for n in reversed(SERVICES):
             if n not in names or n not in records:
                 continue
@@ -418,5 +347,6 @@ def status(
             url=rec.get("url"),
             log=rec.get("log"),
             started_at=rec.get("started_at"),
+            store=rec.get("store"),
         )
     return out

@@ -7,6 +7,7 @@ section runs on its code defaults, and one warning line on standard error names 
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -92,6 +93,12 @@ def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]
 
     place = where(source, text, location(err.errors()[0]))
     message = _message(err) or describe(err, Params, sections=sections)
+    # a section (or an options table) given a value: pydantic names its class, not what it is
+    message = re.sub(
+        r"must be a valid dictionary or instance of \w+",
+        "must be a mapping of its keys (key: value)",
+        message,
+    )
     return f"{place}: {_shortened(message, err)}"
 
 

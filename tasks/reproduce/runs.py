@@ -331,8 +331,8 @@ def status(item: Planned) -> str:
     if summary is not None and config_key(summary["params"]) == key:
         if read_stamp(item.dir).get("code") == code:
             return "finished"
-    checkpoints = item.dir / "checkpoints"
-    if checkpoints.is_dir() and any(checkpoints.rglob("*.pt")):
+    # round checkpoints: <dir>/checkpoints/ (one seed), <dir>/seed-<s>/checkpoints/ (seeds)
+    if any(item.dir.glob("checkpoints/*.pt")) or any(item.dir.glob("seed-*/checkpoints/*.pt")):
         return "resume"
     return "rerun" if summary is not None else "pending"
 

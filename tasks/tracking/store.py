@@ -42,6 +42,8 @@ def check_store(uri: str, timeout: float = 5.0) -> None:
     shown = mask_credentials(uri)
     where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "local store"
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if uri and not uri.strip():  # spaces: not a path of a file store
+        raise ConfigError(f"{where}: {uri!r} is blank; {_ALLOWED} (or unset it)")
     if scheme not in TRACKING_SCHEMES:
         why = (
             "MLflow 3 no longer runs a file store"

@@ -1,0 +1,56 @@
+"""The params of a command: the ``--params``/``--set`` options and loading them typed, numerics
+in force, the keys that become paths registered for the error line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+ParamsOpt = Annotated[
+    Path | None, typer.Option("--params", "-p", help="params file (default: params.yaml)")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="override a parameter, e.g. --set federation.rounds=5"),
+]
+
+
+def load(
+    params: Path | None,
+    overrides: list[str] | None,
+    extra: list[str] | None = None,
+    *,
+    numerics: str = "native",
+) -> Any:
+    """The typed params, their numerics in force (``numerics``: what ``runtime.numerics:
+    auto`` means for this command; the DVC stages and ``fedapt reproduce`` say portable)."""
+    from tasks.config import in_force, load_params
+
+    p = load_params(params, [*(overrides or []), *(extra or [])])
+    _setting_paths(p)
+    # Before anything computes: ATen and MKL fix their kernels at their first call.
+    return in_force(p, numerics)
+
+
+def _setting_paths(p: Any) -> None:
+    """The params keys that become paths, for ``guard``'s one line (``flows.settings``)."""
+    from flows.settings import setting_path
+    from tasks.config import experiment_dir
+
+    reports = p.experiment.reports_dir
+    setting_path(
+        "experiment.reports_dir",
+        reports,
+        experiment_dir(p),
+        "a folder fedapt may create and write into, e.g. reports (the experiment's folder "
+        f"{p.experiment.name} goes in it)",
+    )
+    setting_path(
+        "data.root",
+        p.data.root,
+        p.data.root,
+        "a folder holding the dataset's files, or one fedapt may create and download into, "
+        "e.g. data/raw",
+    )

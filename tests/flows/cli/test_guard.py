@@ -1,0 +1,144 @@
+"""The CLI's guard (flows.cli.guards.guard): an error is one plain-text line, an OSError names
+its path, a full disk names the file or the setting whose folder filled and leaves no
+partial file."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from fedcore.errors import ConfigError
+from tests.cli_contract import assert_one_clear_line, invoke
+
+
+def test_guard_prints_plain_text_and_names_the_path_of_an_os_error(capsys):
+    """Error text is never Rich markup; an OSError at the edges is one line with its path."""
+    import typer
+
+    from flows.cli.guards import guard
+
+    def fail(exc: BaseException):
+        def body():
+            raise exc
+
+        return body
+
+    for exc, needle in (
+        (ConfigError("value a[/x] and [full] here"), "value a[/x] and [full] here"),
+        (NotADirectoryError(20, "Not a directory", "/tmp/a-file/out"), "/tmp/a-file/out: Not a"),
+        (PermissionError(13, "Permission denied", "/root/x"), "/root/x: Permission denied"),
+    ):
+        with pytest.raises(typer.Exit) as code:
+            guard(fail(exc))
+        err = capsys.readouterr().err
+        assert code.value.exit_code == 2 and needle in err and "Traceback" not in err, err
+        assert err.startswith("fedapt: error: ") and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("writer", ["checkpoint", "manifest"])
+def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys, writer):
+    """ENOSPC while an output is written (a checkpoint after minutes of training, a manifest):
+    one line naming the file, exit 2, neither the file nor its temp file left behind."""
+    import os
+
+    import typer
+
+    from fedcore.manifest import _atomic_write_text
+    from flows.cli.guards import guard
+    from tasks.io import atomic_write_bytes
+
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            self.fh.write(data[:10])  # a part reached the disk, then it was full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: Full(real_fdopen(fd, *a, **k)))
+    target = tmp_path / "out" / ("fedavg-full.pt" if writer == "checkpoint" else "manifest.csv")
+    target.parent.mkdir()
+
+    def body() -> None:
+        if writer == "checkpoint":  # tasks/checkpoint.py writes through atomic_write_bytes
+            atomic_write_bytes(target, b"x" * 4096)
+        else:
+            _atomic_write_text(target, "client_id,sample_index,label\n" * 100)
+
+    with pytest.raises(typer.Exit) as code:
+        guard(body)
+    err = capsys.readouterr().err
+    assert code.value.exit_code == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("fedapt: error: "), err
+    assert f"{target}: No space left on device; free some space" in err, err
+    assert list(target.parent.iterdir()) == [], "a partial output or temp file was left"
+
+
+@pytest.mark.parametrize("case", ["partition", "state-dir", "no-file-named"])
+def test_full_disk_names_the_setting_whose_folder_filled(tmp_path, monkeypatch, capsys, case):
+    """ENOSPC at a file under a setting's folder: the line names the setting, its value and
+    the file, and says to free space; exit 2, no traceback, nothing left (issue 45: it named
+    the file only). An OSError of a write that names no file: the settings' folders."""
+    import os
+
+    import typer
+
+    from flows import settings
+    from flows.cli.guards import guard
+
+    real_fdopen = os.fdopen
+
+    def full(fd, *args, **kwargs):
+        real_fdopen(fd, *args, **kwargs).close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    reports = tmp_path / "reports"
+    if case == "partition":  # `fedapt partition` writes manifest.csv atomically (os.fdopen)
+        monkeypatch.setattr(os, "fdopen", full)
+        res = invoke(tmp_path, "partition")
+        manifest = reports / "fmnist-dir05-fedavg" / "partition" / "manifest.csv"
+        needle = (
+            f"experiment.reports_dir: {reports}: No space left on device at "
+            f"{settings.shorten(str(manifest))}; "
+            "free some space there (or raise the quota) and run again"
+        )
+        assert_one_clear_line(res, needle, reports)
+        return
+    state = tmp_path / "state"
+    settings.forget()
+    settings.setting_path("FEDAPT_STATE_DIR", str(state), state, "a folder")
+    settings.setting_path("experiment.reports_dir", str(reports), reports / "exp", "a folder")
+
+    def body() -> None:
+        if case == "state-dir":
+            raise OSError(errno.ENOSPC, "No space left on device", str(state / "logs/x.log"))
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")  # a write() names no file
+
+    try:
+        with pytest.raises(typer.Exit) as code:
+            guard(body)
+    finally:
+        settings.forget()
+    err = capsys.readouterr().err
+    assert code.value.exit_code == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("fedapt: error: "), err
+    if case == "state-dir":
+        assert err.strip() == (
+            f"fedapt: error: FEDAPT_STATE_DIR: {state}: No space left on device at "
+            f"{state / 'logs/x.log'}; free some space there (or raise the quota) and run again"
+        )
+    else:
+        assert err.strip() == (
+            "fedapt: error: Disk quota exceeded; free some space (or raise the quota) on the "
+            f"disk of FEDAPT_STATE_DIR ({state}), experiment.reports_dir ({reports / 'exp'}), "
+            "then run again"
+        )
