@@ -225,6 +225,29 @@ class Graphed:
         return self.loss
 
 
+def timed(
+    device: str, count: int, call: Callable[[int], object]
+) -> tuple[list[float], list[float]]:
+    """``call(i)`` for i < count: each call's milliseconds (CUDA events on a GPU, the wall
+    clock on a CPU) and, on a GPU, the host's milliseconds to issue it (no wait)."""
+    events, issue, wall = [], [], []
+    for i in range(count):
+        if device.startswith("cuda"):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            h0 = time.perf_counter()
+            a.record()
+            call(i)
+            b.record()
+            issue.append((time.perf_counter() - h0) * 1e3)
+            events.append((a, b))
+        else:
+            h0 = time.perf_counter()
+            call(i)
+            wall.append((time.perf_counter() - h0) * 1e3)
+    sync(device)
+    return ([a.elapsed_time(b) for a, b in events] if events else wall), issue
+
+
 def kernel_table(step, P: Params, data, path: Path) -> dict:  # type: ignore[no-untyped-def]
     """Ten steps under torch.profiler: the kernels' summed device time per step and the top
     kernels, written to ``path``."""
@@ -286,34 +309,13 @@ def measure(variant: str, args: argparse.Namespace, data, reference: str | None)
         else:
             torch.save({k: v.cpu() for k, v in p1.items()}, args.reference)
         # timing
-        times: list[float] = []
-        issue: list[float] = []
-        for i in range(args.steps):
-            x, y = data[i % len(data)]
-            if device.startswith("cuda"):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                h0 = time.perf_counter()
-                a.record()
-                step(P, x, y)
-                b.record()
-                issue.append(time.perf_counter() - h0)
-                times.append((a, b))  # type: ignore[arg-type]
-            else:
-                h0 = time.perf_counter()
-                step(P, x, y)
-                times.append(time.perf_counter() - h0)
-        sync(device)
-        ms = (
-            [a.elapsed_time(b) for a, b in times]
-            if device.startswith("cuda")
-            else [t * 1e3 for t in times]
-        )  # type: ignore[misc]
+        ms, issue = timed(device, args.steps, lambda i: step(P, *data[i % len(data)]))
         res["median_step_ms"] = round(statistics.median(ms), 3)
         if args.profile and device.startswith("cuda") and not variant.startswith("graph"):
             res["kernels"] = kernel_table(step, P, data, Path(args.out) / f"kernels_{variant}.txt")
         res["min_step_ms"] = round(min(ms), 3)
         if issue:
-            res["median_issue_ms"] = round(statistics.median(issue) * 1e3, 3)
+            res["median_issue_ms"] = round(statistics.median(issue), 3)
     res["warnings"] = sorted({str(w.message)[:160] for w in caught})[:5]
     return res
 
@@ -386,31 +388,16 @@ def measure_round(variant: str, args: argparse.Namespace) -> dict:
 
         h1, h2 = from_start(3), from_start(3)
         res["sha_3_rounds"], res["repeat_identical"] = h1, h1 == h2
-        times, issue = [], []
-        for r in range(args.rounds):
+
+        def one(r: int) -> None:
             idx.copy_(plans[r % len(plans)])
-            if device.startswith("cuda"):
-                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                a.record()
-                run()
-                e.record()
-                issue.append(time.perf_counter() - t0)
-                times.append((a, e))
-            else:
-                t0 = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - t0)
-        sync(device)
-        ms = (
-            [a.elapsed_time(e) for a, e in times]
-            if device.startswith("cuda")
-            else [t * 1e3 for t in times]
-        )
+            run()
+
+        ms, issue = timed(device, args.rounds, one)
         res["median_round_ms"] = round(statistics.median(ms), 3)
         res["min_round_ms"] = round(min(ms), 3)
         if issue:
-            res["median_issue_ms"] = round(statistics.median(issue) * 1e3, 3)
+            res["median_issue_ms"] = round(statistics.median(issue), 3)
     return res
 
 
