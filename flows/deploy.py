@@ -223,12 +223,27 @@ def _runs(client: Any, deployment_id: Any, states: tuple[str, ...]) -> list[Any]
 SETTLE_SECONDS = 3.0  # after the last cancellation: the scheduler's iteration in flight ends
 
 
+def _schedule_made(run: Any) -> bool:
+    """A run the server's pause deletes itself: made by the scheduler, Scheduled (Late too)
+    and never started, not one waiting for a concurrency slot."""
+    return bool(
+        run.auto_scheduled
+        and run.state_type is not None
+        and run.state_type.value == "SCHEDULED"
+        and run.state_name != "AwaitingConcurrencySlot"
+        and not run.run_count
+    )
+
+
 def _cancel_not_started(client: Any, deployment_id: Any, why: str) -> list[str]:
     """Cancel the deployment's runs that have not started, then keep looking for
     ``SETTLE_SECONDS`` after the last one: a scheduler iteration that read the deployment as
-    active just before the pause still inserts its runs (seen on a loaded machine)."""
+    active just before the pause still inserts its runs (seen on a loaded machine). Those,
+    the schedule's own runs, are deleted as the server's pause deletes them, not reported as
+    cancelled; the returned names are the runs someone asked for (by hand, or a worker took)."""
     import time
 
+    from prefect.exceptions import ObjectNotFound
     from prefect.states import Cancelled
 
     cancelled: list[str] = []
@@ -236,6 +251,12 @@ def _cancel_not_started(client: Any, deployment_id: Any, why: str) -> list[str]:
     while True:
         runs = _runs(client, deployment_id, _NOT_STARTED)
         for run in runs:
+            if _schedule_made(run):
+                try:
+                    client.delete_flow_run(run.id)
+                except ObjectNotFound:  # the server's pause deleted it first
+                    pass
+                continue
             client.set_flow_run_state(run.id, Cancelled(message=why), force=True)
             cancelled.append(run.name)
         if runs:
