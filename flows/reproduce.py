@@ -93,10 +93,12 @@ def reproduce_flow(
     """Run what the profile's claims still need, then write (and track) the report.
     Returns the report's path."""
     records.loaded_sources()  # the code this run computes with, pinned before it starts
+    records.loaded_drivers()  # ... and the code that drives it (what it can reach)
     records.checkout()  # ... and its commit and whether its tree was clean
     sets = list(overrides or [])
     chosen = select(claims)
     items = list(runs.plan(chosen, profile, params_file, sets, out))
+    runs.migrate(items)  # a deployment's run: records of the former code-version rule
     if items:  # a deployment's run: the numerics before anything computes
         numerics.apply(items[0].params.runtime.numerics, items[0].params.runtime.threads)
     root = runs.reproduce_root(params_file, sets, profile)
@@ -217,6 +219,7 @@ def revalidate_flow(
     (``tasks.reproduce.revalidate``); identical ones are stamped with this code version.
     Returns one line per record that could not be revalidated."""
     records.loaded_sources()
+    records.loaded_drivers()
     where = records.checkout()
     sets = list(overrides or [])
     if profile != "ci" and not where["clean"]:
@@ -227,6 +230,7 @@ def revalidate_flow(
         ]
     chosen = select(claims)
     items = runs.plan(chosen, profile, params_file, sets, out)
+    runs.migrate(items)
     if items:
         numerics.apply(items[0].params.runtime.numerics, items[0].params.runtime.threads)
     root = runs.reproduce_root(params_file, sets, profile)

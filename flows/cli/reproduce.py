@@ -90,6 +90,8 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     if revalidate and (report_only or rerun_stale):
         other = "--report" if report_only else "--rerun-stale"
         raise ConfigError(f"--revalidate checks stale records; it does not go with {other}")
+    for name in runs.migrate(items):  # before anything reads a record's code version
+        out.print(f"{name}: carried over to the imports code-version rule (same code)")
     if revalidate:
         _revalidate(profile, claims, params_file, overrides, where, seed)
         return

@@ -14,7 +14,6 @@ code version or numerics is *stale*: ``fedapt reproduce`` stops on it in one lin
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -22,225 +21,32 @@ from pathlib import Path
 from typing import Any
 
 from tasks.io import atomic_write_json
+from tasks.reproduce.codeversion import (
+    CODE,
+    NOT_NUMBERS,
+    PLUGINS,
+    RULE,
+    all_files_version,
+    code_files,
+    code_version,
+    driver_files,
+    uses,
+)
 from tasks.reproduce.spec import Cell, ExperimentResult
+
+__all__ = [
+    "CODE",
+    "NOT_NUMBERS",
+    "PLUGINS",
+    "RULE",
+    "code_files",
+    "code_version",
+    "driver_files",
+    "uses",
+]
 
 RECORDS = "records"
 ROOT = Path(__file__).resolve().parents[2]
-# The source whose changes can change a number: the core, the models and the tasks that
-# load data, partition, pretrain and train; not what only writes, tracks or reports, and not
-# the config layer: what it validates params to is the record's key (``runs.config_key``), so
-# a changed default or check shows there, not in the code version.
-CODE = ("fedcore", "models", "tasks")
-NOT_NUMBERS = (
-    "tasks/config/",
-    "tasks/reproduce/",
-    "tasks/report.py",
-    "tasks/figures.py",
-    "tasks/progress.py",
-    "tasks/tracking/",
-    "tasks/storage.py",
-    "tasks/origin.py",
-    "tasks/artifacts.py",
-    "tasks/modelfile.py",
-    "tasks/yamlfile.py",
-    "tasks/validate.py",
-)
-PINS = ("numpy==", "peft==", "timm==", "torch==", "torchvision==", "transformers==")
-# Packages of plug-ins: a top-level class there with a ``name = "..."`` attribute is the
-# plug-in of that registry name (an algorithm, an adapter method); its kind is the key.
-PLUGINS = {"algorithm": "fedcore/algorithms/", "adapter": "models/adapters/"}
-
-
-def code_files(root: Path = ROOT) -> dict[str, bytes]:
-    """The number-computing source files (path relative to ``root`` -> bytes)."""
-    files = sorted(
-        p
-        for top in CODE
-        for p in (root / top).rglob("*.py")
-        if not p.relative_to(root).as_posix().startswith(NOT_NUMBERS)
-    )
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in files}
-
-
-def pins(root: Path = ROOT) -> str:
-    path = root / "constraints.txt"
-    if not path.is_file():
-        return ""
-    return "\n".join(x for x in path.read_text().splitlines() if x.startswith(PINS))
-
-
-def uses(flat: Mapping[str, Any]) -> frozenset[str]:
-    """The plug-ins a run's flat params use: ``algorithm:<name>``, ``adapter:<name>``."""
-    out = set()
-    for kind, key in (("algorithm", "grid.algorithms"), ("adapter", "grid.adapters")):
-        names = flat.get(key) or ()
-        out |= {f"{kind}:{n}" for n in ([names] if isinstance(names, str) else names)}
-    return frozenset(out)
-
-
-def code_version(
-    root: Path = ROOT,
-    used: frozenset[str] | None = None,
-    sources: Mapping[str, bytes] | None = None,
-) -> str:
-    """12 hex digits of a hash over what computes a record's numbers: the syntax trees of the
-    number-computing source files (comments, docstrings and layout left out) and the pins of
-    the numeric libraries in constraints.txt. With ``used`` (see :func:`uses`), the plug-ins
-    the record does not use are left out (their classes and every reference to them in
-    imports and literal lists, tuples, sets and dicts; a file left with nothing else is
-    skipped), so adding or changing an algorithm or adapter method that a record does not run
-    leaves it current; the classes a used plug-in derives from stay in. ``used`` None: every
-    plug-in counts (the whole code's version)."""
-    files = dict(sources) if sources is not None else code_files(root)
-    trees = {path: _parsed(path, text) for path, text in files.items()}
-    drop = _unused_plugins(trees, used) if used is not None else frozenset()
-    h = hashlib.sha256()
-    for path in sorted(trees):
-        dumped = _dump(path, files[path], drop & _names(path, files[path]))
-        if dumped is None:
-            continue
-        h.update(path.encode() + b"\0" + dumped.encode() + b"\0")
-    h.update(pins(root).encode())
-    return h.hexdigest()[:12]
-
-
-@functools.lru_cache(maxsize=4096)
-def _parsed(path: str, text: bytes) -> Any:
-    import ast
-
-    return ast.parse(text, filename=path)
-
-
-@functools.lru_cache(maxsize=4096)
-def _names(path: str, text: bytes) -> frozenset[str]:
-    """Every name a file defines, imports or refers to (what dropping a plug-in can touch)."""
-    import ast
-
-    out = set()
-    for node in ast.walk(_parsed(path, text)):
-        if isinstance(node, ast.Name):
-            out.add(node.id)
-        elif isinstance(node, ast.ClassDef):
-            out.add(node.name)
-        elif isinstance(node, ast.alias):
-            out.add(node.name)
-    return frozenset(out)
-
-
-@functools.lru_cache(maxsize=8192)
-def _dump(path: str, text: bytes, drop: frozenset[str]) -> str | None:
-    import ast
-
-    tree = _reduced(_parsed(path, text), set(drop))
-    return None if tree is None else ast.dump(tree)
-
-
-def _plugin_classes(trees: Mapping[str, Any]) -> dict[str, tuple[str, list[str]]]:
-    """Class name -> (its registry key ``kind:name`` or "", its base names), for the classes
-    of the plug-in packages."""
-    import ast
-
-    out: dict[str, tuple[str, list[str]]] = {}
-    for path, tree in trees.items():
-        kind = next((k for k, pre in PLUGINS.items() if path.startswith(pre)), None)
-        if kind is None:
-            continue
-        for node in tree.body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            key = ""
-            for stmt in node.body:
-                target = value = None
-                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                    target, value = stmt.targets[0], stmt.value
-                elif isinstance(stmt, ast.AnnAssign):
-                    target, value = stmt.target, stmt.value
-                if (
-                    isinstance(target, ast.Name)
-                    and target.id == "name"
-                    and isinstance(value, ast.Constant)
-                    and isinstance(value.value, str)
-                ):
-                    key = f"{kind}:{value.value}"
-            bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
-            out[node.name] = (key, bases)
-    return out
-
-
-def _unused_plugins(trees: Mapping[str, Any], used: frozenset[str]) -> frozenset[str]:
-    """The class names of plug-ins ``used`` does not name nor derive from."""
-    classes = _plugin_classes(trees)
-    keep: set[str] = set()
-    todo = [c for c, (key, _) in classes.items() if key in used]
-    while todo:
-        c = todo.pop()
-        if c in keep or c not in classes:
-            continue
-        keep.add(c)
-        todo += classes[c][1]
-    return frozenset(c for c, (key, _) in classes.items() if key and c not in keep)
-
-
-def _reduced(tree: Any, drop: set[str]) -> Any:
-    """``tree`` without docstrings and without the classes in ``drop`` and the references to
-    them in imports and literal containers; None when nothing but imports is left of a file
-    that had a dropped class (a plug-in's own file)."""
-    import ast
-    import copy
-
-    tree = copy.deepcopy(tree)
-    had = False
-
-    class Strip(ast.NodeTransformer):
-        def generic_visit(self, node: Any) -> Any:
-            super().generic_visit(node)
-            body = getattr(node, "body", None)
-            if (
-                isinstance(body, list)
-                and body
-                and isinstance(
-                    node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-                )
-                and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)
-            ):
-                node.body = body[1:] or [ast.Pass()]
-            return node
-
-        def visit_ClassDef(self, node: Any) -> Any:
-            nonlocal had
-            if node.name in drop:
-                had = True
-                return None
-            return self.generic_visit(node)
-
-        def visit_ImportFrom(self, node: Any) -> Any:
-            node.names = [a for a in node.names if a.name not in drop]
-            return node if node.names else None
-
-        def _elts(self, node: Any) -> Any:
-            self.generic_visit(node)
-            node.elts = [e for e in node.elts if not (isinstance(e, ast.Name) and e.id in drop)]
-            return node
-
-        visit_Tuple = visit_List = visit_Set = _elts
-
-        def visit_Dict(self, node: Any) -> Any:
-            self.generic_visit(node)
-            pairs = [
-                (k, v)
-                for k, v in zip(node.keys, node.values, strict=True)
-                if not (isinstance(v, ast.Name) and v.id in drop)
-            ]
-            node.keys = [k for k, _ in pairs]
-            node.values = [v for _, v in pairs]
-            return node
-
-    tree = Strip().visit(tree)
-    if had and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Pass)) for n in tree.body):
-        return None
-    return tree
 
 
 @functools.cache
@@ -252,14 +58,65 @@ def loaded_sources() -> tuple[tuple[str, bytes], ...]:
 
 
 @functools.cache
+def loaded_drivers() -> tuple[tuple[str, bytes], ...]:
+    """The drivers' source (``codeversion.driver_files``), read once like :func:`loaded_sources`."""
+    return tuple(sorted(driver_files().items()))
+
+
+@functools.cache
 def loaded_code_version(used: frozenset[str] | None = None) -> str:
     """:func:`code_version` of the source this process loaded (:func:`loaded_sources`)."""
-    return code_version(used=used, sources=dict(loaded_sources()))
+    return code_version(used=used, sources=dict(loaded_sources()), drivers=dict(loaded_drivers()))
 
 
 def record_code(flat: Mapping[str, Any]) -> str:
     """The code version a record of these flat params is computed by (its plug-ins only)."""
     return loaded_code_version(uses(flat))
+
+
+def is_current(rec: Mapping[str, Any], flat: Mapping[str, Any]) -> bool:
+    """Whether ``rec``'s code version is this checkout's for ``flat``: under this rule, or,
+    for a record the former rule stamped and :func:`migrate` has not carried over yet, under
+    that one."""
+    if rec.get("code_rule") == RULE:
+        return rec.get("code") == record_code(flat)
+    return rec.get("code") == all_files_version(used=uses(flat), sources=dict(loaded_sources()))
+
+
+def migrate(path: Path) -> bool:
+    """Carry a record stamped by the former code-version rule (every number-code file) over to
+    this one (``codeversion.RULE``) when the former rule still gives its code version on this
+    checkout: the code that computed it is then this code, file for file, so its version under
+    this rule is this checkout's. Its ``code``, and the same value where ``computed_by`` and
+    its revalidations name it, are restamped; ``migrated`` keeps the former value. A record of
+    other code stays as it is (stale: revalidate or rerun it). Returns whether it was written."""
+    rec = read_record(path)
+    if rec is None or rec.get("code_rule") == RULE:
+        return False
+    flat = rec.get("params") or {}
+    old = rec.get("code")
+    if not is_current(rec, flat):
+        return False
+    new_code = record_code(flat)
+    new = dict(rec)
+    new["code"], new["code_rule"] = new_code, RULE
+    by = rec.get("computed_by")
+    if isinstance(by, dict) and by.get("code") == old:
+        new["computed_by"] = {**by, "code": new_code}
+    new["revalidated"] = [
+        {**c, "to": new_code} if isinstance(c, dict) and c.get("to") == old else c
+        for c in rec.get("revalidated") or []
+    ]
+    if not new["revalidated"]:
+        del new["revalidated"]
+    new["migrated"] = {
+        "from": old,
+        "rule": RULE,
+        "commit": checkout()["commit"],
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    atomic_write_json(path, new)
+    return True
 
 
 def _git(*args: str) -> str | None:
@@ -410,6 +267,7 @@ def write_record(
             "experiment": experiment,
             "claim": claim,
             "code": code,
+            "code_rule": RULE,
             "computed_by": dict(computed_by),
             "rules": dict(rules),
             "numerics": numerics,

@@ -151,7 +151,7 @@ def restamp(path: Path, record: Mapping[str, Any], seed: int, cells: Sequence[st
         "computed_by": records.computed_by(flat, str(record.get("numerics"))),
     }
     new = dict(record)
-    new["code"] = code
+    new["code"], new["code_rule"] = code, records.RULE
     new["revalidated"] = [*record.get("revalidated", []), checked]
     return atomic_write_json(path, new)
 

@@ -322,7 +322,7 @@ def status(item: Planned) -> str:
     code = records.record_code(flat)
     rec = records.read_record(item.record)
     if rec is not None and rec.get("config") == key:
-        same = (rec.get("code"), rec.get("numerics")) == (code, item.params.runtime.numerics)
+        same = records.is_current(rec, flat) and rec.get("numerics") == item.params.runtime.numerics
         if not same:
             return "stale"
         if set(map(str, planned_seeds(item))) <= set(rec.get("seeds", {})):
@@ -335,6 +335,12 @@ def status(item: Planned) -> str:
     if any(item.dir.glob("checkpoints/*.pt")) or any(item.dir.glob("seed-*/checkpoints/*.pt")):
         return "resume"
     return "rerun" if summary is not None else "pending"
+
+
+def migrate(items: Sequence[Planned]) -> list[str]:
+    """The records of ``items`` the former code-version rule stamped, carried over to this one
+    where that is sound (``records.migrate``); returns their names."""
+    return [item.record.name for item in items if records.migrate(item.record)]
 
 
 def stale_text(item: Planned) -> str:

@@ -105,9 +105,10 @@ def test_a_check_side_outside_the_four_is_refused():
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """A copy of the number code (fedcore, models, tasks) and constraints.txt."""
+    """A copy of the number code (fedcore, models, tasks), its drivers (flows) and
+    constraints.txt."""
     root = tmp_path_factory.mktemp("code")
-    for top in records.CODE:
+    for top in (*records.CODE, "flows"):
         shutil.copytree(REPO / top, root / top, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "constraints.txt", root / "constraints.txt")
     return root
@@ -161,6 +162,85 @@ def test_adding_an_algorithm_or_adapter_a_record_does_not_use_leaves_it_current(
         init.write_text(old)
         new.unlink()
     assert records.code_version(tree, None) == before[None]
+
+
+def test_a_module_nothing_runs_imports_leaves_every_record_current(tree):
+    """A mechanism being built (a new package no driver reaches) changes no record's code
+    version; the first import of it from code a run reaches (a function body counts, a driver
+    counts) does."""
+    before = {u: records.code_version(tree, u) for u in (FEDAVG, PROX, None)}
+    pkg = tree / "fedcore" / "privacy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "noise.py").write_text("def noise(x):\n    return x + 1\n")
+    agg = tree / "fedcore" / "aggregate.py"
+    flow = tree / "flows" / "experiment.py"
+    try:
+        assert {u: records.code_version(tree, u) for u in before} == before
+        old = agg.read_text()
+        agg.write_text(old + "\n\ndef _later(x):\n    from fedcore.privacy import noise\n")
+        assert all(records.code_version(tree, u) != v for u, v in before.items())
+        agg.write_text(old)
+        old = flow.read_text()
+        flow.write_text(old + "\nimport fedcore.privacy.noise\n")
+        assert all(records.code_version(tree, u) != v for u, v in before.items())
+        flow.write_text(old)
+        (pkg / "noise.py").write_text("def noise(x):\n    return x + 2\n")  # still unreached
+        assert {u: records.code_version(tree, u) for u in before} == before
+    finally:
+        shutil.rmtree(pkg)
+    assert {u: records.code_version(tree, u) for u in before} == before
+
+
+def test_a_module_only_an_unused_plugin_imports_is_not_its_records_code(tree):
+    """A helper module that only FedProx's file imports counts for FedProx's records, not
+    FedAvg's."""
+    v_avg, v_prox = records.code_version(tree, FEDAVG), records.code_version(tree, PROX)
+    prox = tree / "fedcore" / "algorithms" / "fedprox.py"
+    helper = tree / "fedcore" / "algorithms" / "prox_term.py"
+    old = prox.read_text()
+    helper.write_text("MU = 0.01\n")
+    mark = "@dataclass(frozen=True)\nclass FedProx("
+    prox.write_text(old.replace(mark, "from fedcore.algorithms import prox_term\n\n\n" + mark))
+    try:
+        v_prox_helper = records.code_version(tree, PROX)
+        assert v_prox_helper != v_prox  # the new import is FedProx's code
+        helper.write_text("MU = 0.02\n")
+        assert records.code_version(tree, FEDAVG) == v_avg
+        assert records.code_version(tree, PROX) != v_prox_helper
+    finally:
+        prox.write_text(old)
+        helper.unlink()
+
+
+def test_records_of_the_former_rule_are_carried_over_only_for_the_same_code(tmp_path):
+    """``records.migrate``: a record the all-files rule stamped with this checkout's version is
+    restamped under the imports rule (computed_by and revalidations that named the same
+    version with it); one of other code is left stale; a carried-over one is not touched
+    again."""
+    from tasks.reproduce import codeversion
+
+    flat = {"grid.algorithms": ["fedavg"], "grid.adapters": ["full"]}
+    used = records.uses(flat)
+    former = codeversion.all_files_version(used=used, sources=dict(records.loaded_sources()))
+    same, other = tmp_path / "same.json", tmp_path / "other.json"
+    base = {"params": flat, "seeds": {}, "numerics": "portable"}
+    same.write_text(json.dumps({**base, "code": former, "computed_by": {"code": former},
+                                "revalidated": [{"to": former}, {"to": "0123456789ab"}]}))  # fmt: skip
+    other.write_text(json.dumps({**base, "code": "0123456789ab",
+                                 "computed_by": {"code": "0123456789ab"}}))  # fmt: skip
+    assert not records.is_current(json.loads(other.read_text()), flat)
+    assert records.is_current(json.loads(same.read_text()), flat)  # read-only: before migrating
+    assert records.migrate(same) and not records.migrate(other)
+    rec = json.loads(same.read_text())
+    now = records.record_code(flat)
+    assert now != former and rec["code"] == rec["computed_by"]["code"] == now
+    assert rec["code_rule"] == records.RULE and rec["migrated"]["from"] == former
+    assert [c["to"] for c in rec["revalidated"]] == [now, "0123456789ab"]
+    assert records.is_current(rec, flat)
+    assert json.loads(other.read_text())["code"] == "0123456789ab"
+    text = same.read_text()
+    assert not records.migrate(same) and same.read_text() == text
 
 
 def test_an_unused_plugin_changing_leaves_a_record_current_a_used_one_not(tree):

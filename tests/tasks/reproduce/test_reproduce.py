@@ -180,6 +180,8 @@ def test_code_version_follows_the_number_code_only(tmp_path):
         (tmp_path / rel).write_text("x = 1\n")
     (tmp_path / "tasks" / "reproduce").mkdir()
     (tmp_path / "tasks" / "reproduce" / "claim_x.py").write_text("y = 1\n")
+    (tmp_path / "flows").mkdir()  # a driver that runs them all
+    (tmp_path / "flows" / "run.py").write_text("import fedcore.a, models.b, tasks.c\n")
     v = records.code_version(tmp_path)
     (tmp_path / "tasks" / "report.py").write_text("x = 2\n")  # writes reports: no number
     (tmp_path / "tasks" / "reproduce" / "claim_x.py").write_text("y = 2\n")
