@@ -28,7 +28,7 @@ from flows import services
 from flows.experiment import experiment_flow
 from tasks import tracking
 from tasks.progress import clock
-from tasks.reproduce import records, report, revalidate, runs
+from tasks.reproduce import recording, records, report, revalidate, runs
 from tasks.reproduce.registry import select
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def reproduce_flow(
                     raise ValueError(refused)
                 state = "stale"
             if state == "finished":  # ran to the end, its record not yet written
-                runs.write_record(item)
+                recording.write_record(item)
                 log.info("%s: finished earlier, recorded in %s", name, item.record)
                 continue
             if state == "waiting":  # cannot be: what it waits for ran above, or stopped the flow
@@ -143,7 +143,7 @@ def reproduce_flow(
                 runs.eta_text(done, spent, left),
             )
             seconds = _run_experiment(item, root, params_file, name, resumed=state == "resume")
-            runs.write_record(item)
+            recording.write_record(item)
             done, spent, left = done + runs.work(item), spent + seconds, left - runs.work(item)
             log.info("%s: done in %s", name, clock(seconds))
         if profile != "ci":  # the smoke test's verdicts mean nothing: no seeds added
@@ -160,8 +160,8 @@ def _run_experiment(
     """Pre-register ``item`` (the rules it runs under), run it through the experiment flow,
     stamp it; returns the seconds it took."""
     log = get_run_logger()
-    runs.register(item)
-    if (source := runs.share_base(item, root)) is not None:
+    recording.register(item)
+    if (source := recording.share_base(item, root)) is not None:
         log.info("%s: frozen base from %s (same data, model, pretrain)", name, source)
     started = time.perf_counter()
     experiment_flow(
@@ -171,7 +171,7 @@ def _run_experiment(
         entry="reproduce",
     )
     seconds = time.perf_counter() - started
-    runs.write_stamp(item, seconds, resumed=resumed)
+    recording.write_stamp(item, seconds, resumed=resumed)
     return seconds
 
 
@@ -198,12 +198,12 @@ def _more_seeds(
                 "claim %s: an interval straddles on %d seeds: seed %d", claim.id, v.seeds, seed
             )
             for it in mine:
-                extra = runs.extra_seed(it, seed, params_file)
+                extra = recording.extra_seed(it, seed, params_file)
                 if runs.status(extra) == "done":
                     continue
                 name = f"{extra.params.experiment.name} (seed {seed} of {it.experiment.name})"
                 _run_experiment(extra, root, params_file, name, resumed=False)
-                runs.merge_seed(it, extra, seed)
+                recording.merge_seed(it, extra, seed)
 
 
 @flow(name="fedapt-reproduce-revalidate", flow_run_name=_run_name)
@@ -262,7 +262,7 @@ def revalidate_flow(
                 continue
             check = revalidate.check_item(item, seed, params_file, root)
             shutil.rmtree(check.dir, ignore_errors=True)  # a check never reuses an older one's
-            runs.share_base(check, root / revalidate.REVALIDATE)
+            recording.share_base(check, root / revalidate.REVALIDATE)
             log.info("%s: %s, rerunning seed %d whole", name, why, seed)
             experiment_flow(
                 params=check.params,

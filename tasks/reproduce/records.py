@@ -74,6 +74,14 @@ def record_code(flat: Mapping[str, Any]) -> str:
     return loaded_code_version(uses(flat))
 
 
+def same_code(code: object, flat: Mapping[str, Any]) -> bool:
+    """Whether ``code``, a code version stamped under this rule or the former one, is this
+    checkout's for ``flat`` (the former rule's equal means the same code, file for file)."""
+    if code == record_code(flat):
+        return True
+    return code == all_files_version(used=uses(flat), sources=dict(loaded_sources()))
+
+
 def is_current(rec: Mapping[str, Any], flat: Mapping[str, Any]) -> bool:
     """Whether ``rec``'s code version is this checkout's for ``flat``: under this rule, or,
     for a record the former rule stamped and :func:`migrate` has not carried over yet, under

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.reproduce import claim_adapters, records, runs
+from tasks.reproduce import claim_adapters, recording, records, runs
 from tasks.reproduce.spec import Check, Claim, Experiment, Reading, SeedPolicy
 from tasks.reproduce.verdict import combine, interval
 from tests.tasks.reproduce.test_reproduce import UNTUNED, _finish, _plan_adapters
@@ -318,9 +318,9 @@ def test_uses_reads_the_grid():
 def _done(tmp_path):
     it = _plan_adapters(tmp_path)
     _finish(it)
-    runs.register(it)
-    runs.write_stamp(it, 1.0, resumed=False)
-    runs.write_record(it)
+    recording.register(it)
+    recording.write_stamp(it, 1.0, resumed=False)
+    recording.write_record(it)
     return it, json.loads(it.record.read_text())
 
 
@@ -368,9 +368,9 @@ def test_the_cli_refuses_a_record_of_a_dirty_tree_in_one_line(tmp_path):
     cpu = runs.plan([UNTUNED], "cpu", REPO / "params.yaml",
                     [f"experiment.reports_dir={tmp_path / 'reports'}"], tmp_path / "out")[0]  # fmt: skip
     _finish(cpu, seeds=(0, 1, 2))
-    runs.register(cpu)
-    runs.write_stamp(cpu, 1.0, resumed=False)
-    runs.write_record(cpu)
+    recording.register(cpu)
+    recording.write_stamp(cpu, 1.0, resumed=False)
+    recording.write_record(cpu)
     rec = json.loads(cpu.record.read_text())
     rec["computed_by"]["clean"] = False
     cpu.record.write_text(json.dumps(rec))
@@ -390,14 +390,14 @@ def test_the_cli_refuses_a_record_of_a_dirty_tree_in_one_line(tmp_path):
 
 def test_an_extra_seed_joins_its_record(tmp_path):
     it, rec = _done(tmp_path)
-    extra = runs.extra_seed(it, 2, REPO / "params.yaml")
+    extra = recording.extra_seed(it, 2, REPO / "params.yaml")
     assert extra.record == it.record and extra.params.experiment.seeds == (2,)
     assert extra.dir.name == f"{it.params.experiment.name}-seed2"
     assert runs.status(extra) != "done"
     _finish(extra, seeds=(2,))
-    runs.register(extra)
-    runs.write_stamp(extra, 1.0, resumed=False)
-    runs.merge_seed(it, extra, 2)
+    recording.register(extra)
+    recording.write_stamp(extra, 1.0, resumed=False)
+    recording.merge_seed(it, extra, 2)
     new = json.loads(it.record.read_text())
     assert sorted(new["seeds"]) == ["0", "1", "2"] and new["seed_runs"][0]["seed"] == 2
     assert runs.status(extra) == "done" and runs.status(it) == "done"
@@ -407,7 +407,7 @@ def test_an_extra_seed_joins_its_record(tmp_path):
     stamp["rules"] = {"adapters": "000000000000"}
     (extra.dir / runs.STAMP).write_text(json.dumps(stamp))
     with pytest.raises(ValueError, match="another configuration, code or rules"):
-        runs.merge_seed(it, extra, 2)
+        recording.merge_seed(it, extra, 2)
 
 
 def test_an_experiment_derives_its_settings_from_the_records_it_runs_after(tmp_path):
@@ -429,9 +429,9 @@ def test_an_experiment_derives_its_settings_from_the_records_it_runs_after(tmp_p
     a, b = runs.plan([claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
     assert b.waiting and runs.status(b) == "waiting"
     _finish(a)
-    runs.register(a)
-    runs.write_stamp(a, 1.0, resumed=False)
-    runs.write_record(a)
+    recording.register(a)
+    recording.write_stamp(a, 1.0, resumed=False)
+    recording.write_record(a)
     b = runs.replan(b, [claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
     assert not b.waiting and b.params.federation.rounds == 3
     assert "federation.rounds=3" in b.overrides
@@ -462,9 +462,9 @@ def test_the_seed_policy_runs_one_seed_more_while_an_interval_straddles(tmp_path
     for s in (0, 1, 2):
         metrics = it.dir / f"seed-{s}" / "runs" / "fedavg-full" / "metrics.json"
         metrics.write_text(json.dumps({"rounds": [{"round": 1, "accuracy": accs[s]}]}))
-    runs.register(it)
-    runs.write_stamp(it, 1.0, resumed=False)
-    runs.write_record(it)
+    recording.register(it)
+    recording.write_stamp(it, 1.0, resumed=False)
+    recording.write_record(it)
     ran = []
 
     def fake_run(item, root, params_file, name, resumed):
@@ -473,8 +473,8 @@ def test_the_seed_policy_runs_one_seed_more_while_an_interval_straddles(tmp_path
         _finish(item, seeds=(seed,))
         metrics = item.dir / f"seed-{seed}" / "runs" / "fedavg-full" / "metrics.json"
         metrics.write_text(json.dumps({"rounds": [{"round": 1, "accuracy": accs[seed]}]}))
-        runs.register(item)
-        runs.write_stamp(item, 1.0, resumed=False)
+        recording.register(item)
+        recording.write_stamp(item, 1.0, resumed=False)
         return 1.0
 
     monkeypatch.setattr(flow, "_run_experiment", fake_run)

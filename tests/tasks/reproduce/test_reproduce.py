@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.reproduce import claim_adapters, records, registry, report, runs
+from tasks.reproduce import claim_adapters, recording, records, registry, report, runs
 from tasks.reproduce.spec import PROFILES, ExperimentResult, dedupe
 from tests.tasks.reproduce.test_verdicts import MB, _transformer, cell, exp
 
@@ -146,9 +146,9 @@ def test_status_from_records_and_the_experiment_folder(tmp_path):
     assert runs.status(it) == "resume"
     _finish(it, **{"runtime.workers": 7})  # runtime.workers cannot change a number
     assert runs.status(it) == "resume"  # a summary, but no stamp of this code version
-    runs.write_stamp(it, 12.5, resumed=False)
+    recording.write_stamp(it, 12.5, resumed=False)
     assert runs.status(it) == "finished"
-    runs.write_record(it)
+    recording.write_record(it)
     assert runs.status(it) == "done"
     rec = json.loads(it.record.read_text())
     assert rec["code"] == records.record_code(it.params.flat()) and rec["numerics"] == "portable"
@@ -231,7 +231,7 @@ def test_experiments_with_the_same_base_share_it(tmp_path):
     )
     assert tuple(m1.params.experiment.seeds) == (0, 1)
     root = m1.dir.parent
-    assert runs.share_base(m3, root) is None  # nothing trained yet
+    assert recording.share_base(m3, root) is None  # nothing trained yet
     for s in (0, 1):
         blob = f"the frozen base of seed {s}".encode()
         card = {
@@ -241,18 +241,18 @@ def test_experiments_with_the_same_base_share_it(tmp_path):
         (m1.dir / f"seed-{s}" / "pretrain").mkdir(parents=True)
         (m1.dir / f"seed-{s}" / "pretrain" / "base.pt").write_bytes(blob)
         (m1.dir / f"seed-{s}" / "pretrain" / "base.json").write_text(json.dumps(card))
-    assert runs.share_base(m3, root) == m1.dir / "seed-0" / "pretrain"
+    assert recording.share_base(m3, root) == m1.dir / "seed-0" / "pretrain"
     for s in (0, 1):
         got = (m3.dir / f"seed-{s}" / "pretrain" / "base.pt").read_bytes()
         assert got == f"the frozen base of seed {s}".encode()
-    assert runs.share_base(m3, root) is None  # it has its own now
+    assert recording.share_base(m3, root) is None  # it has its own now
     (dir05,) = runs.plan(
         [UNTUNED],
         "ci",
         REPO / "params.yaml",
         [f"experiment.reports_dir={tmp_path}"],
     )
-    assert runs.share_base(dir05, root) is None  # another partition size: another base
+    assert recording.share_base(dir05, root) is None  # another partition size: another base
 
 
 def test_report_from_hand_made_results(tmp_path):
