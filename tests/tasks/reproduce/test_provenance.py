@@ -502,3 +502,15 @@ def test_every_verdict_window_is_measured_on_the_whole_test_split():
             got = item.params.federation.whole_test_last
             assert got == max(windows or [0]), (profile, item.experiment.name)
     assert all(i.params.federation.whole_test_last == 0 for i in runs.plan(CLAIMS, "ci"))
+
+
+def test_a_stamp_of_either_rule_names_the_same_code_only_for_this_code():
+    """A run registered under the former rule and finished under this one is not a run whose
+    code changed under it (its record stays clean); a stamp of other code is."""
+    from tasks.reproduce import codeversion
+
+    flat = {"grid.algorithms": ["fedprox"], "grid.adapters": ["residual"]}
+    used = records.uses(flat)
+    former = codeversion.all_files_version(used=used, sources=dict(records.loaded_sources()))
+    assert records.same_code(former, flat) and records.same_code(records.record_code(flat), flat)
+    assert not records.same_code("0123456789ab", flat) and not records.same_code(None, flat)
