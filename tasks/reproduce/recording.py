@@ -65,6 +65,7 @@ def register(item: Planned) -> Path:
             "rules": rules_for(item),
             "registered_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "computed_by": records.computed_by(item.params.flat(), item.params.runtime.numerics),
+            "code_rule": records.RULE,
         },
     )
 
@@ -84,6 +85,7 @@ def write_stamp(item: Planned, seconds: float, resumed: bool) -> Path:
             "seconds": round(seconds, 1),
             "resumed": resumed,
             "code": records.record_code(item.params.flat()),
+            "code_rule": records.RULE,
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
     )

@@ -127,6 +127,28 @@ def migrate(path: Path) -> bool:
     return True
 
 
+def migrate_stamp(path: Path, flat: Mapping[str, Any]) -> bool:
+    """A run's stamp (``reproduce.json``: its registration, and its code when it finished)
+    carried over like :func:`migrate`, so a run registered under the former rule and resumed
+    after the number code changed elsewhere is not taken for one whose code changed under it.
+    Returns whether it was written."""
+    stamp = read_record(path)
+    if stamp is None or stamp.get("code_rule") == RULE:
+        return False
+    former = all_files_version(used=uses(flat), sources=dict(loaded_sources()))
+    by = stamp.get("computed_by")
+    new = dict(stamp)
+    if isinstance(by, dict) and by.get("code") == former:
+        new["computed_by"] = {**by, "code": record_code(flat)}
+    if stamp.get("code") == former:
+        new["code"] = record_code(flat)
+    if new == stamp:
+        return False
+    new["code_rule"] = RULE
+    atomic_write_json(path, new)
+    return True
+
+
 def _git(*args: str) -> str | None:
     import subprocess
 

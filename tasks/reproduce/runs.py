@@ -336,7 +336,10 @@ def status(item: Planned) -> str:
 
 def migrate(items: Sequence[Planned]) -> list[str]:
     """The records of ``items`` the former code-version rule stamped, carried over to this one
-    where that is sound (``records.migrate``); returns their names."""
+    where that is sound (``records.migrate``), and their runs' stamps; returns the records'
+    names."""
+    for item in items:  # a run in progress: its registration
+        records.migrate_stamp(item.dir / STAMP, item.params.flat())
     return [item.record.name for item in items if records.migrate(item.record)]
 
 

@@ -514,3 +514,22 @@ def test_a_stamp_of_either_rule_names_the_same_code_only_for_this_code():
     former = codeversion.all_files_version(used=used, sources=dict(records.loaded_sources()))
     assert records.same_code(former, flat) and records.same_code(records.record_code(flat), flat)
     assert not records.same_code("0123456789ab", flat) and not records.same_code(None, flat)
+
+
+def test_a_run_registered_under_the_former_rule_keeps_its_registration(tmp_path):
+    """``records.migrate_stamp``: the stamp of a run in progress (registered under the former
+    rule, resumed later) names this code under the new rule; one of other code is left."""
+    from tasks.reproduce import codeversion
+
+    flat = {"grid.algorithms": ["fedavg"], "grid.adapters": ["full"]}
+    former = codeversion.all_files_version(
+        used=records.uses(flat), sources=dict(records.loaded_sources())
+    )
+    stamp, other = tmp_path / "reproduce.json", tmp_path / "other.json"
+    stamp.write_text(json.dumps({"rules": {}, "computed_by": {"code": former, "clean": True}}))
+    other.write_text(json.dumps({"rules": {}, "computed_by": {"code": "0123456789ab"}}))
+    assert records.migrate_stamp(stamp, flat) and not records.migrate_stamp(other, flat)
+    got = json.loads(stamp.read_text())
+    assert got["computed_by"] == {"code": records.record_code(flat), "clean": True}
+    assert records.same_code(got["computed_by"]["code"], flat)
+    assert not records.migrate_stamp(stamp, flat)
