@@ -1,0 +1,374 @@
+"""FedBuff (Nguyen et al. 2022, "Federated Learning with Buffered Asynchronous Aggregation",
+Algorithm 1) as an event-driven server on the virtual clock (``clock.DeviceClock``).
+
+K = ``concurrency`` clients train at once, each from the model version it downloaded. An
+upload arrives at its job's dispatch time + ``DeviceClock.job_duration`` (simulated seconds).
+When B = ``buffer`` updates have arrived, the server steps (:func:`buffered_step`) and its
+version moves on; the staleness of an update is the current version - its base version.
+Freed slots go to idle clients that are online at that simulated time (an offline client never
+receives a job), picked by a seeded draw; when none is online the server waits (a wake-up at
+the first time one comes online).
+
+Determinism: events are processed in order of simulated time; arrivals at the same time in
+the order of a seeded key of (run seed, client, job id) -- never of insertion -- and every
+arrival of an instant before that instant's dispatches. Every draw is derived from (run seed,
+counter), so the order of events is a pure function of (seed, profiles, byte counts, work),
+whichever backend trains the jobs. The buffer is reduced in (client, job) order, so float
+rounding does not depend on arrival order either.
+
+Training is a callback: ``train(client_id, base_version, base_state) -> JobResult`` (or a
+batch trainer for the jobs dispatched at one instant, which share their base). A job is
+trained when it is dispatched; its result waits in the event queue until its arrival time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedcore.aggregate import normalized_weights
+from fedcore.asyncfl.clock import DeviceClock
+from fedcore.asyncfl.config import AsyncConfig, check_async
+from fedcore.asyncfl.events import (
+    BatchTrainer,
+    Entry,
+    EventQueue,
+    Job,
+    JobResult,
+    Trainer,
+    one_by_one,
+)
+from fedcore.errors import ConfigError
+from fedcore.payload import StateDict
+from fedcore.sampling import derive_seed
+
+DISPATCH_STREAM = 23  # fedcore.sampling's streams: which idle online clients get the free slots
+FORMAT = 1  # of :meth:`FedBuffServer.state_dict`
+
+
+def staleness_weight(rule: str, staleness: int, exponent: float = 0.5) -> float:
+    """s(tau) of ``federation.async.staleness``: ``constant`` 1, ``inverse_sqrt``
+    1 / sqrt(1 + tau) (FedBuff's choice), ``polynomial`` (1 + tau)^-exponent."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0 (got {staleness})")
+    if rule == "constant":
+        return 1.0
+    if rule == "inverse_sqrt":
+        return 1.0 / math.sqrt(1.0 + staleness)
+    if rule == "polynomial":
+        return float((1.0 + staleness) ** -exponent)
+    raise ConfigError(
+        f"federation.async.staleness must be one of constant, inverse_sqrt, polynomial (got {rule!r})"
+    )
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One server step: the model moved to ``version`` at ``sim_time``. Per buffered update,
+    in the order it was reduced: its client, job, staleness and weight s(tau) x p_i."""
+
+    version: int
+    sim_time: float
+    clients: tuple[int, ...]
+    jobs: tuple[int, ...]
+    staleness: tuple[int, ...]
+    weights: tuple[float, ...]
+    num_samples: int
+    train_loss: float
+    cum_download_bytes: int
+    cum_upload_bytes: int
+    arrivals: tuple[int, ...]  # every job that arrived since the last step, in event order
+    rejected: int  # of those, the non-finite uploads
+
+
+def buffered_step(
+    global_state: StateDict,
+    version: int,
+    bases: Mapping[int, StateDict],
+    buffer: Sequence[Entry],
+    cfg: AsyncConfig,
+) -> tuple[StateDict, list[float]]:
+    """w + server_lr x sum_i p_i s(tau_i) (x_i - b_i) over the buffer (FedBuff, Algorithm 1;
+    x_i: a client's trained tensors, b_i its base version's, p_i its share of the buffer's
+    samples or 1/B, tau_i = version - its base version); the weights p_i s(tau_i) back.
+
+    Summed in float64 as w's coefficient form sum_i c_i x_i + sum_v alpha_v b_v, updates first
+    in buffer order: with K = B, constant weights, server lr 1 and every base the current
+    model, alpha = 0 exactly and the operations are ``fedcore.aggregate.weighted_average``'s,
+    so the step is FedAvg's bit for bit. Integer tensors (counters) take the maximum. Keys no
+    update holds keep their value.
+    """
+    if not buffer:
+        raise ValueError("nothing to aggregate")
+    raw = [float(e.result.num_samples) if cfg.weighting == "samples" else 1.0 for e in buffer]
+    total = float(sum(raw))
+    p = normalized_weights(raw)
+    lr = cfg.server_lr
+    s = [
+        staleness_weight(cfg.staleness, version - e.job.base_version, cfg.exponent) for e in buffer
+    ]
+    coef = [pk * (lr * sk) for pk, sk in zip(p, s, strict=True)]
+    alpha: dict[int, float] = {}
+    for v in sorted({e.job.base_version for e in buffer} | {version}):
+        moved = float(
+            sum(
+                sk * rk for sk, rk, e in zip(s, raw, buffer, strict=True) if e.job.base_version == v
+            )
+        )
+        alpha[v] = ((total if v == version else 0.0) - lr * moved) / total
+    keys = list(buffer[0].result.update)
+    out: StateDict = {}
+    for key in keys:
+        ref = global_state[key]
+        if not ref.is_floating_point():
+            out[key] = torch.stack([ref, *(e.result.update[key] for e in buffer)]).amax(dim=0)
+            continue
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for c, e in zip(coef, buffer, strict=True):
+            acc.add_(e.result.update[key].to(torch.float64), alpha=c)
+        for v, a in alpha.items():
+            if a != 0.0:
+                base = global_state if v == version else bases[v]
+                acc.add_(base[key].to(torch.float64), alpha=a)
+        out[key] = acc.to(ref.dtype)
+    return {**global_state, **out}, [pk * sk for pk, sk in zip(p, s, strict=True)]
+
+
+class FedBuffServer:
+    """The FedBuff server on ``clock``: :meth:`step` processes one simulated instant,
+    :meth:`run` steps until the model reaches a version. Between steps, :meth:`state_dict`
+    holds everything the next steps read (a checkpoint mid-buffer resumes identically)."""
+
+    def __init__(
+        self, cfg: AsyncConfig, clock: DeviceClock, global_state: StateDict, *, seed: int
+    ) -> None:
+        check_async(cfg, clock.num_clients)
+        self.cfg, self.clock, self.seed = cfg, clock, seed
+        self.global_state = dict(global_state)
+        self.version = 0
+        self.bases: dict[int, StateDict] = {}  # older versions that queued or buffered jobs hold
+        self.now = 0.0
+        self.queue = EventQueue(seed)
+        self.buffer: list[Entry] = []
+        self.busy: set[int] = set()
+        self.next_job = 0
+        self.draws = 0  # dispatch draws so far (DISPATCH_STREAM's counter)
+        self.wake: float | None = None  # when an idle offline client comes online
+        self.started = False
+        self.cum_down = self.cum_up = 0
+        self.arrived: list[int] = []  # jobs arrived since the last step (Aggregation.arrivals)
+        self.rejected = 0
+        self.history: list[Aggregation] = []
+
+    # ---- the event loop -----------------------------------------------------------------
+    def run(
+        self,
+        train: Trainer | None = None,
+        *,
+        version: int,
+        train_batch: BatchTrainer | None = None,
+        on_instant: Callable[[FedBuffServer], None] | None = None,
+    ) -> list[Aggregation]:
+        """Step until the model reaches ``version``; the steps taken back. ``on_instant``:
+        called after every instant (a checkpoint may be written there)."""
+        done: list[Aggregation] = []
+        while self.version < version:
+            done += self.step(train, train_batch=train_batch)
+            if on_instant is not None:
+                on_instant(self)
+        return done
+
+    def step(
+        self, train: Trainer | None = None, *, train_batch: BatchTrainer | None = None
+    ) -> list[Aggregation]:
+        """The next simulated instant: its arrivals (in tie order; a full buffer steps the
+        model), then its dispatches to the free slots. The server steps it took back."""
+        if (train is None) == (train_batch is None):
+            raise TypeError("step() takes one of train, train_batch")
+        trainer = train_batch if train_batch is not None else one_by_one(train)  # type: ignore[arg-type]
+        if not self.started:
+            self.started = True
+            self._dispatch(trainer)
+            return []
+        t = min(self.queue.next_time(), math.inf if self.wake is None else self.wake)
+        if math.isinf(t):
+            raise RuntimeError("FedBuff: no job is pending and no idle client comes online again")
+        self.now = t
+        if self.wake == t:
+            self.wake = None
+        steps: list[Aggregation] = []
+        for e in self.queue.pop_at(t):
+            self.busy.discard(e.job.client_id)
+            self.arrived.append(e.job.job_id)
+            self.cum_up += e.result.up_bytes
+            if not e.result.finite:
+                self.rejected += 1
+                continue
+            self.buffer.append(e)
+            if len(self.buffer) == self.cfg.buffer:
+                steps.append(self._aggregate())
+        self._release()
+        self._dispatch(trainer)
+        return steps
+
+    def _aggregate(self) -> Aggregation:
+        buffer = sorted(self.buffer, key=lambda e: (e.job.client_id, e.job.job_id))
+        new, weights = buffered_step(self.global_state, self.version, self.bases, buffer, self.cfg)
+        self.bases[self.version] = self.global_state
+        self.global_state = new
+        self.version += 1
+        n = [e.result.num_samples for e in buffer]
+        record = Aggregation(
+            version=self.version,
+            sim_time=self.now,
+            clients=tuple(e.job.client_id for e in buffer),
+            jobs=tuple(e.job.job_id for e in buffer),
+            staleness=tuple(self.version - 1 - e.job.base_version for e in buffer),
+            weights=tuple(weights),
+            num_samples=sum(n),
+            train_loss=float(np.average([e.result.train_loss for e in buffer], weights=n))
+            if sum(n)
+            else math.nan,
+            cum_download_bytes=self.cum_down,
+            cum_upload_bytes=self.cum_up,
+            arrivals=tuple(self.arrived),
+            rejected=self.rejected,
+        )
+        self.buffer, self.arrived, self.rejected = [], [], 0
+        self.history.append(record)
+        return record
+
+    def _release(self) -> None:
+        """Forget the versions no queued or buffered job is based on."""
+        held = {e.job.base_version for e in self.buffer} | {
+            e.job.base_version for e in self.queue.entries()
+        }
+        self.bases = {v: s for v, s in self.bases.items() if v in held}
+
+    def _dispatch(self, trainer: BatchTrainer) -> None:
+        """Fill the free slots with idle clients online now (a seeded uniform draw, sorted),
+        trained from the current model; else wake up when the first idle one comes online."""
+        free = self.cfg.concurrency - len(self.busy)
+        if free <= 0:
+            self.wake = None
+            return
+        idle = [c for c in range(self.clock.num_clients) if c not in self.busy]
+        online = [c for c in idle if self.clock.online(c, self.now)]
+        if online:
+            rng = np.random.default_rng(derive_seed(self.seed, DISPATCH_STREAM, self.draws))
+            self.draws += 1
+            picked = sorted(
+                int(c) for c in rng.choice(online, size=min(free, len(online)), replace=False)
+            )
+            jobs = [Job(self.next_job + i, c, self.version, self.now) for i, c in enumerate(picked)]
+            self.next_job += len(jobs)
+            results = list(trainer(jobs, self.global_state))
+            if len(results) != len(jobs):
+                raise ValueError(
+                    f"the trainer returned {len(results)} results for {len(jobs)} jobs"
+                )
+            for job, res in zip(jobs, results, strict=True):
+                res = JobResult(*res)
+                work = float(res.num_samples if res.work is None else res.work)
+                duration = self.clock.job_duration(
+                    job.client_id, work, res.down_bytes, res.up_bytes
+                )
+                self.queue.push(Entry(self.now + duration, job, res))
+                self.busy.add(job.client_id)
+                self.cum_down += res.down_bytes
+            free -= len(jobs)
+        rest = [c for c in idle if c not in self.busy]
+        wake = min((self.clock.next_online(c, self.now) for c in rest), default=math.inf)
+        self.wake = wake if free > 0 and math.isfinite(wake) else None
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain Python and CPU tensors (``torch.load(weights_only=True)`` reads it): the
+        model and the versions jobs are based on, the event queue, the buffer, the clock and
+        the counters the seeded draws derive from. Valid between steps."""
+        return {
+            "format": FORMAT,
+            "now": self.now,
+            "version": self.version,
+            "started": self.started,
+            "next_job": self.next_job,
+            "draws": self.draws,
+            "wake": self.wake,
+            "cum_down": self.cum_down,
+            "cum_up": self.cum_up,
+            "arrived": list(self.arrived),
+            "rejected": self.rejected,
+            "global_state": _cpu(self.global_state),
+            "bases": {str(v): _cpu(s) for v, s in sorted(self.bases.items())},
+            "queue": [_entry_dict(e) for e in self.queue.entries()],
+            "buffer": [_entry_dict(e) for e in self.buffer],
+            "history": [_record_dict(r) for r in self.history],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (:meth:`state_dict` of a server of the same settings)."""
+        if state.get("format") != FORMAT:
+            raise ConfigError(
+                f"not a FedBuff checkpoint of format {FORMAT} (got {state.get('format')!r})"
+            )
+        missing = sorted(set(self.global_state) ^ set(state["global_state"]))
+        if missing:
+            raise ConfigError(
+                f"FedBuff checkpoint model differs from this run's: {', '.join(missing[:4])}"
+            )
+        self.now, self.version = float(state["now"]), int(state["version"])
+        self.started, self.next_job = bool(state["started"]), int(state["next_job"])
+        self.draws = int(state["draws"])
+        self.wake = None if state["wake"] is None else float(state["wake"])
+        self.cum_down, self.cum_up = int(state["cum_down"]), int(state["cum_up"])
+        self.arrived, self.rejected = [int(j) for j in state["arrived"]], int(state["rejected"])
+        self.global_state = dict(state["global_state"])
+        self.bases = {int(v): dict(s) for v, s in state["bases"].items()}
+        self.queue = EventQueue(self.seed)
+        for e in state["queue"]:
+            self.queue.push(_entry(e))
+        self.buffer = [_entry(e) for e in state["buffer"]]
+        self.busy = {e.job.client_id for e in self.queue.entries()}
+        self.history = [_record(r) for r in state["history"]]
+
+
+def _cpu(state: Mapping[str, torch.Tensor]) -> StateDict:
+    return {k: v.detach().to("cpu").clone() for k, v in state.items()}
+
+
+def _entry_dict(e: Entry) -> dict[str, Any]:
+    r = e.result
+    return {
+        "time": e.time,
+        "job": asdict(e.job),
+        "update": _cpu(r.update),
+        "num_samples": r.num_samples,
+        "up_bytes": r.up_bytes,
+        "down_bytes": r.down_bytes,
+        "work": r.work,
+        "train_loss": r.train_loss,
+        "finite": r.finite,
+    }
+
+
+def _entry(d: Mapping[str, Any]) -> Entry:
+    job = Job(**d["job"])
+    result = JobResult(
+        dict(d["update"]), int(d["num_samples"]), int(d["up_bytes"]), int(d["down_bytes"]),
+        None if d["work"] is None else float(d["work"]), float(d["train_loss"]), bool(d["finite"]),
+    )  # fmt: skip
+    return Entry(float(d["time"]), job, result)
+
+
+def _record_dict(r: Aggregation) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(r).items()}
+
+
+def _record(d: Mapping[str, Any]) -> Aggregation:
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return Aggregation(**fields)
