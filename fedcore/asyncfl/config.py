@@ -299,3 +299,45 @@ def check_availability(a: AvailabilityConfig, num_clients: int) -> None:
     for p in ("windows", "per_client") if a.process != "trace" else ():
         if getattr(a, p) is not None:
             raise ConfigError(f"{key}.{p} applies only to process=trace (got process={a.process})")
+
+
+# ---- which algorithms can run asynchronously -----------------------------------------------
+
+# Client-side changes only: a client trains from the model it downloaded, whatever its age.
+ASYNC_ALGORITHMS = ("fedavg", "fedir", "fedprox")
+_SERVER_OPTIMIZER = (
+    "its server optimiser steps on one round's pseudo-gradient; FedBuff's server step is "
+    "federation.async.server_lr x the buffer's weighted delta"
+)
+NOT_ASYNC = {
+    "fednova": "it normalises a round's updates by their local steps against one shared model, "
+    "and a FedBuff buffer mixes updates from different model versions",
+    "fedavgm": _SERVER_OPTIMIZER,
+    "fedadagrad": _SERVER_OPTIMIZER,
+    "fedadam": _SERVER_OPTIMIZER,
+    "fedyogi": _SERVER_OPTIMIZER,
+    "fedvc": "it selects clients in proportion to their size and draws their samples per round, "
+    "and FedBuff dispatches idle online clients uniformly, one job at a time",
+    "fednilo": "it freezes layers on a schedule of rounds and tracks which clients hold them, "
+    "and FedBuff has no rounds",
+    "scaffold": "its control variates c and c_k are stepped by one round's uploads against one "
+    "model x; an asynchronous SCAFFOLD with stale control variates is not defined here",
+}
+
+
+def check_async_algorithm(name: str) -> None:
+    """A one-line ConfigError for an algorithm FedBuff cannot run (``federation.mode=async``),
+    saying why."""
+    if name in ASYNC_ALGORITHMS:
+        return
+    allowed = ", ".join(ASYNC_ALGORITHMS)
+    why = NOT_ASYNC.get(name)
+    if why is None:
+        raise ConfigError(
+            f"federation.mode=async: algorithm {name!r} is not known to run asynchronously; "
+            f"allowed: {allowed}"
+        )
+    raise ConfigError(
+        f"federation.mode=async: algorithm {name!r} cannot run asynchronously: {why}; "
+        f"allowed: {allowed}"
+    )

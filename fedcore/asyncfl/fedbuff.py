@@ -287,12 +287,22 @@ class FedBuffServer:
         self.wake = wake if free > 0 and math.isfinite(wake) else None
 
     # ---- checkpoints ----------------------------------------------------------------------
+    def settings(self) -> dict[str, str | int]:
+        """What a checkpoint must have been written with to resume this server."""
+        return {
+            "federation.async": repr(self.cfg),
+            "devices": repr(self.clock.devices),
+            "seed": self.seed,
+            "clients": self.clock.num_clients,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """Plain Python and CPU tensors (``torch.load(weights_only=True)`` reads it): the
         model and the versions jobs are based on, the event queue, the buffer, the clock and
         the counters the seeded draws derive from. Valid between steps."""
         return {
             "format": FORMAT,
+            "settings": self.settings(),
             "now": self.now,
             "version": self.version,
             "started": self.started,
@@ -315,6 +325,12 @@ class FedBuffServer:
         if state.get("format") != FORMAT:
             raise ConfigError(
                 f"not a FedBuff checkpoint of format {FORMAT} (got {state.get('format')!r})"
+            )
+        mine, theirs = self.settings(), state.get("settings", {})
+        differ = [k for k in mine if theirs.get(k) != mine[k]]
+        if differ:
+            raise ConfigError(
+                f"FedBuff checkpoint was written for other settings: {', '.join(differ)} differ"
             )
         missing = sorted(set(self.global_state) ^ set(state["global_state"]))
         if missing:

@@ -9,7 +9,10 @@ import pytest
 
 from fedcore.asyncfl.clock import DeviceClock
 from fedcore.asyncfl.config import (
+    ASYNC_ALGORITHMS,
+    NOT_ASYNC,
     AsyncConfig,
+    check_async_algorithm,
     check_deadline,
     check_mode,
     parse_async,
@@ -115,3 +118,17 @@ def test_bad_mode_staleness_and_server_settings() -> None:
         with pytest.raises(ConfigError) as err:
             FedBuffServer(cfg, clock, {}, seed=0)
         one_line(err, key)
+
+
+def test_algorithms_that_cannot_run_asynchronously() -> None:
+    from fedcore.algorithms import ALGORITHMS
+
+    # every registered algorithm is either allowed or refused with a reason
+    assert set(ALGORITHMS) == set(ASYNC_ALGORITHMS) | set(NOT_ASYNC)
+    for name in ASYNC_ALGORITHMS:
+        check_async_algorithm(name)
+    for name in [*NOT_ASYNC, "fedsomething"]:
+        with pytest.raises(ConfigError) as err:
+            check_async_algorithm(name)
+        one_line(err, "federation.mode=async")
+        assert repr(name) in str(err.value) and "allowed: fedavg, fedir, fedprox" in str(err.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
@@ -135,6 +135,7 @@ def test_event_order_by_hand_on_three_clients() -> None:
     v2 = v1 + (64 / 96) * 1.0 + (32 / 96) / math.sqrt(2) * 2.0
     assert server.global_state["w"].item() == pytest.approx(v2, rel=1e-15)
     assert (steps[1].cum_download_bytes, steps[1].cum_upload_bytes) == (6 * 2**20, 4 * 2**19)
+    assert steps[1].weights == pytest.approx((64 / 96, 32 / 96 / math.sqrt(2)), rel=1e-15)
     assert server.bases.keys() == {0, 1}  # c2's job (v0) and c1's (v1) are still pending
 
 
@@ -298,3 +299,17 @@ def test_rerun_is_identical_and_resume_mid_buffer_is_identical() -> None:
     assert [(cl, v) for cl, v, _ in log_c] == [(cl, v) for cl, v, _ in log_a]
     with pytest.raises(ValueError, match="FedBuff checkpoint"):
         hetero_server().load_state_dict({**saved, "format": 0})
+    with pytest.raises(ValueError, match="other settings: devices, seed differ"):
+        hetero_server(
+            seed=3, devices={**HETERO, "upload_latency_s": {"value": 0.5}}
+        ).load_state_dict(saved)
+    # a batch trainer (the jobs of one instant together, trained in any order) is the same
+    d = hetero_server()
+
+    def batch(jobs: Sequence[Job], base: StateDict) -> list[JobResult]:
+        train = sgd_train()
+        done = {j.job_id: train(j.client_id, j.base_version, base) for j in reversed(jobs)}
+        return [done[j.job_id] for j in jobs]
+
+    assert d.run(version=6, train_batch=batch) == steps_a
+    assert payload.encode(d.global_state) == payload.encode(a.global_state)
