@@ -122,6 +122,12 @@ def buffered_step(
         )
         alpha[v] = ((total if v == version else 0.0) - lr * moved) / total
     keys = list(buffer[0].result.update)
+    unknown = sorted(set(keys) - set(global_state))
+    if unknown or any(e.result.update.keys() != set(keys) for e in buffer):
+        raise ValueError(
+            "every buffered update must hold the same keys of the model "
+            f"(not in the model: {', '.join(unknown[:4]) or 'none'})"
+        )
     out: StateDict = {}
     for key in keys:
         ref = global_state[key]

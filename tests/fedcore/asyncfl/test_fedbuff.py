@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import pytest
 import torch
@@ -73,6 +74,13 @@ def test_buffered_step_by_hand() -> None:
     new, weights = buffered_step(w, 3, bases, buffer, cfg)
     assert weights == pytest.approx([1 / 3] * 3)
     assert new["w"].tolist() == pytest.approx([1 + 5 / 3, 2 + 2 / 3], rel=0, abs=1e-15)
+    # updates of other keys than each other's or the model's
+    odd = entry(3, 13, 3, [0.0, 0.0], 1)
+    for bad in ({"v": odd.result.update["w"]}, {"w": odd.result.update["w"]}):
+        with pytest.raises(ValueError, match="the same keys of the model"):
+            buffered_step(
+                w, 3, bases, [*buffer, replace(odd, result=odd.result._replace(update=bad))], cfg
+            )
 
 
 def test_tie_order_is_seeded_and_independent_of_insertion() -> None:
