@@ -98,7 +98,14 @@ class Trace:
             return t
         base, phase = self._phase(t)
         later = [s for s, _ in self.windows if s > phase]
-        return base + later[0] if later else base + self.period + self.windows[0][0]
+        start = base + later[0] if later else base + self.period + self.windows[0][0]
+        # base + s rounds: the float may fall a few ulps before the window opens; the first
+        # float at which online() holds (the server waits until then, never in a loop)
+        for _ in range(4096):
+            if self.online(start):
+                return start
+            start = math.nextafter(start, math.inf)
+        raise RuntimeError(f"trace window at {start} does not open (period {self.period})")
 
 
 def build_availability(cfg: AvailabilityConfig, num_clients: int, seed: int) -> list[Availability]:

@@ -99,6 +99,11 @@ def test_availability_processes() -> None:
         False, True, 105.0,
     )  # fmt: skip
     assert Trace([], 100.0, 0.0).next_online(3.0) == math.inf
+    # far into a run, base + start rounds before the window opens: the first float online
+    odd = Trace([(3.7543834709693957, 2488.088072440465)], 86400.0, 72210.10497867674)
+    for t in (4327670.679050534, 1e8 + 0.3, 7.7e8):
+        first = odd.next_online(t)
+        assert odd.online(first) and not odd.online(math.nextafter(first, 0)) and first >= t
     # on/off: the k-th switch is the same whatever was asked before, and states alternate
     a, b = OnOff(30.0, 10.0, seed=7), OnOff(30.0, 10.0, seed=7)
     late = a.online(1000.0)
