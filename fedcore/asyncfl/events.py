@@ -45,7 +45,18 @@ class JobResult(NamedTuple):
     finite: bool = True  # False: the server rejects it (a NaN/Inf upload frees its slot only)
 
 
+class JobPlan(NamedTuple):
+    """What the clock needs of a job, known before it trains: its work and its bytes (the
+    engine knows them from the task's planned steps and the payloads' structure,
+    ``fedcore.payload.encoded_size``). The trained result must match it."""
+
+    work: float
+    down_bytes: int
+    up_bytes: int
+
+
 Trainer = Callable[[int, int, StateDict], JobResult]
+Planner = Callable[[Job], JobPlan]
 BatchTrainer = Callable[[Sequence[Job], StateDict], Sequence[JobResult]]
 
 
@@ -60,11 +71,19 @@ def one_by_one(train: Trainer) -> BatchTrainer:
 
 @dataclass(frozen=True)
 class Entry:
-    """A job with its result: in the event queue (``time``: its arrival) or in the buffer."""
+    """A job with its result: in the event queue (``time``: its arrival) or in the buffer.
+    A planned job waits in the queue untrained (``result`` None) until it is trained with
+    the other untrained jobs (``plan``: what its arrival time was computed from)."""
 
     time: float
     job: Job
-    result: JobResult
+    result: JobResult | None
+    plan: JobPlan | None = None
+
+    @property
+    def trained(self) -> JobResult:
+        assert self.result is not None, f"job {self.job.job_id} has not trained"
+        return self.result
 
 
 class EventQueue:
@@ -88,6 +107,12 @@ class EventQueue:
             raise ValueError(f"job {e.job.job_id} is already queued")
         self._entries[e.job.job_id] = e
         heapq.heappush(self._heap, self.key(e))
+
+    def fill(self, e: Entry) -> None:
+        """Replace queued job ``e.job``'s entry (its result, once trained)."""
+        if self._entries.get(e.job.job_id, e).time != e.time:
+            raise ValueError(f"job {e.job.job_id} is not queued at {e.time}")
+        self._entries[e.job.job_id] = e
 
     def next_time(self) -> float:
         return self._heap[0][0] if self._heap else math.inf

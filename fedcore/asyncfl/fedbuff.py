@@ -17,15 +17,17 @@ whichever backend trains the jobs. The buffer is reduced in (client, job) order,
 rounding does not depend on arrival order either.
 
 Training is a callback: ``train(client_id, base_version, base_state) -> JobResult`` (or a
-batch trainer for the jobs dispatched at one instant, which share their base). A job is
-trained when it is dispatched; its result waits in the event queue until its arrival time.
+batch trainer for several jobs of one base version). A job trains when it is dispatched and its
+result waits in the event queue until its arrival time; or, given a ``plan`` of each job's work
+and bytes (known before training), the jobs train only when the first of them arrives, all the
+untrained ones together: larger batches for a worker pool or Ray actors, the same results.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +41,9 @@ from fedcore.asyncfl.events import (
     Entry,
     EventQueue,
     Job,
+    JobPlan,
     JobResult,
+    Planner,
     Trainer,
     one_by_one,
 )
@@ -105,7 +109,7 @@ def buffered_step(
     """
     if not buffer:
         raise ValueError("nothing to aggregate")
-    raw = [float(e.result.num_samples) if cfg.weighting == "samples" else 1.0 for e in buffer]
+    raw = [float(e.trained.num_samples) if cfg.weighting == "samples" else 1.0 for e in buffer]
     total = float(sum(raw))
     p = normalized_weights(raw)
     lr = cfg.server_lr
@@ -121,9 +125,9 @@ def buffered_step(
             )
         )
         alpha[v] = ((total if v == version else 0.0) - lr * moved) / total
-    keys = list(buffer[0].result.update)
+    keys = list(buffer[0].trained.update)
     unknown = sorted(set(keys) - set(global_state))
-    if unknown or any(e.result.update.keys() != set(keys) for e in buffer):
+    if unknown or any(e.trained.update.keys() != set(keys) for e in buffer):
         raise ValueError(
             "every buffered update must hold the same keys of the model "
             f"(not in the model: {', '.join(unknown[:4]) or 'none'})"
@@ -132,11 +136,11 @@ def buffered_step(
     for key in keys:
         ref = global_state[key]
         if not ref.is_floating_point():
-            out[key] = torch.stack([ref, *(e.result.update[key] for e in buffer)]).amax(dim=0)
+            out[key] = torch.stack([ref, *(e.trained.update[key] for e in buffer)]).amax(dim=0)
             continue
         acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
         for c, e in zip(coef, buffer, strict=True):
-            acc.add_(e.result.update[key].to(torch.float64), alpha=c)
+            acc.add_(e.trained.update[key].to(torch.float64), alpha=c)
         for v, a in alpha.items():
             if a != 0.0:
                 base = global_state if v == version else bases[v]
@@ -178,28 +182,38 @@ class FedBuffServer:
         *,
         version: int,
         train_batch: BatchTrainer | None = None,
+        plan: Planner | None = None,
         on_instant: Callable[[FedBuffServer], None] | None = None,
     ) -> list[Aggregation]:
         """Step until the model reaches ``version``; the steps taken back. ``on_instant``:
         called after every instant (a checkpoint may be written there)."""
         done: list[Aggregation] = []
         while self.version < version:
-            done += self.step(train, train_batch=train_batch)
+            done += self.step(train, train_batch=train_batch, plan=plan)
             if on_instant is not None:
                 on_instant(self)
         return done
 
     def step(
-        self, train: Trainer | None = None, *, train_batch: BatchTrainer | None = None
+        self,
+        train: Trainer | None = None,
+        *,
+        train_batch: BatchTrainer | None = None,
+        plan: Planner | None = None,
     ) -> list[Aggregation]:
         """The next simulated instant: its arrivals (in tie order; a full buffer steps the
-        model), then its dispatches to the free slots. The server steps it took back."""
+        model), then its dispatches to the free slots. The server steps it took back.
+
+        ``plan``: each job's work and bytes before it trains (``JobPlan``). Its arrival time
+        is then known at dispatch, and the jobs train only when the first of them arrives,
+        all the untrained ones together (per base version): batches of about B jobs for a
+        worker pool or Ray actors instead of one, and the same events and tensors."""
         if (train is None) == (train_batch is None):
             raise TypeError("step() takes one of train, train_batch")
         trainer = train_batch if train_batch is not None else one_by_one(train)  # type: ignore[arg-type]
         if not self.started:
             self.started = True
-            self._dispatch(trainer)
+            self._dispatch(trainer, plan)
             return []
         t = min(self.queue.next_time(), math.inf if self.wake is None else self.wake)
         if math.isinf(t):
@@ -208,18 +222,21 @@ class FedBuffServer:
         if self.wake == t:
             self.wake = None
         steps: list[Aggregation] = []
-        for e in self.queue.pop_at(t):
+        arrivals = self.queue.pop_at(t)
+        if any(e.result is None for e in arrivals):
+            arrivals = self._train_planned(trainer, arrivals)
+        for e in arrivals:
             self.busy.discard(e.job.client_id)
             self.arrived.append(e.job.job_id)
-            self.cum_up += e.result.up_bytes
-            if not e.result.finite:
+            self.cum_up += e.trained.up_bytes
+            if not e.trained.finite:
                 self.rejected += 1
                 continue
             self.buffer.append(e)
             if len(self.buffer) == self.cfg.buffer:
                 steps.append(self._aggregate())
         self._release()
-        self._dispatch(trainer)
+        self._dispatch(trainer, plan)
         return steps
 
     def _aggregate(self) -> Aggregation:
@@ -228,7 +245,7 @@ class FedBuffServer:
         self.bases[self.version] = self.global_state
         self.global_state = new
         self.version += 1
-        n = [e.result.num_samples for e in buffer]
+        n = [e.trained.num_samples for e in buffer]
         record = Aggregation(
             version=self.version,
             sim_time=self.now,
@@ -237,7 +254,7 @@ class FedBuffServer:
             staleness=tuple(self.version - 1 - e.job.base_version for e in buffer),
             weights=tuple(weights),
             num_samples=sum(n),
-            train_loss=float(np.average([e.result.train_loss for e in buffer], weights=n))
+            train_loss=float(np.average([e.trained.train_loss for e in buffer], weights=n))
             if sum(n)
             else math.nan,
             cum_download_bytes=self.cum_down,
@@ -256,7 +273,36 @@ class FedBuffServer:
         }
         self.bases = {v: s for v, s in self.bases.items() if v in held}
 
-    def _dispatch(self, trainer: BatchTrainer) -> None:
+    def _train_planned(self, trainer: BatchTrainer, arrivals: list[Entry]) -> list[Entry]:
+        """Train every untrained job (the ``arrivals`` and those queued), one batch per base
+        version (oldest first, jobs in dispatch order); the arrivals back, trained."""
+        queued = [e for e in self.queue.entries() if e.result is None]
+        pending = sorted(
+            [e for e in arrivals if e.result is None] + queued, key=lambda e: e.job.job_id
+        )
+        done: dict[int, Entry] = {}
+        for v in sorted({e.job.base_version for e in pending}):
+            group = [e for e in pending if e.job.base_version == v]
+            base = self.global_state if v == self.version else self.bases[v]
+            results = list(trainer([e.job for e in group], base))
+            if len(results) != len(group):
+                raise ValueError(
+                    f"the trainer returned {len(results)} results for {len(group)} jobs"
+                )
+            for e, res in zip(group, results, strict=True):
+                res = JobResult(*res)
+                work = float(res.num_samples if res.work is None else res.work)
+                if e.plan != (work, res.down_bytes, res.up_bytes):
+                    raise ValueError(
+                        f"job {e.job.job_id} (client {e.job.client_id}) trained with work and bytes "
+                        f"{(work, res.down_bytes, res.up_bytes)}, planned {tuple(e.plan or ())}"
+                    )
+                done[e.job.job_id] = replace(e, result=res)
+        for e in queued:
+            self.queue.fill(done[e.job.job_id])
+        return [done.get(e.job.job_id, e) for e in arrivals]
+
+    def _dispatch(self, trainer: BatchTrainer, plan: Planner | None) -> None:
         """Fill the free slots with idle clients online now (a seeded uniform draw, sorted),
         trained from the current model; else wake up when the first idle one comes online."""
         free = self.cfg.concurrency - len(self.busy)
@@ -273,24 +319,31 @@ class FedBuffServer:
             )
             jobs = [Job(self.next_job + i, c, self.version, self.now) for i, c in enumerate(picked)]
             self.next_job += len(jobs)
-            results = list(trainer(jobs, self.global_state))
-            if len(results) != len(jobs):
-                raise ValueError(
-                    f"the trainer returned {len(results)} results for {len(jobs)} jobs"
-                )
-            for job, res in zip(jobs, results, strict=True):
-                res = JobResult(*res)
-                work = float(res.num_samples if res.work is None else res.work)
-                duration = self.clock.job_duration(
-                    job.client_id, work, res.down_bytes, res.up_bytes
-                )
-                self.queue.push(Entry(self.now + duration, job, res))
-                self.busy.add(job.client_id)
-                self.cum_down += res.down_bytes
+            if plan is not None:  # trained when the first of them arrives
+                for job in jobs:
+                    p = JobPlan(*plan(job))
+                    self._queue(Entry(self.now, job, None, p), p.work, p.down_bytes, p.up_bytes)
+            else:
+                results = list(trainer(jobs, self.global_state))
+                if len(results) != len(jobs):
+                    raise ValueError(
+                        f"the trainer returned {len(results)} results for {len(jobs)} jobs"
+                    )
+                for job, res in zip(jobs, results, strict=True):
+                    res = JobResult(*res)
+                    work = float(res.num_samples if res.work is None else res.work)
+                    self._queue(Entry(self.now, job, res), work, res.down_bytes, res.up_bytes)
             free -= len(jobs)
         rest = [c for c in idle if c not in self.busy]
         wake = min((self.clock.next_online(c, self.now) for c in rest), default=math.inf)
         self.wake = wake if free > 0 and math.isfinite(wake) else None
+
+    def _queue(self, e: Entry, work: float, down_bytes: int, up_bytes: int) -> None:
+        """``e`` dispatched now, queued at its arrival time on the clock."""
+        duration = self.clock.job_duration(e.job.client_id, work, down_bytes, up_bytes)
+        self.queue.push(replace(e, time=self.now + duration))
+        self.busy.add(e.job.client_id)
+        self.cum_down += down_bytes
 
     # ---- checkpoints ----------------------------------------------------------------------
     def settings(self) -> dict[str, str | int]:
@@ -364,27 +417,37 @@ def _cpu(state: Mapping[str, torch.Tensor]) -> StateDict:
 
 
 def _entry_dict(e: Entry) -> dict[str, Any]:
-    r = e.result
-    return {
+    out: dict[str, Any] = {
         "time": e.time,
         "job": asdict(e.job),
-        "update": _cpu(r.update),
-        "num_samples": r.num_samples,
-        "up_bytes": r.up_bytes,
-        "down_bytes": r.down_bytes,
-        "work": r.work,
-        "train_loss": r.train_loss,
-        "finite": r.finite,
+        "plan": None if e.plan is None else list(e.plan),
+        "result": None,
     }
+    r = e.result
+    if r is not None:
+        out["result"] = {
+            "update": _cpu(r.update),
+            "num_samples": r.num_samples,
+            "up_bytes": r.up_bytes,
+            "down_bytes": r.down_bytes,
+            "work": r.work,
+            "train_loss": r.train_loss,
+            "finite": r.finite,
+        }
+    return out
 
 
 def _entry(d: Mapping[str, Any]) -> Entry:
     job = Job(**d["job"])
+    plan = None if d["plan"] is None else JobPlan(float(d["plan"][0]), *map(int, d["plan"][1:]))
+    r = d["result"]
+    if r is None:
+        return Entry(float(d["time"]), job, None, plan)
     result = JobResult(
-        dict(d["update"]), int(d["num_samples"]), int(d["up_bytes"]), int(d["down_bytes"]),
-        None if d["work"] is None else float(d["work"]), float(d["train_loss"]), bool(d["finite"]),
+        dict(r["update"]), int(r["num_samples"]), int(r["up_bytes"]), int(r["down_bytes"]),
+        None if r["work"] is None else float(r["work"]), float(r["train_loss"]), bool(r["finite"]),
     )  # fmt: skip
-    return Entry(float(d["time"]), job, result)
+    return Entry(float(d["time"]), job, result, plan)
 
 
 def _record_dict(r: Aggregation) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from fedcore import payload
 from fedcore.algorithms.base import ClientUpdate, FederatedAlgorithm
 from fedcore.asyncfl.clock import DeviceClock
 from fedcore.asyncfl.config import AsyncConfig, parse_async, parse_devices
-from fedcore.asyncfl.events import Entry, EventQueue, Job, JobResult
+from fedcore.asyncfl.events import Entry, EventQueue, Job, JobPlan, JobResult
 from fedcore.asyncfl.fedbuff import FedBuffServer, buffered_step, staleness_weight
 from fedcore.payload import StateDict
 from tests.fedcore.asyncfl.test_clock import THREE
@@ -76,10 +76,10 @@ def test_buffered_step_by_hand() -> None:
     assert new["w"].tolist() == pytest.approx([1 + 5 / 3, 2 + 2 / 3], rel=0, abs=1e-15)
     # updates of other keys than each other's or the model's
     odd = entry(3, 13, 3, [0.0, 0.0], 1)
-    for bad in ({"v": odd.result.update["w"]}, {"w": odd.result.update["w"]}):
+    for bad in ({"v": odd.trained.update["w"]}, {"w": odd.trained.update["w"]}):
         with pytest.raises(ValueError, match="the same keys of the model"):
             buffered_step(
-                w, 3, bases, [*buffer, replace(odd, result=odd.result._replace(update=bad))], cfg
+                w, 3, bases, [*buffer, replace(odd, result=odd.trained._replace(update=bad))], cfg
             )
 
 
@@ -321,3 +321,47 @@ def test_rerun_is_identical_and_resume_mid_buffer_is_identical() -> None:
 
     assert d.run(version=6, train_batch=batch) == steps_a
     assert payload.encode(d.global_state) == payload.encode(a.global_state)
+
+
+def test_planned_jobs_train_in_batches_with_the_same_results() -> None:
+    """With each job's work and bytes known at dispatch, the jobs train together when the
+    first arrives: batches larger than one, the same events and tensors as eager training."""
+    eager = hetero_server()
+    expected = eager.run(sgd_train(), version=6)
+    size = payload.encoded_size(initial())  # the structure's: every version's and upload's
+
+    def plan(job: Job) -> JobPlan:
+        return JobPlan(3, size, size)
+
+    sizes: list[int] = []
+
+    def batch(jobs: Sequence[Job], base: StateDict) -> list[JobResult]:
+        sizes.append(len(jobs))
+        return [train(j.client_id, j.base_version, base) for j in jobs]
+
+    train = sgd_train()
+    planned = hetero_server()
+    assert planned.run(version=6, train_batch=batch, plan=plan) == expected
+    assert payload.encode(planned.global_state) == payload.encode(eager.global_state)
+    planned_sizes = sizes[:]
+    sizes.clear()
+    hetero_server().run(version=6, train_batch=batch)  # eager: one batch per dispatch instant
+    # after the first K, eager training gets one job at a time here, planned larger batches
+    # (and it has not yet trained the jobs that arrive after version 6)
+    assert max(sizes[1:]) == 1 and max(planned_sizes[1:]) > 1
+    assert len(planned_sizes) < len(sizes) and sum(planned_sizes) <= sum(sizes)
+    sizes.clear()
+    # resumed mid-buffer with untrained jobs in the queue: the same again
+    c = hetero_server()
+    while not (c.version >= 2 and c.buffer and any(e.result is None for e in c.queue.entries())):
+        c.step(train_batch=batch, plan=plan)
+    buf = io.BytesIO()
+    torch.save(c.state_dict(), buf)
+    resumed = hetero_server()
+    resumed.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    resumed.run(version=6, train_batch=batch, plan=plan)
+    assert resumed.history == expected
+    assert payload.encode(resumed.global_state) == payload.encode(eager.global_state)
+    # a plan the training does not match is an error, never a silently wrong clock
+    with pytest.raises(ValueError, match=r"trained with work and bytes .* planned"):
+        hetero_server().run(version=1, train_batch=batch, plan=lambda j: JobPlan(3, size, size + 1))
