@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from fedcore.asyncfl.buffer import staleness_weight
 from fedcore.asyncfl.clock import DeviceClock
 from fedcore.asyncfl.config import (
     ASYNC_ALGORITHMS,
@@ -18,7 +19,7 @@ from fedcore.asyncfl.config import (
     parse_async,
     parse_devices,
 )
-from fedcore.asyncfl.fedbuff import FedBuffServer, staleness_weight
+from fedcore.asyncfl.fedbuff import FedBuffServer
 from fedcore.errors import ConfigError
 
 

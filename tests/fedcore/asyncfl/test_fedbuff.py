@@ -14,10 +14,11 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms.base import ClientUpdate, FederatedAlgorithm
+from fedcore.asyncfl.buffer import buffered_step, staleness_weight
 from fedcore.asyncfl.clock import DeviceClock
 from fedcore.asyncfl.config import AsyncConfig, parse_async, parse_devices
 from fedcore.asyncfl.events import Entry, EventQueue, Job, JobPlan, JobResult
-from fedcore.asyncfl.fedbuff import FedBuffServer, buffered_step, staleness_weight
+from fedcore.asyncfl.fedbuff import FedBuffServer
 from fedcore.payload import StateDict
 from tests.fedcore.asyncfl.test_clock import THREE
 
