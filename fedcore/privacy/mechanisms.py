@@ -10,7 +10,7 @@ tensors, so these few pure functions are fedapt's own, each tied to its paper:
   and divides by the expected cohort size (fixed: the denominator must not depend on who
   reported, or it would leak). ``z`` is what the accountant accounts.
 - Adaptive clipping (Andrew et al. 2021, "Differentially Private Learning with Adaptive
-  Clipping", Alg. 1 and Thm 1): C follows a noisy estimate of the gamma-quantile of the update
+  Clipping"): C follows a noisy estimate of the gamma-quantile of the update
   norms, C <- C exp(-eta_C (b~ - gamma)), b~ the noisy fraction of clients with norm <= C; the
   count query has its own noise sigma_b and the noise multiplier z is split so that the two
   queries together spend what z alone would: z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2).
@@ -181,8 +181,9 @@ def dp_fedavg(
 
 def split_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
     """z_Delta, the update sum's noise multiplier when the clip count takes noise sigma_b out
-    of the budget of z: z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al. 2021, Thm 1;
-    the count of (b_i - 1/2) has sensitivity 1/2, so its noise multiplier is 2 sigma_b)."""
+    of the budget of z: z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al. 2021: the
+    count of (b_i - 1/2) has sensitivity 1/2, so its noise multiplier is 2 sigma_b, and two
+    Gaussian queries compose like one with z^-2 = z_Delta^-2 + (2 sigma_b)^-2)."""
     check_noise_multiplier(noise_multiplier)
     if not _positive(count_stddev):
         raise ConfigError(
@@ -242,7 +243,7 @@ class AdaptiveClip:
         """Move C after a round whose clients had these pre-clipping norms; return the new C.
 
         b~ = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / m + 1/2 with b_i = [norm_i <= C] and m the
-        expected cohort (Andrew et al. 2021, Alg. 1), then C <- C exp(-eta_C (b~ - gamma)).
+        expected cohort (Andrew et al. 2021), then C <- C exp(-eta_C (b~ - gamma)).
         """
         if not _positive(expected_cohort):
             raise ConfigError(f"the expected cohort size must be > 0 (got {expected_cohort!r})")
