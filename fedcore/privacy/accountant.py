@@ -25,11 +25,13 @@ that a run would exceed is a ``PrivacyBudgetExceeded`` that names the round.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import dp_accounting
+import numpy as np
 from dp_accounting import mechanism_calibration
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -98,7 +100,21 @@ class DpSetting:
             return 0.0
         if self.noise_multiplier == 0:
             return math.inf
+        if self.sampling == "fixed" or self.accountant == "rdp":
+            # What RdpAccountant.compose(SelfComposedDpEvent(e, r)).get_epsilon computes (its
+            # RDP is r times one round's), bit for bit, without recomputing one round's RDP on
+            # ~150 orders each round (0.2 s without replacement)
+            orders, one_round = self._rdp_of_one_round
+            return float(
+                rdp_privacy_accountant.compute_epsilon(orders, rounds * one_round, self.delta)[0]
+            )
         return float(self.fresh_accountant().compose(self.event(rounds)).get_epsilon(self.delta))
+
+    @functools.cached_property
+    def _rdp_of_one_round(self) -> tuple[np.ndarray, np.ndarray]:
+        accountant = self.fresh_accountant().compose(self.round_event())
+        assert isinstance(accountant, rdp_privacy_accountant.RdpAccountant)
+        return accountant.orders, accountant.rdp
 
 
 # --- validation: one line each, naming the key and the allowed values ---------------------------
@@ -254,7 +270,6 @@ class RoundAccountant:
         self.setting = setting
         self.target_epsilon = target_epsilon
         self.epsilons: list[float] = []  # epsilon after round 1, 2, ...
-        self._memo: dict[int, float] = {}
 
     @property
     def rounds(self) -> int:
@@ -270,7 +285,7 @@ class RoundAccountant:
         if self.target_epsilon is None:
             return
         upcoming = self.rounds + 1
-        spent = self._epsilon(upcoming)
+        spent = self.setting.epsilon(upcoming)
         if spent > self.target_epsilon:
             raise PrivacyBudgetExceeded(
                 f"round {upcoming} would spend epsilon {spent:.4g} > privacy.target_epsilon="
@@ -280,15 +295,8 @@ class RoundAccountant:
 
     def step(self) -> float:
         """Account one more round; return the epsilon spent after it."""
-        self.epsilons.append(self._epsilon(self.rounds + 1))
+        self.epsilons.append(self.setting.epsilon(self.rounds + 1))
         return self.epsilon
-
-    def _epsilon(self, rounds: int) -> float:
-        # check_next_round then step ask for the same round: compute it once (RDP without
-        # replacement costs ~0.2 s per call on its 150 orders)
-        if rounds not in self._memo:
-            self._memo = {rounds: self.setting.epsilon(rounds)}
-        return self._memo[rounds]
 
     def exceeded_at(self, max_rounds: int) -> int | None:
         """The first round <= ``max_rounds`` whose epsilon exceeds the target (None: none does,
