@@ -145,8 +145,8 @@ def check_population(population: object, cohort: object) -> None:
         raise ConfigError(f"partition.num_clients must be an integer >= 1 (got {population!r})")
     if not isinstance(cohort, int) or isinstance(cohort, bool) or not 1 <= cohort <= population:
         raise ConfigError(
-            f"the clients per round must be an integer in [1, partition.num_clients={population}] "
-            f"(got {cohort!r})"
+            "the clients per round (federation.participation x partition.num_clients) must be "
+            f"an integer in [1, {population}] (got {cohort!r})"
         )
 
 
