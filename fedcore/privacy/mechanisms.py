@@ -117,19 +117,20 @@ def add_local_noise(
 
 
 def sum_updates(updates: Mapping[int, Update]) -> dict[str, torch.Tensor]:
-    """The entry-wise sum over clients, added in client-id order (the same bits whatever
-    order the updates arrived in)."""
+    """The entry-wise sum over clients, accumulated in float64 in client-id order (as
+    ``fedcore.aggregate`` does: the same bits whatever order the updates arrived in), returned
+    in each entry's dtype."""
     if not updates:
         raise ValueError("sum_updates needs at least one update")
     ids = sorted(updates)
     first = updates[ids[0]]
-    total = {name: t.detach().clone() for name, t in first.items()}
+    total = {name: t.detach().to(torch.float64, copy=True) for name, t in first.items()}
     for cid in ids[1:]:
         if updates[cid].keys() != total.keys():
             raise ValueError(f"client {cid}'s update has other entries than client {ids[0]}'s")
         for name in total:
-            total[name] += updates[cid][name]
-    return total
+            total[name] += updates[cid][name].detach().to(torch.float64)
+    return {name: total[name].to(first[name].dtype) for name in total}
 
 
 def noisy_mean(

@@ -79,6 +79,17 @@ def test_central_noise_std_is_z_c_and_reproducible():
     assert not torch.equal(other_seed["w"], noisy["w"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sum_updates_leaves_its_inputs_alone(dtype):
+    updates = make_updates(3, dtype=dtype)
+    before = {c: {k: t.clone() for k, t in u.items()} for c, u in updates.items()}
+    total = dp.sum_updates(updates)
+    assert all(t.dtype == dtype for t in total.values())
+    want = sum(u["fc.bias"].to(torch.float64) for u in before.values())
+    assert torch.equal(total["fc.bias"], want.to(dtype))
+    assert all(torch.equal(updates[c][k], before[c][k]) for c in updates for k in updates[c])
+
+
 def test_dp_fedavg_ignores_client_order():
     updates = make_updates(5)
     kw = dict(clip_norm=0.5, noise_multiplier=1.0, expected_cohort=5, seed=3, round_=2)
