@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import torch
 from torch import nn
@@ -9,6 +11,7 @@ from torch import nn
 from fedcore.algorithms import FedAvg
 from fedcore.client import ImageData, LocalConfig
 from fedcore.engine import FederationConfig, Simulation
+from fedcore.events import Callback
 from fedcore.sampling import derive_seed
 from fedcore.schedules import LRSchedule
 
@@ -205,3 +208,22 @@ def tiny_vit(num_classes: int = 3) -> nn.Module:
 
     config = ViTConfig(None, embed_dim=H, depth=2, num_heads=2, patch_size=4)
     return ViTClassifier(config, num_classes=num_classes, in_channels=1, input_size=12)
+
+
+class Crash(Exception):
+    """Raised by ``CrashAfter``: the run dies where a killed process would."""
+
+
+class CrashAfter(Callback):
+    """Saves the engine's state after round ``k`` through a torch.save round trip (what a
+    checkpoint file holds), then dies like a killed process would."""
+
+    def __init__(self, sim: Simulation, k: int) -> None:
+        self.sim, self.k, self.saved = sim, k, b""
+
+    def on_round_end(self, record) -> None:
+        if record.round == self.k:
+            buf = io.BytesIO()
+            torch.save(self.sim.state_dict(), buf)
+            self.saved = buf.getvalue()
+            raise Crash
