@@ -1,22 +1,18 @@
 """What the flows' tests share: polling, a real `fedapt run` (tiny configuration) in a
 subprocess whose processes carry a mark, the CLI invoked in-process on the repository's params,
-and a Prefect server's logs read whole."""
+a Prefect server's logs read whole, and the run's own Ray in a fresh process."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from flows.cli import app
-
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
-runner = CliRunner()
 
 
 def wait_for(predicate, timeout: float) -> bool:
@@ -32,10 +28,14 @@ def wait_for(predicate, timeout: float) -> bool:
 
 def invoke(tmp_path, command, *args):
     """Outputs under tmp_path; no S3 copy unless a test asks for a bucket (later --set wins)."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
     reports = ["--set", f"experiment.reports_dir={tmp_path / 'reports'}"]
     data = ["--set", f"data.root={REPO / 'data/raw'}"]
     local = ["--set", "storage.bucket=null"]
-    return runner.invoke(
+    return CliRunner().invoke(
         app, [command, *local, *args, "--params", str(REPO / "params.yaml"), *reports, *data]
     )
 
@@ -139,3 +139,52 @@ def wait_for_round(proc: subprocess.Popen[str], timeout: float = 120, round_: in
             return lines
     proc.kill()
     raise AssertionError("no round reported:\n" + "".join(lines[-20:]))
+
+
+# ---- a run's own Ray, started in a fresh process (tests/flows/test_localray.py) -------------
+
+VARS = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+
+
+def cpu_params(*sets: str):
+    """The repository's params on the CPU, with ``sets``."""
+    from tasks.config import load_params
+
+    return load_params(REPO / "params.yaml", ["runtime.device=cpu", *sets])
+
+
+def host(way: str, ray_first: bool) -> None:
+    """In a fresh process: the run's own Ray, started the way ``way`` (clients, task_runner)
+    starts it, prints its GCS address and the auth mode a worker sees, stops on a line on
+    stdin, then prints the variables of ``VARS`` as they are after ``local_ray``."""
+    if ray_first:
+        import ray  # noqa: F401
+    from flows.localray import local_ray
+    from flows.runners import ray_task_runner
+    from tasks.cell import ray_settings
+
+    p = cpu_params(f"runtime.{way}=ray", "runtime.ray_workers=1", "runtime.ray_actors=1")
+    with local_ray(p):
+        import ray
+
+        if way == "clients":
+            from fedcore.engine.ray_cluster import connect
+
+            settings = ray_settings(p, "cpu")
+            assert settings is not None and connect(settings)
+            stop = ray.shutdown
+        else:
+            runner = ray_task_runner(p).__enter__()
+
+            def stop() -> None:
+                runner.__exit__(None, None, None)
+
+        def auth_mode() -> str | None:  # (pickled by value: the workers need no tests/)
+            return os.environ.get("RAY_AUTH_MODE")
+
+        seen = ray.get(ray.remote(auth_mode).remote())  # a worker runs it
+        gcs = ray.get_runtime_context().gcs_address
+        print(json.dumps({"gcs": gcs, "worker_auth": seen}), flush=True)
+        sys.stdin.readline()
+        stop()
+    print(json.dumps({k: os.environ.get(k) for k in VARS}), flush=True)
