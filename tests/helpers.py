@@ -11,7 +11,7 @@ from torch import nn
 from fedcore.algorithms import FedAvg
 from fedcore.client import ImageData, LocalConfig
 from fedcore.engine import FederationConfig, Simulation
-from fedcore.events import Callback
+from fedcore.events import Callback, ClientRecord, RoundRecord
 from fedcore.sampling import derive_seed
 from fedcore.schedules import LRSchedule
 
@@ -227,3 +227,17 @@ class CrashAfter(Callback):
             torch.save(self.sim.state_dict(), buf)
             self.saved = buf.getvalue()
             raise Crash
+
+
+class Records(Callback):
+    """Every client's and every round's record of a run, in order."""
+
+    def __init__(self) -> None:
+        self.clients: list[ClientRecord] = []
+        self.rounds: list[RoundRecord] = []
+
+    def on_client_end(self, record: ClientRecord) -> None:
+        self.clients.append(record)
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        self.rounds.append(record)

@@ -13,10 +13,9 @@ from torch import nn
 from fedcore.algorithms import build_algorithm
 from fedcore.client import LocalConfig
 from fedcore.engine import FederationConfig, Simulation
-from fedcore.events import Callback, ClientRecord
 from fedcore.schedules import LRSchedule
 from models.adapters import ADAPTER_METHODS, adapt
-from tests.helpers import images64, tiny_adaptable, tiny_bert, tiny_vit
+from tests.helpers import Records, images64, tiny_adaptable, tiny_bert, tiny_vit
 
 TOL = 1e-9
 
@@ -38,14 +37,6 @@ class Model:
     def __call__(self) -> nn.Module:
         base = {"cnn": tiny_adaptable, "vit": tiny_vit, "bert": tiny_bert}[self.kind]()
         return adapt(base, self.adapter, self.kind, self.options).double()
-
-
-class Records(Callback):
-    def __init__(self) -> None:
-        self.clients: list[ClientRecord] = []
-
-    def on_client_end(self, record: ClientRecord) -> None:
-        self.clients.append(record)
 
 
 SHARDS = [(0, 30), (30, 100), (100, 105), (105, 250), (250, 400)]  # ragged: 5 to 150 samples

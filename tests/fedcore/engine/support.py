@@ -1,7 +1,7 @@
 """What the engine's tests share (test_dropout, test_ray_pool, test_ray_cohort,
-test_ray_multinode): callbacks that record a run, a FedAvg whose chosen client kills its
-worker, and the float64 tiny federation whose bytes the local and Ray backends must give
-alike. Worker processes and Ray actors import these by name."""
+test_ray_multinode): a FedAvg whose chosen client kills its worker, and the float64 tiny
+federation whose bytes the local and Ray backends must give alike. Worker processes and Ray
+actors import these by name."""
 
 from __future__ import annotations
 
@@ -18,21 +18,8 @@ from fedcore.algorithms import FedAvg
 from fedcore.algorithms.base import ClientView
 from fedcore.client import LocalConfig, cross_entropy
 from fedcore.engine import FederationConfig, RaySettings, Simulation
-from fedcore.events import Callback, ClientRecord, RoundRecord
 from fedcore.schedules import LRSchedule
-from tests.helpers import images64, tiny_cnn
-
-
-class Records(Callback):
-    def __init__(self) -> None:
-        self.clients: list[ClientRecord] = []
-        self.rounds: list[RoundRecord] = []
-
-    def on_client_end(self, record: ClientRecord) -> None:
-        self.clients.append(record)
-
-    def on_round_end(self, record: RoundRecord) -> None:
-        self.rounds.append(record)
+from tests.helpers import Records, images64, tiny_cnn
 
 
 @dataclass(frozen=True)

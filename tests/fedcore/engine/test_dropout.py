@@ -31,8 +31,8 @@ from fedcore.errors import ConfigError
 from fedcore.events import Callback, RoundRecord
 from fedcore.sampling import client_availability, client_speed, round_outcomes
 from fedcore.schedules import LRSchedule
-from tests.fedcore.engine.support import CrashingFedAvg, Records
-from tests.helpers import tiny_cnn, toy_data
+from tests.fedcore.engine.support import CrashingFedAvg
+from tests.helpers import Records, tiny_cnn, toy_data
 
 REPO = Path(__file__).resolve().parents[3]
 # unique shard sizes (a client is recognisable by its number of labels): 16 .. 96 samples
@@ -256,8 +256,6 @@ def test_stragglers_dropped_or_cut_at_the_deadline():
 
 
 # ---- dead workers ------------------------------------------------------------------------
-
-
 def test_a_worker_that_dies_once_costs_a_retry_not_the_run(tmp_path, capfd):
     algo = CrashingFedAvg(victim_samples=48, marker=str(tmp_path / "crashed"))
     rec, ref_rec = Records(), Records()
@@ -438,11 +436,10 @@ def test_the_watchdog_alone_ends_an_orphan():
 def test_cohort_equals_sequential_with_dropout(stragglers):
     from tests.fedcore.cohort.support import SHARDS as COHORT_SHARDS
     from tests.fedcore.cohort.support import Model, assert_same, images
-    from tests.fedcore.cohort.support import Records as CohortRecords
 
     def run(engine: str):
         perm = np.random.default_rng(0).permutation(400)
-        records = CohortRecords()
+        records = Records()
         sim = Simulation(
             model_fn=Model("full"),
             algorithm=build_algorithm("fedprox"),

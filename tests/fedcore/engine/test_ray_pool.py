@@ -21,7 +21,8 @@ import torch
 
 from fedcore.engine import RayBackend, RaySettings
 from fedcore.errors import ConfigError
-from tests.fedcore.engine.support import CrashingFedAvg, Records, make_sim, run_bytes, tiny64
+from tests.fedcore.engine.support import CrashingFedAvg, make_sim, run_bytes, tiny64
+from tests.helpers import Records
 
 ray = pytest.importorskip("ray")
 
