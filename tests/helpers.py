@@ -1,4 +1,5 @@
-"""Small, picklable builders shared by tests (worker processes import them by name)."""
+"""Small, picklable builders shared by tests (worker processes import them by name), and the
+callbacks that record a run or crash it after a round."""
 
 from __future__ import annotations
 
