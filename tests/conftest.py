@@ -75,3 +75,12 @@ def busy_port():
     s.listen(1)
     yield s.getsockname()[1]
     s.close()
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    """A copy of the repository in ``tmp_path/repo`` that `dvc repro` runs in (tiny params,
+    the data, a git repository of its own): tests/repo/test_dvc.py, tests/flows/test_codec_grid.py."""
+    from tests.repo.support import copy_repo
+
+    return copy_repo(tmp_path)

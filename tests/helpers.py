@@ -1,6 +1,9 @@
-"""Small, picklable builders shared by tests (worker processes import them by name)."""
+"""Small, picklable builders shared by tests (worker processes import them by name), and the
+callbacks that record a run or crash it after a round."""
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import torch
@@ -9,6 +12,7 @@ from torch import nn
 from fedcore.algorithms import FedAvg
 from fedcore.client import ImageData, LocalConfig
 from fedcore.engine import FederationConfig, Simulation
+from fedcore.events import Callback, ClientRecord, RoundRecord
 from fedcore.sampling import derive_seed
 from fedcore.schedules import LRSchedule
 
@@ -205,3 +209,36 @@ def tiny_vit(num_classes: int = 3) -> nn.Module:
 
     config = ViTConfig(None, embed_dim=H, depth=2, num_heads=2, patch_size=4)
     return ViTClassifier(config, num_classes=num_classes, in_channels=1, input_size=12)
+
+
+class Crash(Exception):
+    """Raised by ``CrashAfter``: the run dies where a killed process would."""
+
+
+class CrashAfter(Callback):
+    """Saves the engine's state after round ``k`` through a torch.save round trip (what a
+    checkpoint file holds), then dies like a killed process would."""
+
+    def __init__(self, sim: Simulation, k: int) -> None:
+        self.sim, self.k, self.saved = sim, k, b""
+
+    def on_round_end(self, record) -> None:
+        if record.round == self.k:
+            buf = io.BytesIO()
+            torch.save(self.sim.state_dict(), buf)
+            self.saved = buf.getvalue()
+            raise Crash
+
+
+class Records(Callback):
+    """Every client's and every round's record of a run, in order."""
+
+    def __init__(self) -> None:
+        self.clients: list[ClientRecord] = []
+        self.rounds: list[RoundRecord] = []
+
+    def on_client_end(self, record: ClientRecord) -> None:
+        self.clients.append(record)
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        self.rounds.append(record)

@@ -25,7 +25,7 @@ from fedcore.codecs import (
 )
 from fedcore.errors import ConfigError
 from fedcore.wire import UPLOAD
-from tests.fedcore.cohort.test_cohort import TOL, assert_same, simulate
+from tests.fedcore.cohort.support import TOL, assert_same, simulate
 
 
 def codecs(name: str, **options) -> Codecs:

@@ -22,11 +22,11 @@ from models.adapters import adapt, get_adapter
 from models.adapters.accumulator import AccumulatorOptions
 from models.adapters.exits import ExitOptions, ExitPlan
 from tasks.outputs import exit_accuracies
+from tests.fedcore.support import DEPTH, assert_exit_accuracies
 from tests.helpers import tiny_bert, tiny_vit, toy_data
 
 EXIT_METHODS = ["accumulator", "lw_linear", "lw_mlp"]
 BUILDERS = {"bert": tiny_bert, "vit": tiny_vit}
-DEPTH = 2  # blocks of the tiny BERT and ViT
 
 
 def build(kind: str, method: str, options: dict | None = None, num_classes: int = 3):
@@ -353,18 +353,3 @@ def test_exit_methods_do_not_apply_to_cnns():
     with pytest.raises(ConfigError, match="not a transformer with CLS plumbing"):
         adapt(TinyAdaptable(), "accumulator")
     assert get_adapter("lw_mlp").merge(build("bert", "lw_mlp")) is None
-
-
-def assert_exit_accuracies(model, sim, last, test_data, depth: int = DEPTH) -> list[float]:
-    """The round's per-exit accuracies are the final model's at each exit (the module's
-    forward ending at exit k), evaluated apart from the engine; the last is the round's.
-    Returns them."""
-    from tests.helpers import independent_accuracy
-
-    accs = [last.extra[f"test_accuracy_exit_{k}"] for k in range(depth)]
-    assert accs[-1] == last.accuracy
-    for k, acc in enumerate(accs):
-        model.exit_plan.exit = k
-        assert acc == pytest.approx(independent_accuracy(model, sim.global_state, test_data)), k
-    model.exit_plan.exit = None
-    return accs

@@ -30,9 +30,9 @@ from models.adapters.exits_pa import (
     LayerwiseMLPPAOptions,
     LayerwisePAOptions,
 )
-from tests.fedcore.test_exits import assert_exit_accuracies
+from tests.fedcore.support import assert_exit_accuracies
 from tests.helpers import H, tiny_bert, tiny_vit, toy_data
-from tests.models.adapters.test_lora import inputs, one_step_changes
+from tests.models.adapters.support import inputs, one_step_changes
 
 PLAIN = {"accumulator_pa": "accumulator", "lw_linear_pa": "lw_linear", "lw_mlp_pa": "lw_mlp"}
 KINDS = {"bert": tiny_bert, "vit": tiny_vit}

@@ -14,8 +14,8 @@ from fedcore.codecs import encode_state
 from tasks import modelfile
 from tasks.config import load_params
 from tasks.grid import cell_name
-from tests.flows.cli.test_cli import invoke
-from tests.repo.test_dvc import DVC, repo_copy, sh  # noqa: F401 (a copy of the repository)
+from tests.flows.support import invoke
+from tests.repo.support import DVC, sh
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_fedapt_run_grid_of_adapters_and_codecs(tmp_path, prefect_server, monkey
     assert tagged["fedavg-full-int8"] == "int8" and tagged["fedavg-lora-topk"] == "topk"
 
 
-def test_dvc_repro_grid_of_adapters_and_codecs(repo_copy):  # noqa: F811
+def test_dvc_repro_grid_of_adapters_and_codecs(repo_copy):
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
     params["partition"]["num_clients"] = 4
     params["grid"].update(adapters=["full", "lora"], codecs=["none", "int8", "topk"])

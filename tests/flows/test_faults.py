@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from flows import services as S
 from flows.cli import app
 from flows.services import process
+from tests.flows.support import fedapt_run, marked, wait_for, wait_for_round
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -34,15 +35,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
-
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def _holder(directory: Path, *extra: str) -> subprocess.Popen[str]:
@@ -220,12 +212,12 @@ def _group(pgid: int) -> list[int]:
 def test_tied_server_dies_with_its_parent_on_kill_9(tmp_path):
     proc, pid = _tied_parent(tmp_path, lock=True)
     try:
-        assert _wait(lambda: len(_group(pid)) == 2, 10)  # the watchdog and the server
+        assert wait_for(lambda: len(_group(pid)) == 2, 10)  # the watchdog and the server
         lock = json.loads((tmp_path / "data.lock").read_text())
         assert lock["owner"] == proc.pid and lock["kind"] == "embedded"
         proc.kill()
         proc.wait()
-        assert _wait(lambda: not _group(pid), 15), _group(pid)
+        assert wait_for(lambda: not _group(pid), 15), _group(pid)
     finally:
         process.signal_group(pid, signal.SIGKILL)
 
@@ -233,7 +225,7 @@ def test_tied_server_dies_with_its_parent_on_kill_9(tmp_path):
 def test_tied_server_stops_with_down_like_any_other(tmp_path):
     pid = process.spawn(["/bin/sleep", "120"], os.environ, tmp_path, tmp_path / "x.log", tied=True)
     try:
-        assert _wait(lambda: len(_group(pid)) == 2, 10)
+        assert wait_for(lambda: len(_group(pid)) == 2, 10)
         t = time.monotonic()
         process.terminate(pid, timeout=5)
         assert time.monotonic() - t < 5 and not _group(pid)
@@ -286,7 +278,7 @@ def test_data_lock_of_a_live_run_is_in_use_naming_it(tmp_path):
         os.close(fd)
         proc.kill()
         proc.wait()
-        _wait(lambda: not _group(pid), 15)
+        wait_for(lambda: not _group(pid), 15)
         process.signal_group(pid, signal.SIGKILL)
 
 
@@ -348,96 +340,6 @@ def test_runs_left_running_by_a_dead_process_are_marked_killed(local_mlflow):
 
 # ----------------------------------------------------------------------------- real runs
 
-TINY = {
-    "data.train_subset": "600",
-    "data.test_subset": "200",
-    "federation.rounds": "8",
-    "federation.last_rounds": "2",
-    "runtime.workers": "0",
-    "partition.num_clients": "4",
-    "storage.bucket": "fedapt",  # the embedded SeaweedFS
-}
-
-
-def _fedapt_run(
-    tmp_path: Path, mark: str, env_extra: dict[str, str | None] | None = None, **overrides: str
-) -> subprocess.Popen[str]:
-    """`fedapt run` in its own session: temporary Prefect server, embedded S3, local MLflow
-    store (``env_extra``: other variables, None removes one); every process it starts
-    inherits FEDAPT_FAULT_MARK (found again in /proc)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PREFECT_API", "AWS_", "MLFLOW_TRACKING"))
-    }
-    env.update(
-        FEDAPT_FAULT_MARK=mark,
-        FEDAPT_STATE_DIR=str(tmp_path / "state"),
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
-        PREFECT_HOME=str(tmp_path / "prefect"),
-    )
-    for k, v in (env_extra or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    args = [PY, "-m", "flows.cli", "run", "--params", str(REPO / "params.yaml")]
-    sets = {
-        **TINY,
-        "experiment.reports_dir": str(tmp_path / "reports"),
-        "experiment.name": "faults",
-        "data.root": str(REPO / "data/raw"),
-        **overrides,
-    }
-    for k, v in sets.items():
-        args += ["--set", f"{k}={v}"]
-    return subprocess.Popen(
-        args,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _marked(mark: str) -> list[str]:
-    """Live processes whose environment carries the mark: the run and all it started."""
-    found = []
-    needle = f"FEDAPT_FAULT_MARK={mark}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:100]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            found.append(f"{entry.name} {cmd}")
-    return found
-
-
-def _wait_for_round(
-    proc: subprocess.Popen[str], timeout: float = 120, round_: int = 1
-) -> list[str]:
-    """Read stderr until round ``round_`` is reported; returns the lines read."""
-    assert proc.stderr is not None
-    lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if f"round {round_}/" in line:
-            return lines
-    proc.kill()
-    raise AssertionError("no round reported:\n" + "".join(lines[-20:]))
-
 
 def _statuses(tmp_path: Path) -> dict[str, str]:
     from mlflow import MlflowClient
@@ -451,19 +353,19 @@ def _statuses(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_kill_9_of_fedapt_run_leaves_no_process_and_a_rerun_succeeds(tmp_path):
     mark = uuid.uuid4().hex
-    proc = _fedapt_run(tmp_path, mark)
+    proc = fedapt_run(tmp_path, mark)
     try:
-        _wait_for_round(proc)
-        started = _marked(mark)
+        wait_for_round(proc)
+        started = marked(mark)
         assert any("weed" in p for p in started) and any("uvicorn" in p for p in started)
         os.kill(proc.pid, signal.SIGKILL)  # the main process alone: its servers must follow
         proc.wait()
-        assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+        assert wait_for(lambda: not marked(mark), 20), marked(mark)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     # the same command again: no "in use", the stale MLflow runs are closed, the run completes
-    again = _fedapt_run(tmp_path, mark)
+    again = fedapt_run(tmp_path, mark)
     out, err = again.communicate(timeout=240)
     assert again.returncode == 0, err[-3000:]
     assert "marked 2 run(s) of faults KILLED" in err
@@ -475,7 +377,7 @@ def test_kill_9_of_fedapt_run_leaves_no_process_and_a_rerun_succeeds(tmp_path):
         ("experiment", "FINISHED"),
         ("experiment", "KILLED"),
     ]
-    assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+    assert wait_for(lambda: not marked(mark), 20), marked(mark)
 
 
 @pytest.mark.slow
@@ -485,9 +387,9 @@ def test_sigterm_stops_fast_in_one_line_with_runs_killed(tmp_path):
     pool's queues)."""
     mark = uuid.uuid4().hex
     sets = {"federation.rounds": "200", "runtime.workers": "2", "runtime.checkpoint_every": "1"}
-    proc = _fedapt_run(tmp_path, mark, **sets)
+    proc = fedapt_run(tmp_path, mark, **sets)
     try:
-        _wait_for_round(proc, round_=2)
+        wait_for_round(proc, round_=2)
         t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -506,7 +408,7 @@ def test_sigterm_stops_fast_in_one_line_with_runs_killed(tmp_path):
     assert list((exp / "checkpoints").glob("*.pt"))  # what a rerun resumes from
     assert not list(exp.rglob("*.tmp"))  # nothing half-written
     assert sorted(_statuses(tmp_path).values()) == [("cell", "KILLED"), ("experiment", "KILLED")]
-    assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+    assert wait_for(lambda: not marked(mark), 20), marked(mark)
 
 
 @pytest.mark.slow
@@ -534,7 +436,7 @@ def test_up_s3_alone_then_status_and_down(tmp_path):
         assert status.returncode == 0 and "running" in status.stdout
         down = fedapt("down")
         assert down.returncode == 0, down.stdout + down.stderr
-        assert _wait(lambda: not process.group_alive(st["s3"].pid), 10)
+        assert wait_for(lambda: not process.group_alive(st["s3"].pid), 10)
         assert S.status(state=tmp_path / "state")["s3"].state == "stopped"
     finally:
         for rec in S.read_state(tmp_path / "state").values():
@@ -548,7 +450,7 @@ def test_two_experiments_run_side_by_side_without_collisions(tmp_path):
     the last of them."""
     mark = uuid.uuid4().hex
     runs = {
-        name: _fedapt_run(
+        name: fedapt_run(
             tmp_path,
             mark,
             **{
@@ -582,4 +484,4 @@ def test_two_experiments_run_side_by_side_without_collisions(tmp_path):
         assert client.get_experiment(run.info.experiment_id).name == name
         versions.add(record["model_version"])
     assert len(versions) == 2
-    assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+    assert wait_for(lambda: not marked(mark), 20), marked(mark)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.flows.support import read_all_logs
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -89,13 +91,3 @@ def test_flow_run_names_logs_and_artifacts(tmp_path, monkeypatch):
         ("Named-Runs: rounds done of all 1 cells of the grid", 100.0),
         ("cell 1 of 1: fedavg-full: rounds done of 2", 100.0),
     ]
-
-
-def read_all_logs(client, log_filter=None) -> list:
-    """Every log of ``log_filter``, page by page (the server caps a read at 200)."""
-    logs: list = []
-    while True:
-        page = client.read_logs(log_filter, limit=200, offset=len(logs))
-        logs += page
-        if len(page) < 200:
-            return logs

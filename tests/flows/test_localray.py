@@ -26,56 +26,13 @@ import psutil
 import pytest
 
 from fedcore.errors import ConfigError
+from tests.flows.support import VARS, cpu_params
 
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
-VARS = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
 REFUSED = "Authentication token is missing or incorrect"  # Ray's InvalidAuthToken
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
-
-
-def _params(*sets: str):
-    from tasks.config import load_params
-
-    return load_params(REPO / "params.yaml", ["runtime.device=cpu", *sets])
-
-
-def host(way: str, ray_first: bool) -> None:
-    """In a fresh process: the run's own Ray, started the way ``way`` (clients, task_runner)
-    starts it, prints its GCS address and the auth mode a worker sees, stops on a line on
-    stdin, then prints the variables of ``VARS`` as they are after ``local_ray``."""
-    if ray_first:
-        import ray  # noqa: F401
-    from flows.localray import local_ray
-    from flows.runners import ray_task_runner
-    from tasks.cell import ray_settings
-
-    p = _params(f"runtime.{way}=ray", "runtime.ray_workers=1", "runtime.ray_actors=1")
-    with local_ray(p):
-        import ray
-
-        if way == "clients":
-            from fedcore.engine.ray_cluster import connect
-
-            settings = ray_settings(p, "cpu")
-            assert settings is not None and connect(settings)
-            stop = ray.shutdown
-        else:
-            runner = ray_task_runner(p).__enter__()
-
-            def stop() -> None:
-                runner.__exit__(None, None, None)
-
-        def auth_mode() -> str | None:  # (pickled by value: the workers need no tests/)
-            return os.environ.get("RAY_AUTH_MODE")
-
-        seen = ray.get(ray.remote(auth_mode).remote())  # a worker runs it
-        gcs = ray.get_runtime_context().gcs_address
-        print(json.dumps({"gcs": gcs, "worker_auth": seen}), flush=True)
-        sys.stdin.readline()
-        stop()
-    print(json.dumps({k: os.environ.get(k) for k in VARS}), flush=True)
 
 
 _JOIN = """
@@ -131,7 +88,7 @@ def test_a_runs_own_ray_listens_on_loopback_and_refuses_a_client_without_the_tok
     # the session folder: short (Ray's socket paths), and not the /tmp/ray of other Rays
     temp = tempfile.mkdtemp(prefix="rl-")
     env.update(HOME=str(ray_home), PYTHONPATH=str(REPO), RAY_TMPDIR=temp)
-    code = f"from tests.flows.test_localray import host; host({way!r}, {ray_first})"
+    code = f"from tests.flows.support import host; host({way!r}, {ray_first})"
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=tmp_path,
@@ -215,7 +172,7 @@ def test_local_ray_is_only_for_a_runs_own_ray(monkeypatch):
         (["runtime.task_runner=ray"], True),
         (["runtime.task_runner=dask", "runtime.clients=ray"], True),
     ):
-        p = _params(*sets)
+        p = cpu_params(*sets)
         assert starts_local_ray(p) is starts, sets
         if starts:
             with pytest.raises(ConfigError, match="^RAY_AUTH_MODE: 'disabled' is not token"):
@@ -229,4 +186,4 @@ def test_local_ray_is_only_for_a_runs_own_ray(monkeypatch):
             assert os.environ["RAY_AUTH_MODE"] == "disabled"
             assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # fedapt env's head: not the run's own
-    assert not starts_local_ray(_params("runtime.clients=ray"))
+    assert not starts_local_ray(cpu_params("runtime.clients=ray"))

@@ -29,7 +29,7 @@ from flows import services as S
 from flows.cli import app
 from flows.services import config, ports, process, runwatch, supervisor
 from flows.streams import MaskedStream
-from tests.flows.test_faults import _fedapt_run, _marked, _wait, _wait_for_round
+from tests.flows.support import TINY, fedapt_run, marked, wait_for, wait_for_round
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -125,14 +125,14 @@ def test_a_service_that_goes_away_is_reported_once_within_seconds(servers):
 
     watched = runwatch.watched_services(env)
     with runwatch.watch(watched, on_lost, interval=0.1, grace=0.5, timeout=0.5):
-        assert _wait(lambda: live.hits >= 8 and dying.hits >= 8, 10)  # both answer: silence
+        assert wait_for(lambda: live.hits >= 8 and dying.hits >= 8, 10)  # both answer: silence
         assert not lost
         dying.stop()
         t = time.monotonic()
         assert seen.wait(10)
         took = time.monotonic() - t
         # reported once: the watch ends there (the run is stopping)
-        assert _wait(lambda: "fedapt-runwatch" not in {t.name for t in threading.enumerate()}, 5)
+        assert wait_for(lambda: "fedapt-runwatch" not in {t.name for t in threading.enumerate()}, 5)
     assert took < 3, took
     assert [[s.name for s in group] for group in lost] == [["prefect"]]
 
@@ -485,7 +485,7 @@ def test_fedapt_down_under_a_run_ends_it_in_one_line_and_a_rerun_resumes_byte_id
     env = _services_env(tmp_path)
     sets = {"federation.rounds": "6", "runtime.checkpoint_every": "1"}
     # the reference: the same cells, never interrupted (temporary servers, local store)
-    ref = _fedapt_run(
+    ref = fedapt_run(
         tmp_path / "ref",
         uuid.uuid4().hex,
         **sets,
@@ -495,9 +495,9 @@ def test_fedapt_down_under_a_run_ends_it_in_one_line_and_a_rerun_resumes_byte_id
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         run_env = {"MLFLOW_TRACKING_URI": None}  # fedapt up's server
-        proc = _fedapt_run(tmp_path, mark, run_env, **sets)
+        proc = fedapt_run(tmp_path, mark, run_env, **sets)
         try:
-            _wait_for_round(proc, timeout=240, round_=2)  # a checkpoint is on disk
+            wait_for_round(proc, timeout=240, round_=2)  # a checkpoint is on disk
             t = time.monotonic()
             down = _fedapt(env, "down")
             assert down.returncode == 0, down.stdout + down.stderr
@@ -517,11 +517,11 @@ def test_fedapt_down_under_a_run_ends_it_in_one_line_and_a_rerun_resumes_byte_id
         assert any(f"{n} (" in line for n in ("mlflow", "prefect", "s3")), line
         assert "fedapt up" in line and "run the same command" in line
         assert str(tmp_path / "reports" / "faults") in line
-        assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+        assert wait_for(lambda: not marked(mark), 20), marked(mark)
         # the services again, the same command: it resumes and ends as if never stopped
         up = _fedapt(env, "up", "mlflow", "prefect")
         assert up.returncode == 0, up.stdout + up.stderr
-        again = _fedapt_run(tmp_path, mark, run_env, **sets)
+        again = fedapt_run(tmp_path, mark, run_env, **sets)
         out, err = again.communicate(timeout=300)
         assert again.returncode == 0, err[-3000:]
         assert "resumed: rounds 1-" in err
@@ -564,9 +564,9 @@ def test_no_password_is_printed_or_logged_by_anyone(tmp_path):
         start_new_session=True,
     )
     try:
-        assert _wait(lambda: S.probe(f"http://127.0.0.1:{port}/health"), 120)
+        assert wait_for(lambda: S.probe(f"http://127.0.0.1:{port}/health"), 120)
         uri = f"http://user:{CANARY}@127.0.0.1:{port}"
-        proc = _fedapt_run(
+        proc = fedapt_run(
             tmp_path, mark, {"MLFLOW_TRACKING_URI": uri}, **{"federation.rounds": "2"}
         )
         out, err = proc.communicate(timeout=300)
@@ -583,7 +583,7 @@ def test_no_password_is_printed_or_logged_by_anyone(tmp_path):
     files = [f for f in tmp_path.rglob("*") if f.is_file() and not f.is_symlink()]
     assert any(f.name == "summary.json" for f in files)
     assert not [str(f) for f in files if CANARY.encode() in f.read_bytes()]
-    assert _wait(lambda: not _marked(mark), 20), _marked(mark)
+    assert wait_for(lambda: not marked(mark), 20), marked(mark)
 
 
 # A `fedapt run` whose flow fails in its first task (the partition's writer replaced): what a
@@ -611,8 +611,6 @@ def test_a_run_failing_in_the_flow_prints_fedapts_line_last_and_no_library_line(
     """Prefect's "Task run failed ...", "Finished in state Failed(...)" and "Encountered
     exception" lines (with tracebacks) go to the state dir's fedapt.log; the terminal shows
     Prefect's progress, then fedapt's one line, last. Nothing is left under the reports."""
-    from tests.flows.test_faults import TINY
-
     reports = tmp_path / "reports"
     env = _services_env(tmp_path)
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(tmp_path / "prefect"))

@@ -9,19 +9,14 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.repo.test_layers import GRAPH, modules
+from tests.repo.support import DVC, GRAPH, copy_data, modules, sh
 
 REPO = Path(__file__).resolve().parents[2]
-DVC = str(Path(sys.executable).parent / "dvc")
-# Stages call `fedapt` from the environment, as in an activated venv.
-PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-
 # The function behind each stage's command.
 STAGE_COMMANDS = {
     "prepare": "flows/cli/stages.py",
@@ -101,43 +96,6 @@ def test_the_deps_check_sees_missing_code():
     assert "fedcore/engine/round.py" in code_of("train")
     assert "tasks/report.py" in code_of("report")
     assert "fedcore/engine/round.py" not in code_of("report")
-
-
-def sh(*cmd: str, cwd: Path) -> str:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DO_NOT_TRACK": "true", "PATH": PATH}
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return res.stdout + res.stderr
-
-
-def copy_data(dst: Path) -> None:
-    """The dataset the pipeline reads (``data/``, set up by ``make setup``): its absence is a
-    failure that says how to fix it, not a copy error deep in shutil."""
-    raw = REPO / "data" / "raw"
-    assert raw.is_dir() and any(raw.iterdir()), (
-        f"{raw} is missing or empty: run `make setup` (scripts/get-data.sh) first"
-    )
-    shutil.copytree(REPO / "data", dst / "data")
-
-
-@pytest.fixture
-def repo_copy(tmp_path):
-    dst = tmp_path / "repo"
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout
-    for rel in files.split():
-        if rel.startswith("artifacts/"):  # the committed outputs: rebuilt here, not copied
-            continue
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, dst / rel)
-    copy_data(dst)
-    (dst / ".venv").symlink_to(REPO / ".venv")
-    params = yaml.safe_load((dst / "params.yaml").read_text())
-    params["data"].update(train_subset=600, test_subset=300)
-    params["federation"].update(rounds=2, last_rounds=2)
-    params["runtime"].update(workers=0, tracking=False)
-    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    sh("git", "init", "-q", cwd=dst)
-    return dst
 
 
 def accuracy_metrics(root: Path) -> list:
@@ -278,8 +236,6 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch
 def test_dvc_train_and_pretrain_use_the_running_services(monkeypatch):
     """The same rule as `fedapt run`: with `fedapt up`'s MLflow server up, a `dvc repro` stage
     is tracked there (not in mlruns/); the variables are restored afterwards."""
-    import os
-
     from flows import services
     from flows.cli.guards import guarded
 

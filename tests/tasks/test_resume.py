@@ -25,29 +25,10 @@ from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.schedules import LRSchedule
-from tests.helpers import tiny_cnn, tiny_layered, toy_data
+from tests.helpers import Crash, CrashAfter, tiny_cnn, tiny_layered, toy_data
+from tests.tasks.support import ROUNDS, cell_params
 
 REPO = Path(__file__).resolve().parents[2]
-ROUNDS = 4
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAfter(Callback):
-    """Saves the engine's state after round ``k`` through a torch.save round trip (what a
-    checkpoint file holds), then dies like a killed process would."""
-
-    def __init__(self, sim: Simulation, k: int) -> None:
-        self.sim, self.k, self.saved = sim, k, b""
-
-    def on_round_end(self, record) -> None:
-        if record.round == self.k:
-            buf = io.BytesIO()
-            torch.save(self.sim.state_dict(), buf)
-            self.saved = buf.getvalue()
-            raise Crash
 
 
 class Seen(Callback):
@@ -121,31 +102,6 @@ def test_a_checkpoint_of_another_model_is_refused():
 
 
 # ---- through the training cell: checkpoint files, fingerprints ----------------------------
-
-
-def cell_params(tmp_path: Path, *extra: str):
-    from tasks.config import load_params
-
-    return load_params(
-        REPO / "params.yaml",
-        [
-            f"experiment.reports_dir={tmp_path / 'reports'}",
-            f"data.root={REPO / 'data/raw'}",
-            "data.train_subset=300",
-            "data.test_subset=100",
-            "partition.num_clients=4",
-            "partition.dirichlet_classwise.min_size=5",
-            "validation.min_shard_size=5",
-            f"federation.rounds={ROUNDS}",
-            "federation.participation=0.5",
-            "client.max_steps=3",
-            "runtime.workers=0",
-            "runtime.tracking=false",
-            "runtime.checkpoint_every=1",
-            "storage.bucket=null",
-            *extra,
-        ],
-    )
 
 
 def cell_files(cell_dir: Path) -> dict[str, bytes]:
@@ -255,7 +211,7 @@ from tasks.partitioning import build_partition
 from tasks.train import train_cell_model
 tmp, out, ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, {repo!r})
-from tests.tasks.test_resume import cell_params
+from tests.tasks.support import cell_params
 p = cell_params(Path(tmp), "federation.rounds={rounds}")
 data = load_experiment_data(p)
 part = build_partition(p, data)

@@ -13,28 +13,7 @@ from tasks.config import load_params
 from tasks.data import dataset_card, dataset_num_classes, load_experiment_data
 from tasks.partitioning import build_partition, write_partition
 from tasks.pretrain import check_source, run_pretrain
-
-TINY = "{vocab_size: 512, layers: 1, hidden: 16, heads: 2, context: 8, stride: 8}"
-SETS = [
-    "data.dataset=shakespeare",
-    "data.train_subset=null",
-    "data.test_subset=300",
-    "model.name=gpt2_small",
-    f"model.options={TINY}",
-    "partition.scheme=natural",
-    "partition.num_clients=3",
-    "federation.rounds=1",
-    "client.max_steps=2",
-    "client.batch_size=8",
-    "client.optimizer=adamw",
-    "client.lr=0.003",
-    "runtime.workers=0",
-    "runtime.tracking=false",
-    "pretrain.max_samples=64",
-    "pretrain.epochs=1",
-    "pretrain.lr=0.003",
-    "pretrain.batch_size=16",
-]
+from tests.tasks.support import SETS
 
 
 def params(*extra: str):

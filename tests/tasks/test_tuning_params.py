@@ -162,7 +162,7 @@ def test_text_datasets_carve_rows_too():
 
 
 def test_shakespeare_windows_carve_unless_they_overlap():
-    from tests.tasks.test_shakespeare_run import SETS
+    from tests.tasks.support import SETS
 
     p = load_params(None, [*SETS, *VAL])
     data = load_experiment_data(p)

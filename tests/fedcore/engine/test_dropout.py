@@ -28,26 +28,15 @@ from fedcore.algorithms.base import ClientView
 from fedcore.client import LocalConfig, cross_entropy
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError
-from fedcore.events import Callback, ClientRecord, RoundRecord
+from fedcore.events import Callback, RoundRecord
 from fedcore.sampling import client_availability, client_speed, round_outcomes
 from fedcore.schedules import LRSchedule
-from tests.helpers import tiny_cnn, toy_data
+from tests.fedcore.engine.support import CrashingFedAvg
+from tests.helpers import Records, tiny_cnn, toy_data
 
 REPO = Path(__file__).resolve().parents[3]
 # unique shard sizes (a client is recognisable by its number of labels): 16 .. 96 samples
 SHARDS = [np.arange(a, b) for a, b in [(0, 16), (16, 48), (48, 96), (96, 160), (160, 256)]]
-
-
-class Records(Callback):
-    def __init__(self) -> None:
-        self.clients: list[ClientRecord] = []
-        self.rounds: list[RoundRecord] = []
-
-    def on_client_end(self, record: ClientRecord) -> None:
-        self.clients.append(record)
-
-    def on_round_end(self, record: RoundRecord) -> None:
-        self.rounds.append(record)
 
 
 def make_sim(
@@ -267,24 +256,6 @@ def test_stragglers_dropped_or_cut_at_the_deadline():
 
 
 # ---- dead workers ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CrashingFedAvg(FedAvg):
-    """FedAvg whose client with ``victim_samples`` samples kills its worker process: once
-    (when ``marker`` does not exist yet; it is created) or every time (``marker`` empty)."""
-
-    victim_samples: int = -1
-    marker: str = ""
-
-    def client_objective(self, global_state, client: ClientView):
-        if len(client.labels) == self.victim_samples:
-            if not self.marker:
-                os._exit(1)
-            if not os.path.exists(self.marker):
-                Path(self.marker).touch()
-                os._exit(1)
-        return cross_entropy
-
-
 def test_a_worker_that_dies_once_costs_a_retry_not_the_run(tmp_path, capfd):
     algo = CrashingFedAvg(victim_samples=48, marker=str(tmp_path / "crashed"))
     rec, ref_rec = Records(), Records()
@@ -463,13 +434,12 @@ def test_the_watchdog_alone_ends_an_orphan():
 # ---- the cohort engine -------------------------------------------------------------------
 @pytest.mark.parametrize("stragglers", ["drop", "partial"])
 def test_cohort_equals_sequential_with_dropout(stragglers):
-    from tests.fedcore.cohort.test_cohort import SHARDS as COHORT_SHARDS
-    from tests.fedcore.cohort.test_cohort import Model, assert_same, images
-    from tests.fedcore.cohort.test_cohort import Records as CohortRecords
+    from tests.fedcore.cohort.support import SHARDS as COHORT_SHARDS
+    from tests.fedcore.cohort.support import Model, assert_same, images
 
     def run(engine: str):
         perm = np.random.default_rng(0).permutation(400)
-        records = CohortRecords()
+        records = Records()
         sim = Simulation(
             model_fn=Model("full"),
             algorithm=build_algorithm("fedprox"),

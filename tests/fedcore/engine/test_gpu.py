@@ -133,7 +133,7 @@ def test_cuda_cohort_fedadam_resumes_byte_identical():
     the GPU: the resumed run moves them there and ends where the uninterrupted one does."""
     import io
 
-    from tests.tasks.test_resume import Crash, CrashAfter
+    from tests.helpers import Crash, CrashAfter
 
     def sim():
         return cohort_on_unrun("cuda", "fedadam", "cohort")[0]

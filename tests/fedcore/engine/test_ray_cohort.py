@@ -1,7 +1,7 @@
 """``runtime.engine: cohort`` with ``runtime.clients: ray``: each Ray actor trains a
 contiguous slice of the round's clients as a cohort (fedcore.engine.ray_pool.RayCohortBackend).
 
-On the float64 tiny model of ``tests/fedcore/engine/test_ray_pool.py`` the Ray cohorts give the bytes of
+On the float64 tiny model of ``tests/fedcore/engine/support.py`` the Ray cohorts give the bytes of
 the local cohort engine cut into the same cohorts: metrics, the final model, every client's
 record and upload (one slice per actor: the local engine with ``cohort_size`` the slice's
 size; ``cohort_size`` set: the same bytes with 1 and 2 actors, dropout and partial stragglers
@@ -22,8 +22,9 @@ import torch
 from fedcore import payload
 from fedcore.codecs import Codecs, make_codec
 from fedcore.engine import RayCohortBackend, Simulation
-from tests.fedcore.engine.test_dropout import CrashingFedAvg
-from tests.fedcore.engine.test_ray_pool import make_sim, run_bytes
+from tests.fedcore.engine.support import CrashingFedAvg, make_sim, run_bytes
+
+pytest.importorskip("ray")
 
 FED = {"dropout": 0.3, "deadline_steps": 3, "speed_spread": 0.8, "stragglers": "partial"}
 

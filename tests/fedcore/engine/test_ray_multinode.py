@@ -97,7 +97,7 @@ import hashlib, json, sys, time
 import ray
 from fedcore.engine import RayBackend, RaySettings
 from fedcore.engine.ray_pool import ClientNodes
-from tests.fedcore.engine.test_ray_pool import make_sim, run_bytes
+from tests.fedcore.engine.support import make_sim, run_bytes
 
 address = sys.argv[1]
 ref = run_bytes(make_sim(workers=0, dropout=0.3))

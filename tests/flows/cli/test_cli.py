@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from tests.flows.support import invoke
 
 REPO = Path(__file__).resolve().parents[3]
 runner = CliRunner()
@@ -30,16 +31,6 @@ SMALL = [
     "--set",
     "storage.bucket=null",
 ]
-
-
-def invoke(tmp_path, command, *args):
-    """Outputs under tmp_path; no S3 copy unless a test asks for a bucket (later --set wins)."""
-    reports = ["--set", f"experiment.reports_dir={tmp_path / 'reports'}"]
-    data = ["--set", f"data.root={REPO / 'data/raw'}"]
-    local = ["--set", "storage.bucket=null"]
-    return runner.invoke(
-        app, [command, *local, *args, "--params", str(REPO / "params.yaml"), *reports, *data]
-    )
 
 
 def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch, s3_env):

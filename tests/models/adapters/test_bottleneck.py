@@ -20,7 +20,7 @@ from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.bottleneck import SequentialAdapter
 from tests.helpers import H, tiny_bert, tiny_vit
-from tests.models.adapters.test_lora import data, inputs, one_step_changes
+from tests.models.adapters.support import data, inputs, one_step_changes
 
 METHODS = ("houlsby", "pfeiffer", "parallel")
 KINDS = {"bert": tiny_bert, "vit": tiny_vit}

@@ -14,74 +14,24 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms import build_algorithm
-from fedcore.client import LocalConfig, train_locally
+from fedcore.client import LocalConfig
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.schedules import LRSchedule
-from fedcore.text import TextData
 from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.lora import lora_delta, lora_layers
 from tasks import modelfile
-from tests.helpers import H, tiny_bert, tiny_vit, toy_data
+from tests.helpers import H
+from tests.models.adapters.support import BUILDERS, build, data, effnet, inputs, one_step_changes
 
 R = 8  # the default rank
 REPO = Path(__file__).resolve().parents[3]
 EFF_BN_LAYERS = 49  # EfficientNet-Lite0's BatchNorm layers (stem, 48 in the blocks + head)
 
 
-def effnet(num_classes: int = 3) -> nn.Module:
-    return get_model(
-        "efficientnet_lite0",
-        num_classes=num_classes,
-        in_channels=1,
-        input_size=16,
-        pretrained=True,  # the offline ImageNet weights (a random base has flat outputs)
-    )
-
-
-BUILDERS = {"bert": tiny_bert, "vit": tiny_vit, "efficientnet": effnet}
-
-
-def build(kind: str, adapter: str | None = "lora", options: dict | None = None) -> nn.Module:
-    torch.manual_seed(0)
-    model = BUILDERS[kind]()
-    return model if adapter is None else adapt(model, adapter, kind, options)
-
-
 def adapted(kind: str, options: dict | None = None) -> nn.Module:
     """A picklable factory for the engine (module-level, like tests.helpers)."""
     return build(kind, "lora", options)
-
-
-def data(kind: str, n: int = 64, seed: int = 0):
-    if kind == "bert":
-        g = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(1, 40, (n, 10), generator=g)
-        tokens[:, 0] = 1  # [CLS]
-        labels = (tokens[:, 1] % 3).long()  # learnable from the first real token
-        return TextData(tokens, labels, pad_id=0)
-    return toy_data(n, seed, size=12 if kind == "vit" else 16)
-
-
-def inputs(kind: str, n: int = 8) -> torch.Tensor:
-    return data(kind, n, seed=5).batch(torch.arange(n))[0]
-
-
-def one_step_changes(model: nn.Module, method, kind: str, batch_size: int = 16) -> set[str]:
-    """The state keys that one client's local training (32 rows, SGD with momentum and
-    weight decay) changes, under ``method``'s trainable keys."""
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = train_locally(
-        model,
-        before,
-        data(kind, 32),
-        np.arange(32),
-        lr=0.1,
-        cfg=LocalConfig(batch_size=batch_size, momentum=0.9, weight_decay=5e-4),
-        seed=1,
-        trainable=method.trainable_keys(model),
-    )
-    return {k for k in before if not torch.equal(before[k], res.state[k])}
 
 
 def _randomise_lora(model: nn.Module, seed: int = 0) -> None:

@@ -13,7 +13,7 @@ from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.lora import LoraOptions, lora_layers
 from tests.helpers import tiny_bert
-from tests.models.adapters.test_lora import build
+from tests.models.adapters.support import build
 
 
 def test_target_modules_option():

@@ -162,7 +162,7 @@ def _logs_with(needle: str, timeout: float = 60.0) -> list[str]:
 
     from prefect.client.orchestration import get_client
 
-    from tests.flows.test_flow_runs import read_all_logs
+    from tests.flows.support import read_all_logs
 
     deadline = time.monotonic() + timeout
     while True:

@@ -12,7 +12,7 @@ from tasks.reproduce import (
     runs,
 )
 from tasks.reproduce.spec import PROFILES
-from tests.tasks.reproduce.test_verdicts import MB, cell, exp
+from tests.tasks.reproduce.support import MB, cell, exp
 
 REPO = Path(__file__).resolve().parents[3]
 IDS = ["fednilo-iid", "multitier", "personalize"]

@@ -14,7 +14,7 @@ import pytest
 from tasks.reproduce import claim_adapters, recording, records, runs
 from tasks.reproduce.spec import Check, Claim, Experiment, Reading, SeedPolicy
 from tasks.reproduce.verdict import combine, interval
-from tests.tasks.reproduce.test_reproduce import UNTUNED, _finish, _plan_adapters
+from tests.tasks.reproduce.support import UNTUNED, finish, plan_adapters
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -316,8 +316,8 @@ def test_uses_reads_the_grid():
 
 
 def _done(tmp_path):
-    it = _plan_adapters(tmp_path)
-    _finish(it)
+    it = plan_adapters(tmp_path)
+    finish(it)
     recording.register(it)
     recording.write_stamp(it, 1.0, resumed=False)
     recording.write_record(it)
@@ -364,10 +364,10 @@ def test_the_cli_refuses_a_record_of_a_dirty_tree_in_one_line(tmp_path):
 
     from flows.cli import app
 
-    it = _plan_adapters(tmp_path)
+    it = plan_adapters(tmp_path)
     cpu = runs.plan([UNTUNED], "cpu", REPO / "params.yaml",
                     [f"experiment.reports_dir={tmp_path / 'reports'}"], tmp_path / "out")[0]  # fmt: skip
-    _finish(cpu, seeds=(0, 1, 2))
+    finish(cpu, seeds=(0, 1, 2))
     recording.register(cpu)
     recording.write_stamp(cpu, 1.0, resumed=False)
     recording.write_record(cpu)
@@ -394,7 +394,7 @@ def test_an_extra_seed_joins_its_record(tmp_path):
     assert extra.record == it.record and extra.params.experiment.seeds == (2,)
     assert extra.dir.name == f"{it.params.experiment.name}-seed2"
     assert runs.status(extra) != "done"
-    _finish(extra, seeds=(2,))
+    finish(extra, seeds=(2,))
     recording.register(extra)
     recording.write_stamp(extra, 1.0, resumed=False)
     recording.merge_seed(it, extra, 2)
@@ -428,7 +428,7 @@ def test_an_experiment_derives_its_settings_from_the_records_it_runs_after(tmp_p
     sets = [f"experiment.reports_dir={tmp_path / 'reports'}"]
     a, b = runs.plan([claim], "ci", REPO / "params.yaml", sets, tmp_path / "out")
     assert b.waiting and runs.status(b) == "waiting"
-    _finish(a)
+    finish(a)
     recording.register(a)
     recording.write_stamp(a, 1.0, resumed=False)
     recording.write_record(a)
@@ -458,7 +458,7 @@ def test_the_seed_policy_runs_one_seed_more_while_an_interval_straddles(tmp_path
     monkeypatch.setattr(runs, "readers", lambda name: (claim,))
     sets = [f"experiment.reports_dir={tmp_path / 'reports'}"]
     (it,) = runs.plan([claim], "cpu", REPO / "params.yaml", sets, tmp_path / "out")
-    _finish(it, seeds=(0, 1, 2))
+    finish(it, seeds=(0, 1, 2))
     for s in (0, 1, 2):
         metrics = it.dir / f"seed-{s}" / "runs" / "fedavg-full" / "metrics.json"
         metrics.write_text(json.dumps({"rounds": [{"round": 1, "accuracy": accs[s]}]}))
@@ -470,7 +470,7 @@ def test_the_seed_policy_runs_one_seed_more_while_an_interval_straddles(tmp_path
     def fake_run(item, root, params_file, name, resumed):
         (seed,) = item.params.experiment.seeds
         ran.append(seed)
-        _finish(item, seeds=(seed,))
+        finish(item, seeds=(seed,))
         metrics = item.dir / f"seed-{seed}" / "runs" / "fedavg-full" / "metrics.json"
         metrics.write_text(json.dumps({"rounds": [{"round": 1, "accuracy": accs[seed]}]}))
         recording.register(item)

@@ -16,7 +16,15 @@ from typer.testing import CliRunner
 from flows.cli import app
 from tasks.reproduce import claim_adapters, recording, records, registry, report, runs
 from tasks.reproduce.spec import PROFILES, ExperimentResult, dedupe
-from tests.tasks.reproduce.test_verdicts import MB, _transformer, cell, exp
+from tests.tasks.reproduce.support import (
+    MB,
+    UNTUNED,
+    cell,
+    exp,
+    finish,
+    plan_adapters,
+    transformer,
+)
 
 
 def two_seeds(result):
@@ -96,44 +104,8 @@ def test_dedupe_keeps_the_last_value():
     assert dedupe(["a.b=1", "a={}", "a.b=2", "c=1"]) == ["a={}", "a.b=2", "c=1"]
 
 
-# the adapters claim without the ci profile's lr tuning: one experiment
-UNTUNED = dataclasses.replace(
-    claim_adapters.CLAIM, experiments=(dataclasses.replace(claim_adapters.DIR05, tune={}),)
-)
-
-
-def _plan_adapters(tmp_path):
-    (it,) = runs.plan(
-        [UNTUNED],
-        "ci",
-        REPO / "params.yaml",
-        [f"experiment.reports_dir={tmp_path / 'reports'}"],
-        tmp_path / "out",
-    )
-    return it
-
-
-def _finish(it, seeds=(0, 1), **changed):
-    """A finished seed sweep in the experiment's folder, as the experiment flow leaves it."""
-    flat = {**it.params.flat(), **changed}
-    sweep = {"experiment": "x", "params": flat, "seeds": list(seeds), "runs": []}
-    for s in seeds:
-        d = it.dir / f"seed-{s}"
-        (d / "runs" / "fedavg-full").mkdir(parents=True, exist_ok=True)
-        (d / "partition").mkdir(exist_ok=True)
-        (d / "partition" / "stats.json").write_text(json.dumps({"label_totals": [13, 4, 3]}))
-        if s == 0:  # seed 0 fine-tuned a pretrained base (its card); seed 1 started from none
-            (d / "pretrain").mkdir(exist_ok=True)
-            card = {"used": True, "final_test_accuracy": 0.42}
-            (d / "pretrain" / "base.json").write_text(json.dumps(card))
-        rounds = [{"round": 1, "accuracy": 0.5 + s / 10}]
-        (d / "runs" / "fedavg-full" / "metrics.json").write_text(json.dumps({"rounds": rounds}))
-        sweep["runs"].append({"algorithm": "fedavg", "adapter": "full", "seed": s})
-    (it.dir / "summary.json").write_text(json.dumps(sweep))
-
-
 def test_status_from_records_and_the_experiment_folder(tmp_path):
-    it = _plan_adapters(tmp_path)
+    it = plan_adapters(tmp_path)
     assert it.record == tmp_path / "out" / "records" / f"{it.params.experiment.name}.json"
     assert runs.status(it) == "pending"
     (it.dir / "seed-1" / "checkpoints").mkdir(parents=True)  # a seed sweep's layout
@@ -144,7 +116,7 @@ def test_status_from_records_and_the_experiment_folder(tmp_path):
     (it.dir / "checkpoints").mkdir(parents=True)  # one seed's
     (it.dir / "checkpoints" / "fedavg-full.pt").write_bytes(b"x")
     assert runs.status(it) == "resume"
-    _finish(it, **{"runtime.workers": 7})  # runtime.workers cannot change a number
+    finish(it, **{"runtime.workers": 7})  # runtime.workers cannot change a number
     assert runs.status(it) == "resume"  # a summary, but no stamp of this code version
     recording.write_stamp(it, 12.5, resumed=False)
     assert runs.status(it) == "finished"
@@ -259,7 +231,7 @@ def test_report_from_hand_made_results(tmp_path):
     items = runs.plan(
         registry.CLAIMS, "ci", REPO / "params.yaml", [f"experiment.reports_dir={tmp_path}"]
     )
-    results = {k: two_seeds(v) for k, v in _transformer(0.61, 0.50).items()}
+    results = {k: two_seeds(v) for k, v in transformer(0.61, 0.50).items()}
     results["adapters-dir05"] = two_seeds(
         exp(
             {

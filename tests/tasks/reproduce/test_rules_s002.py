@@ -5,7 +5,6 @@ typed in every profile."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,52 +26,18 @@ from tasks.reproduce.measures import (
     trend_rise,
     upto,
 )
-from tasks.reproduce.spec import PROFILES, Cell, Claim, ExperimentResult, Verdict
-from tasks.reproduce.verdict import combine, decide
-from tests.tasks.reproduce.test_verdicts import cell as verdict_cell
+from tasks.reproduce.spec import PROFILES, ExperimentResult
+from tasks.reproduce.verdict import decide
+from tests.tasks.reproduce.support import PRIOR, curve, judge, over_seeds
+from tests.tasks.reproduce.support import curve_cell as cell
+from tests.tasks.reproduce.support import prior_exp as exp
 
 REPO = Path(__file__).resolve().parents[3]
-MB = 2**20
-PRIOR = 0.1  # the class prior: where a random initialisation starts
 IDS = ["local-epochs", "dirichlet-alpha", "fedir", "fedvc", "server-opt"]
-JITTER = (0.0, 1.0, -1.0, 0.5, -0.5)  # a zero-mean pattern of round-to-round jumps (points)
-
-
-def cell(accs: Sequence[float], per_round: int = MB) -> Cell:
-    """A finished cell whose per-round test accuracies are ``accs`` (fractions)."""
-    return verdict_cell(accs=list(accs), per_round=per_round)
-
-
-def exp(cells: Mapping[str, Cell], majority: float | None = PRIOR, **params) -> ExperimentResult:
-    """One seed's finished experiment (its params flat, as summary.json's)."""
-    return ExperimentResult(params, {0: cells}, 60.0, {0: majority})
-
-
-def curve(
-    end: float, conv: int, rounds: int, start: float = 0.3, jitter: float = 0.0, phase: int = 0
-) -> list[float]:
-    """Accuracy rising linearly from ``start`` to ``end`` at round ``conv``, then flat, with
-    round-to-round jumps of up to ``jitter`` points (a zero-mean pattern shifted by
-    ``phase``: each seed its own)."""
-    return [
-        start + (end - start) * min(1.0, r / conv) + jitter / 100 * JITTER[(r + phase) % 5]
-        for r in range(1, rounds + 1)
-    ]
 
 
 def rising(rounds: int, start: float = 0.3, per_round: float = 0.012) -> list[float]:
     return [start + per_round * r for r in range(rounds)]
-
-
-def over_seeds(claim: Claim, per_seed: Sequence[Mapping[str, ExperimentResult]]) -> Verdict:
-    """The verdict over the seeds whose one-seed results are ``per_seed`` (seed 0, 1, ...)."""
-    readings = [(s, claim.measure(r)) for s, r in enumerate(per_seed)]
-    return combine(claim, readings, min_seeds=3)
-
-
-def judge(claim: Claim, results: Mapping[str, ExperimentResult]) -> Verdict:
-    """One seed alone (an interval of zero width: its value)."""
-    return combine(claim, [(0, claim.measure(results))], min_seeds=1)
 
 
 # ---- the shared measures ---------------------------------------------------------------------

@@ -11,7 +11,9 @@ import pytest
 
 from tasks.reproduce import claim_fednilo, claim_fednilo_iid, registry, runs
 from tasks.reproduce.spec import PROFILES, ExperimentResult
-from tests.tasks.reproduce.test_rules_s002 import MB, PRIOR, cell, curve, exp, judge, over_seeds
+from tests.tasks.reproduce.support import MB, PRIOR, curve, judge, over_seeds
+from tests.tasks.reproduce.support import curve_cell as cell
+from tests.tasks.reproduce.support import prior_exp as exp
 
 REPO = Path(__file__).resolve().parents[3]
 W = {"report.window": 2}

@@ -3,64 +3,16 @@ hand-made records: holds, does not hold, and missing experiments."""
 
 from __future__ import annotations
 
-from tasks.reproduce import (
-    claim_adapters,
-    claim_transformer,
-)
-from tasks.reproduce.spec import Cell, ExperimentResult
+from tasks.reproduce import claim_adapters
+from tasks.reproduce.spec import ExperimentResult
 from tasks.reproduce.verdict import combine
-
-MB = 2**20
-
-
-def cell(acc=0.5, accs=None, per_round=MB, seconds=1.0, exits=None):
-    """A finished cell: ``accs`` per round (fractions), ``per_round`` bytes each way."""
-    accs = [acc] if accs is None else accs
-    rounds = [
-        {
-            "round": i + 1,
-            "accuracy": a,
-            "cum_upload_bytes": per_round * (i + 1),
-            "cum_download_bytes": per_round * (i + 1),
-        }
-        for i, a in enumerate(accs)
-    ]
-    record = {
-        "final_accuracy": accs[-1],
-        "upload_bytes_per_round": per_round,
-        "download_bytes_per_round": per_round,
-        "upload_bytes": per_round * len(accs),
-        "download_bytes": per_round * len(accs),
-        "local_train_seconds_mean": seconds,
-        "final_accuracy_exits": exits or [],
-    }
-    return Cell(record, rounds)
-
-
-def exp(cells, majority=None, **params):
-    return ExperimentResult(params, {0: cells}, 60.0, {0: majority})
-
-
-def judge(claim, results):
-    """The claim's verdict on one seed's results (its rule, decided as over seeds)."""
-    return combine(claim, [(0, claim.measure(results))], min_seeds=1)
-
+from tests.tasks.reproduce.support import MB, cell
 
 # ---- claim 5: transformer adapters vs full fine-tuning --------------------------------------
 
 
-def _transformer(adapter_acc, head_acc, share=0.01):
-    full = exp({"fedavg-full": cell(0.62, per_round=100 * MB)})
-    cells = {
-        f"fedavg-{m}": cell(adapter_acc, per_round=int(100 * MB * share))
-        for m in claim_transformer.METHODS
-    }
-    cells["fedavg-head"] = cell(head_acc, per_round=MB // 100)
-    return {"transformer-full": full, "transformer-adapters": exp(cells)}
-
-
-# the transformer claim's rule tests: tests/tasks/reproduce/test_rules_s003.py (``_transformer``
-# above stays: tests/tasks/reproduce/test_reproduce.py builds its hand-made report from it)
+# the transformer claim's rule tests: tests/tasks/reproduce/test_rules_s003.py (``transformer``
+# of support.py: tests/tasks/reproduce/test_reproduce.py builds its hand-made report from it)
 
 
 # ---- claims 6 and 7 (anytime, anytime-pa; train-time): tests/tasks/reproduce/test_rules_s001.py
@@ -102,7 +54,6 @@ def test_seeds_hold_fail_or_straddle_by_the_interval():
 
 
 def test_decide_reads_the_seeds_every_experiment_finished():
-    from tasks.reproduce.spec import ExperimentResult
     from tasks.reproduce.verdict import decide
 
     claim = claim_adapters.CLAIM
