@@ -202,11 +202,11 @@ def up(
     chosen = pgstore.resolve_store(store, running)
     names = with_store_server(chosen, names)
     preflight(chosen, names, sd, running)  # a bad store stops here, before anything starts
-    auth.check_packages(access, names)
     credentials: dict[str, str] = {}
     if access.auth:  # yours (FEDAPT_*), kept or new; half a pair is one line here
         needs = {"worker": "prefect"}
         credentials = auth.check_credentials(sd, {needs.get(n, n) for n in names})
+    auth.check_packages(access, names)
     buckets = list(buckets)
     if "worker" in names:  # a bad FEDAPT_WORKER_LIMIT too
         worker_limit()
