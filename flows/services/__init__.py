@@ -58,6 +58,7 @@ from flows.services.auth import s3_keys
 from flows.services.clients import (
     env_for_clients,
     prefect_environment,
+    prefect_settings,
     run_environment,
     user_configured_s3,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "port_env_var",
     "port_free",
     "prefect_environment",
+    "prefect_settings",
     "probe",
     "read_state",
     "resolve_ports",

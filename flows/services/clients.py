@@ -62,6 +62,19 @@ def env_for_clients(
 CLIENT_URLS = {"mlflow": "MLFLOW_TRACKING_URI", "prefect": "PREFECT_API_URL"}
 
 
+def prefect_settings(api_url: str, state: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """Prefect's settings for a client of ``api_url`` (``PREFECT_API_URL``, and
+    ``PREFECT_API_AUTH_STRING`` when it is the API of `fedapt up --auth on`'s server and no
+    auth string is set): for ``prefect.settings.temporary_settings``. Contains a secret."""
+    out = {"PREFECT_API_URL": api_url}
+    sd = state_dir(state)
+    rec = read_state(sd).get("prefect") or {}
+    ours = rec.get("auth") and rec.get("api_url") == api_url.rstrip("/")
+    if ours and not os.environ.get("PREFECT_API_AUTH_STRING"):
+        out["PREFECT_API_AUTH_STRING"] = auth.value(sd, "FEDAPT_PREFECT_AUTH_STRING")
+    return out
+
+
 def check_prefect_api(timeout: float = 5.0) -> None:
     """The Prefect API in use (``PREFECT_API_URL``, or the active profile's) answers: any
     HTTP reply to its /health counts (a Cloud workspace may ask for its key); a URL that is

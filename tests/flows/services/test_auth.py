@@ -398,7 +398,12 @@ def test_every_service_on_another_address_refuses_strangers(monkeypatch):
         assert _ray_call(recs["ray"]["address"], "wrong") == "UNAUTHENTICATED"
         assert _ray_call(recs["ray"]["address"], token) == "OK"
 
-        # fedapt's own clients: a tracked run with an artifact (through MLflow's proxy, on S3)
+        # fedapt's own clients: Prefect's (fedapt deploy ls, on the server of fedapt up) ...
+        out = runner.invoke(app, ["deploy", "ls"])
+        assert out.exit_code == 0 and "no deployments on http://127.0.0.2:" in out.output, (
+            out.output
+        )
+        # ... and MLflow's: a tracked run with an artifact (through MLflow's proxy, on S3)
         from mlflow import MlflowClient
 
         with S.patched_environ(S.env_for_clients(sd)):
