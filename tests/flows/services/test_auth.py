@@ -172,6 +172,13 @@ def test_access_settings_and_precedence():
     assert (got.host, got.auth, got.auth_setting) == ("0.0.0.0", True, "FEDAPT_AUTH")
     assert auth.bind_host("worker", got) == auth.bind_host("postgres", got) == "127.0.0.1"
     assert auth.bind_host("mlflow", got) == "0.0.0.0"
+    # a running service elsewhere, or with other authentication, is restarted by `up`
+    same = supervisor._same_access
+    assert same("s3", {"host": OTHER, "auth": True}, Access(OTHER, True))
+    assert same("worker", {"host": "127.0.0.1", "auth": True}, Access(OTHER, True))
+    assert same("mlflow", {}, Access())  # a record of before --host
+    assert not same("mlflow", {}, Access("127.0.0.1", True))
+    assert not same("prefect", {"host": OTHER, "auth": True}, Access("127.0.0.3", True))
 
 
 def test_credentials_are_yours_or_generated_once_and_kept_0600(sd):
@@ -397,6 +404,10 @@ def test_every_service_on_another_address_refuses_strangers(monkeypatch):
         assert _ray_call(recs["ray"]["address"], None) == "UNAUTHENTICATED"
         assert _ray_call(recs["ray"]["address"], "wrong") == "UNAUTHENTICATED"
         assert _ray_call(recs["ray"]["address"], token) == "OK"
+
+        # a plain `up` keeps them where they are, with their authentication
+        again = S.up(list(SERVICES_HERE), state=sd)
+        assert {n: again[n].pid for n in SERVICES_HERE} == {n: st[n].pid for n in SERVICES_HERE}
 
         # fedapt's own clients: Prefect's (fedapt deploy ls, on the server of fedapt up) ...
         out = runner.invoke(app, ["deploy", "ls"])
