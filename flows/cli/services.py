@@ -1,4 +1,5 @@
-"""``fedapt up | down | status``: the local services behind the UI workflows, on 127.0.0.1.
+"""``fedapt up | down | status``: the local services behind the UI workflows, on 127.0.0.1
+(another address: ``--host``, with ``--auth on``, flows/services/auth.py).
 
 s3 (SeaweedFS), mlflow (tracking server: SQLite store, artifacts in s3://fedapt/mlflow) and
 prefect (API + UI); with ``--store postgres`` both keep their data in PostgreSQL (postgres, a
