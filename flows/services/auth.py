@@ -62,7 +62,6 @@ FILES = {
     "FEDAPT_S3_ACCESS_KEY": "s3-access-key",
     "FEDAPT_S3_SECRET_KEY": "s3-secret-key",
 }
-SECRET_FILES = ("mlflow-password", "prefect-auth-string", "s3-secret-key", "mlflow-flask-key")
 MLFLOW_USERS_DB = "mlflow-users.db"
 MLFLOW_INI = "mlflow-auth.ini"
 S3_IDENTITIES = "s3-identities.json"
@@ -289,6 +288,18 @@ def mlflow_server_env(sd: Path, users_db: str) -> dict[str, str]:
 def mlflow_users_db(sd: Path) -> str:
     """The users database of a SQLite store (in the auth folder: removing it starts over)."""
     return f"sqlite:///{auth_dir(sd) / MLFLOW_USERS_DB}"
+
+
+def seaweed_env(sd: Path) -> dict[str, str]:
+    """SeaweedFS's JWT keys for its filer (``security.toml``'s ``jwt.filer_signing`` and
+    ``jwt.filer_signing.read``, as its ``WEED_*`` variables): then the filer's HTTP API, which
+    listens on the same address as the S3 gateway (``weed mini`` has one), answers only what
+    the gateway signed."""
+    key = _read(sd, "s3-filer-key")
+    if key is None:
+        key = secrets.token_urlsafe(32)
+        write_private(auth_dir(sd) / "s3-filer-key", key + "\n")
+    return {"WEED_JWT_FILER_SIGNING_KEY": key, "WEED_JWT_FILER_SIGNING_READ_KEY": key}
 
 
 def s3_keys(sd: Path) -> tuple[str, str]:

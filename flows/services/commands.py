@@ -78,6 +78,8 @@ def command(
     if name == "s3":  # its files live in its scratch folder, removed when it stops
         env["TMPDIR"] = str(scratch_dir(sd, port))
         keys = auth.s3_keys(sd) if access.auth else None
+        if access.auth:  # its filer's HTTP API takes only requests its S3 gateway signed
+            env.update(auth.seaweed_env(sd))
         return weed_cmd(sd, port, host, keys), env, scratch_dir(sd, port)
     bindir = Path(sys.executable).parent
     if name == "mlflow":  # configured in mlflow/server.toml

@@ -225,8 +225,11 @@ def test_servers_get_credentials_in_their_environment_or_0600_files(sd, monkeypa
     for name, (cmd, _env, _cwd) in got.items():
         line = " ".join(map(str, cmd))
         assert not any(s in line for s in secrets), name
-    s3_cmd, _, _ = got["s3"]
+    s3_cmd, env, _ = got["s3"]
     assert f"-ip.bind={OTHER}" in s3_cmd
+    filer_key = auth.value(sd, "s3-filer-key")
+    assert env["WEED_JWT_FILER_SIGNING_KEY"] == env["WEED_JWT_FILER_SIGNING_READ_KEY"] == filer_key
+    assert filer_key not in " ".join(s3_cmd)
     keys_file = Path(next(a for a in s3_cmd if a.startswith("-s3.config=")).split("=", 1)[1])
     assert keys_file.parent == auth.auth_dir(sd) and stat.S_IMODE(keys_file.stat().st_mode) == 0o600
     ident = json.loads(keys_file.read_text())["identities"][0]["credentials"][0]
@@ -380,7 +383,7 @@ def test_every_service_on_another_address_refuses_strangers(monkeypatch):
         token = (home / ".ray" / "auth_token").read_text().strip()
         secrets = [values[v] for v in ("FEDAPT_MLFLOW_PASSWORD", "FEDAPT_S3_SECRET_KEY")]
         secrets += [values["FEDAPT_PREFECT_AUTH_STRING"].split(":", 1)[1], token]
-        secrets += [auth.value(sd, "mlflow-flask-key")]
+        secrets += [auth.value(sd, "mlflow-flask-key"), auth.value(sd, "s3-filer-key")]
 
         # MLflow: the basic-auth app
         mlflow_api = f"{recs['mlflow']['url']}/api/2.0/mlflow/experiments/search?max_results=1"
@@ -393,8 +396,12 @@ def test_every_service_on_another_address_refuses_strangers(monkeypatch):
         assert _get(flows_api, data=b"{}") == 401
         assert _get(flows_api, "fedapt:wrong", data=b"{}") == 401
         assert _get(flows_api, values["FEDAPT_PREFECT_AUTH_STRING"], data=b"{}") == 200
-        # S3: SeaweedFS checks the keys
+        # S3: SeaweedFS checks the keys; its filer's HTTP API (on the same address) answers
+        # only what the S3 gateway signed
         assert _get(recs["s3"]["url"] + "/") == 403
+        weed = " ".join(_cmdline(psutil.Process(int(recs["s3"]["pid"]))))
+        filer = weed.split("-filer.port=", 1)[1].split()[0]
+        assert _get(f"http://{OTHER}:{filer}/buckets/") == 401
         wrong = S.s3_client(recs["s3"]["url"], (values["FEDAPT_S3_ACCESS_KEY"], "wrong"))
         with pytest.raises(Exception, match="SignatureDoesNotMatch|AccessDenied|403"):
             wrong.list_buckets()
