@@ -12,7 +12,8 @@ overriding what the user already set. ``embedded_s3`` runs SeaweedFS for the dur
 
 Only the stdlib, boto3, psutil and filelock are used here (no mlflow/prefect imports):
 importing this is cheap. The S3 credentials are fixed local-development values known to both
-sides; they are written to a 0600 identities file for SeaweedFS and never printed or logged.
+sides (with ``--auth on``: fedapt's own, ``auth``); they are written to a 0600 identities file
+for SeaweedFS and never printed or logged.
 
 Modules by job, each importing only those before it and only their public names:
 

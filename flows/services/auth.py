@@ -12,7 +12,9 @@ asks for credentials, each by its own project's mechanism:
 - Prefect: the server's auth string (``PREFECT_SERVER_API_AUTH_STRING``); clients, the worker
   and its flow runs send ``PREFECT_API_AUTH_STRING``.
 - S3: SeaweedFS's identities file (``-s3.config``) with fedapt's keys, not the fixed local
-  ones.
+  ones; its filer's HTTP API (on the same address: ``weed mini`` has one) takes only what the
+  gateway signed (``seaweed_env``). Its master, volume server and gRPC ports stay open
+  (docs/operations.md).
 - Ray: token authentication, always on for the head (``rayhead.ray_env``).
 
 The worker's health check and fedapt's PostgreSQL server stay on 127.0.0.1 whatever the host:
