@@ -84,6 +84,7 @@ def _kept(sd: Path, var: str, value: str) -> None:
     [
         (["--host", OTHER], {}, {}, f"--host: {OTHER} is another address than 127.0.0.1"),
         ([], {"FEDAPT_HOST": "0.0.0.0"}, {}, "FEDAPT_HOST: 0.0.0.0 is another address"),
+        (["--host", "0.0.0.0", "s3"], {}, {}, "--host: 0.0.0.0 is another address"),
         (["--host", OTHER, "--auth", "off"], {}, {}, "--host: 127.0.0.2 is another address"),
         ([], {"FEDAPT_HOST": OTHER, "FEDAPT_AUTH": "off"}, {}, "FEDAPT_HOST: 127.0.0.2 is"),
         (["--host", "my host"], {}, {}, "--host: 'my host' is not an address to listen on"),
