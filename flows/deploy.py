@@ -103,9 +103,9 @@ def deploy(
     check_cron(cron)
     check_pool_type(pool_type)
     url = api_url()
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: url}):
+    with temporary_settings(updates=_settings(url)):
         return _deploy(url, name, cron, work_pool, pool_type, params_file, overrides)
 
 
@@ -173,6 +173,14 @@ class Managed:
     api_url: str
     cancelled: list[str]  # the runs that had not started, now Cancelled
     running: list[tuple[str, str]]  # (name, id) of the runs still running: they run to the end
+
+
+def _settings(url: str) -> dict[Any, str]:
+    """Prefect's settings for the API at ``url``: with the auth string of `fedapt up --auth
+    on`'s server when it is that one (``services.prefect_settings``)."""
+    import prefect.settings
+
+    return {getattr(prefect.settings, k): v for k, v in services.prefect_settings(url).items()}
 
 
 def _client() -> Any:
@@ -274,9 +282,9 @@ def manage(action: str, name: str) -> Managed:
     if action not in ("pause", "resume", "delete"):
         raise ConfigError(f"unknown action {action!r}; allowed: pause, resume, delete")
     url = api_url()
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: url}), _client() as client:
+    with temporary_settings(updates=_settings(url)), _client() as client:
         dep = _find(client, name, url)
         why = f"deployment {FLOW_NAME}/{dep.name} {action}d with fedapt deploy {action}"
         cancelled: list[str] = []
@@ -299,10 +307,10 @@ def listing() -> tuple[str, list[dict[str, str]]]:
     """The deployments of the experiment flow on the server: name, state, cron, work pool,
     the next scheduled run. Returns (API URL, rows)."""
     url = api_url()
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     rows = []
-    with temporary_settings(updates={PREFECT_API_URL: url}), _client() as client:
+    with temporary_settings(updates=_settings(url)), _client() as client:
         for dep in _ours(client):
             crons = [getattr(s.schedule, "cron", None) for s in dep.schedules or []]
             upcoming = sorted(

@@ -1,4 +1,5 @@
-"""``fedapt up | down | status``: the local services behind the UI workflows, on 127.0.0.1.
+"""``fedapt up | down | status``: the local services behind the UI workflows, on 127.0.0.1
+(another address: ``--host``, with ``--auth on``, flows/services/auth.py).
 
 s3 (SeaweedFS), mlflow (tracking server: SQLite store, artifacts in s3://fedapt/mlflow) and
 prefect (API + UI); with ``--store postgres`` both keep their data in PostgreSQL (postgres, a
@@ -40,9 +41,35 @@ StoreOpt = Annotated[
 ]
 
 
+HostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host",
+        help="the address the services listen on: 127.0.0.1 (the default: this machine only), "
+        "another IPv4 address of this machine, 0.0.0.0 (all) or localhost; any other than "
+        "127.0.0.1 and localhost needs --auth on; default: FEDAPT_HOST, else the address of "
+        "the running services, else 127.0.0.1 (the worker's health check and PostgreSQL stay "
+        "on 127.0.0.1)",
+        show_default=False,
+    ),
+]
+AuthOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--auth",
+        help="on: every service asks for credentials (MLflow's basic-auth app, Prefect's auth "
+        "string, SeaweedFS's S3 keys; Ray's token always), yours from FEDAPT_MLFLOW_USERNAME/"
+        "FEDAPT_MLFLOW_PASSWORD, FEDAPT_PREFECT_AUTH_STRING, FEDAPT_S3_ACCESS_KEY/"
+        "FEDAPT_S3_SECRET_KEY or generated, kept in <state dir>/auth/ (mode 0600); off; "
+        "default: FEDAPT_AUTH, else that of the running services, else off",
+        show_default=False,
+    ),
+]
+
+
 def _table(statuses: dict) -> Table:
-    t = Table(title="fedapt services (127.0.0.1)")
-    for col in ("service", "state", "healthy", "url", "pid", "log"):
+    t = Table(title="fedapt services")
+    for col in ("service", "state", "healthy", "url", "auth", "pid", "log"):
         t.add_column(col)
     for st in statuses.values():
         t.add_row(
@@ -50,6 +77,7 @@ def _table(statuses: dict) -> Table:
             st.state,
             "yes" if st.healthy else "no",
             st.url or "-",
+            "yes" if st.auth else "-",
             str(st.pid or "-"),
             st.log or "-",
         )
@@ -65,14 +93,20 @@ def _print_stores(statuses: dict) -> None:
 
 
 @guarded
-def up(services: ServiceArg = None, store: StoreOpt = None) -> None:
+def up(
+    services: ServiceArg = None,
+    store: StoreOpt = None,
+    host: HostOpt = None,
+    auth: AuthOpt = None,
+) -> None:
     """Start the services (ports: FEDAPT_S3_PORT, FEDAPT_MLFLOW_PORT, FEDAPT_PREFECT_PORT,
     FEDAPT_WORKER_PORT, FEDAPT_RAY_PORT, FEDAPT_POSTGRES_PORT); the worker runs the scheduled
     deployments of `fedapt deploy`. A local Ray head starts only when named: fedapt up ray."""
 
     from flows import services as svc
 
-    statuses = svc.up(services or None, store=store)  # the services asked for, what they need
+    # the services asked for, and what they need
+    statuses = svc.up(services or None, store=store, host=host, auth_mode=auth)
     healthy = {n for n, st in statuses.items() if st.healthy}
     if "s3" in healthy and statuses["s3"].url:
         configure_dvc_remote(statuses["s3"].url)
@@ -155,7 +189,8 @@ def status() -> None:
 
 def configure_dvc_remote(endpoint: str, repo: Path | None = None) -> None:
     """Point the DVC remote ``fedapt`` (s3://fedapt/dvc, in .dvc/config) at the local S3 server:
-    endpoint and keys go to .dvc/config.local, which DVC keeps out of git."""
+    endpoint and keys (the s3 service's of ``fedapt up --auth on``, else the fixed local ones)
+    go to .dvc/config.local (mode 0600), which DVC keeps out of git."""
     from configobj import ConfigObj  # DVC's own config format
 
     from flows import services as svc
@@ -165,7 +200,9 @@ def configure_dvc_remote(endpoint: str, repo: Path | None = None) -> None:
         return
     cfg = ConfigObj(str(path)) if path.is_file() else ConfigObj()
     cfg.filename = str(path.with_name(".config.local.tmp"))
-    env = svc.s3_client_env(endpoint)
+    rec = svc.read_state().get("s3") or {}
+    with_auth = rec.get("auth") and rec.get("url") == endpoint
+    env = svc.s3_client_env(endpoint, svc.s3_keys(svc.state_dir()) if with_auth else None)
     cfg['remote "fedapt"'] = {
         **cfg.get('remote "fedapt"', {}),
         "endpointurl": endpoint,

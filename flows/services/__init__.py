@@ -12,7 +12,8 @@ overriding what the user already set. ``embedded_s3`` runs SeaweedFS for the dur
 
 Only the stdlib, boto3, psutil and filelock are used here (no mlflow/prefect imports):
 importing this is cheap. The S3 credentials are fixed local-development values known to both
-sides; they are written to a 0600 identities file for SeaweedFS and never printed or logged.
+sides (with ``--auth on``: fedapt's own, ``auth``); they are written to a 0600 identities file
+for SeaweedFS and never printed or logged.
 
 Modules by job, each importing only those before it and only their public names:
 
@@ -26,6 +27,9 @@ Modules by job, each importing only those before it and only their public names:
   of a process group and whether a pid is still ours (psutil), ``terminate``, and
   ``flock_fd``, the package's one raw flock, for the locks a server inherits or shares.
 - ``s3``: SeaweedFS (command line, data-folder lock, leftovers), the S3 client, buckets.
+- ``auth``: the address the services listen on (``--host``) and their credentials
+  (``--auth on``): the settings, the 0600 files in ``<state dir>/auth/``, what servers and
+  clients get.
 - ``pgstore``: the store of Prefect and MLflow (SQLite, fedapt's own PostgreSQL server, or
   a PostgreSQL URL): the setting, database URLs, drivers, the version check, a server's
   databases.
@@ -51,9 +55,11 @@ This package re-exports their public API (``from flows import services``;
 
 from __future__ import annotations
 
+from flows.services.auth import s3_keys
 from flows.services.clients import (
     env_for_clients,
     prefect_environment,
+    prefect_settings,
     run_environment,
     user_configured_s3,
 )
@@ -128,6 +134,7 @@ __all__ = [
     "port_env_var",
     "port_free",
     "prefect_environment",
+    "prefect_settings",
     "probe",
     "read_state",
     "resolve_ports",
@@ -135,6 +142,7 @@ __all__ = [
     "run_lock",
     "s3_client",
     "s3_client_env",
+    "s3_keys",
     "state_dir",
     "status",
     "temporary_prefect",

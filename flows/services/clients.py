@@ -9,9 +9,11 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 
-from flows.services.config import USER_S3_VARS, ServiceError
+from flows.services import auth
+from flows.services.config import USER_S3_VARS, ServiceError, state_dir
 from flows.services.embedded import embedded_s3, patched_environ, temporary_prefect
 from flows.services.s3 import s3_client_env
+from flows.services.state import read_state
 from flows.services.supervisor import status
 
 # ----------------------------------------------------------------------------- clients
@@ -35,17 +37,42 @@ def env_for_clients(
     (``AWS_ENDPOINT_URL``, ``MLFLOW_S3_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
     ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``) is all-or-nothing: skipped entirely when
     the user configured any of ``USER_S3_VARS``, so their endpoint never meets our keys.
+    Services with authentication (``fedapt up --auth on``) add their credentials
+    (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``, ``PREFECT_API_AUTH_STRING``: secrets, never
+    print them), only where their URL is added too: never for a server of the user's.
     """
     env = os.environ if environ is None else environ
-    st = status(state=state, probe_timeout=probe_timeout)
+    sd = state_dir(state)
+    st = status(state=sd, probe_timeout=probe_timeout)
     found: dict[str, str] = {}
     if st["s3"].healthy and st["s3"].url and not user_configured_s3(env):
-        found.update(s3_client_env(st["s3"].url))
+        found.update(s3_client_env(st["s3"].url, auth.s3_keys(sd) if st["s3"].auth else None))
     if st["mlflow"].healthy and st["mlflow"].url:
         found["MLFLOW_TRACKING_URI"] = st["mlflow"].url
     if st["prefect"].healthy and st["prefect"].url:
         found["PREFECT_API_URL"] = st["prefect"].url + "/api"
-    return {k: v for k, v in found.items() if not env.get(k)}
+    added = {k: v for k, v in found.items() if not env.get(k)}
+    up = [n for n, var in CLIENT_URLS.items() if var in added]
+    if any(st[n].auth for n in up):
+        creds = auth.client_env(sd, {n: read_state(sd).get(n) or {} for n in up})
+        added.update({k: v for k, v in creds.items() if not env.get(k)})
+    return added
+
+
+CLIENT_URLS = {"mlflow": "MLFLOW_TRACKING_URI", "prefect": "PREFECT_API_URL"}
+
+
+def prefect_settings(api_url: str, state: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """Prefect's settings for a client of ``api_url`` (``PREFECT_API_URL``, and
+    ``PREFECT_API_AUTH_STRING`` when it is the API of `fedapt up --auth on`'s server and no
+    auth string is set): for ``prefect.settings.temporary_settings``. Contains a secret."""
+    out = {"PREFECT_API_URL": api_url}
+    sd = state_dir(state)
+    rec = read_state(sd).get("prefect") or {}
+    ours = rec.get("auth") and rec.get("api_url") == api_url.rstrip("/")
+    if ours and not os.environ.get("PREFECT_API_AUTH_STRING"):
+        out["PREFECT_API_AUTH_STRING"] = auth.value(sd, "FEDAPT_PREFECT_AUTH_STRING")
+    return out
 
 
 def check_prefect_api(timeout: float = 5.0) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.errors import ConfigError
-from flows.services import pgserver, pgstore
+from flows.services import auth, pgserver, pgstore
+from flows.services.auth import Access
 from flows.services.config import (
     HOST,
     QUIET_ENV,
@@ -58,35 +59,56 @@ def command(
     port: int,
     records: Mapping[str, Any],
     store: Store | None = None,
+    access: Access = auth.LOCAL,
 ) -> tuple[list, dict, Path]:
+    """The command line, environment and working folder of service ``name`` on ``port``
+    (``access``: the address and authentication, ``auth``; credentials only in the
+    environment or in 0600 files, never on the command line)."""
     env = base_env()
+    host = auth.bind_host(name, access)
     server = store_server(store, sd, records) if store and name in pgstore.STORE_USERS else None
     if name == "postgres":  # pgserver.py; run as the system user postgres under root
         bindir = pgserver.check_binaries("postgres")
         home = pgserver.home_dir(sd)
         return pgserver.server_cmd(sd, bindir, port), pgserver.server_env(env), home
     if name == "ray":  # rayhead.py; cwd: its session folder's root
-        cmd, env = ray_cmd(sd, port), ray_env(env)
+        cmd, env = ray_cmd(sd, port, host), ray_env(env)
         ensure_token(env)
         return cmd, env, Path(ray_record(cmd)["temp_dir"])
     if name == "s3":  # its files live in its scratch folder, removed when it stops
         env["TMPDIR"] = str(scratch_dir(sd, port))
-        return weed_cmd(sd, port), env, scratch_dir(sd, port)
+        keys = auth.s3_keys(sd) if access.auth else None
+        if access.auth:  # its filer's HTTP API takes only requests its S3 gateway signed
+            env.update(auth.seaweed_env(sd))
+        return weed_cmd(sd, port, host, keys), env, scratch_dir(sd, port)
     bindir = Path(sys.executable).parent
     if name == "mlflow":  # configured in mlflow/server.toml
         conf = mlflow_config(sd)
         home = sd / "mlflow"
         home.mkdir(parents=True, exist_ok=True)
-        env.update(s3_client_env(records["s3"]["url"]))
+        s3_rec = records["s3"]
+        s3_keys = auth.s3_keys(sd) if s3_rec.get("auth") else None
+        env.update(s3_client_env(s3_rec["url"], s3_keys))
         backend = ["--backend-store-uri", conf["backend_store_uri"]]
+        users_db = auth.mlflow_users_db(sd)
         if server is not None:  # in its environment: a command line is everyone's to read
             env["MLFLOW_BACKEND_STORE_URI"] = pgstore.db_url(server, "mlflow", "psycopg")
+            users_db = env["MLFLOW_BACKEND_STORE_URI"]  # its users beside its runs
             backend = []
+        app: list[str] = []
+        if access.auth:  # MLflow's basic-auth app: its config file and admin, auth.py
+            env.update(auth.mlflow_server_env(sd, users_db))
+            app = ["--app-name", "basic-auth"]
+        if not access.local:  # MLflow answers only the Host names it allows (403 else)
+            env["MLFLOW_SERVER_ALLOWED_HOSTS"] = ",".join(
+                f"{h},{h}:*" for h in dict.fromkeys((host, HOST, "localhost"))
+            )
         cmd = [
             str(bindir / "mlflow"),
             "server",
+            *app,
             "--host",
-            HOST,
+            host,
             "--port",
             str(port),
             "--workers",
@@ -104,7 +126,11 @@ def command(
         env = base_env(keep=("AWS_", "MLFLOW_", "PREFECT_WORKER_"))
         env["PREFECT_HOME"] = str(sd / "prefect")
         env["PREFECT_API_URL"] = records["prefect"]["api_url"]
-        env["PREFECT_WORKER_WEBSERVER_HOST"] = HOST
+        if records["prefect"].get("auth"):  # it and its flow runs send Prefect's auth string
+            env["PREFECT_API_AUTH_STRING"] = auth.value(sd, "FEDAPT_PREFECT_AUTH_STRING")
+        else:
+            env.pop("PREFECT_API_AUTH_STRING", None)
+        env["PREFECT_WORKER_WEBSERVER_HOST"] = HOST  # its health check: 127.0.0.1 always
         env["PREFECT_WORKER_WEBSERVER_PORT"] = str(port)
         cmd = [
             str(bindir / "prefect"),
@@ -132,10 +158,13 @@ def command(
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     # The UI asks the API at this address (else Prefect's default port, 4200: on any other
     # port, FEDAPT_PREFECT_PORT, the UI showed "Can't connect to Server API")
-    env["PREFECT_UI_API_URL"] = f"{base_url(port)}/api"
+    env["PREFECT_UI_API_URL"] = f"{base_url(port, host)}/api"
+    env.pop("PREFECT_SERVER_API_AUTH_STRING", None)  # fedapt's, with --auth on, or none
+    if access.auth:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth.value(sd, "FEDAPT_PREFECT_AUTH_STRING")
     if server is not None:  # Prefect's API database on PostgreSQL, with its async driver
         for k in [k for k in env if k.startswith("PREFECT_SERVER_DATABASE_")]:
             env.pop(k)
         env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = pgstore.db_url(server, "prefect", "asyncpg")
-    cmd = [str(bindir / "prefect"), "server", "start", "--host", HOST, "--port", str(port)]
+    cmd = [str(bindir / "prefect"), "server", "start", "--host", host, "--port", str(port)]
     return cmd, env, home

@@ -110,6 +110,7 @@ class ServiceStatus:
     log: str | None = None
     started_at: str | None = None
     store: str | None = None  # mlflow, prefect: their database's URL, password masked
+    auth: bool = False  # it asks for credentials (fedapt up --auth on)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

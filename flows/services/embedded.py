@@ -16,6 +16,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from flows.services.auth import s3_keys
 from flows.services.commands import command
 from flows.services.config import (
     DEFAULT_BUCKET,
@@ -96,7 +97,10 @@ def embedded_s3(
     sd = state_dir(state)
     current = status(["s3"], state=sd)["s3"]
     if current.healthy and current.url:
-        info = EmbeddedS3(current.url, s3_client_env(current.url), False, current.pid, current.log)
+        keys = s3_keys(sd) if current.auth else None  # fedapt up --auth on
+        info = EmbeddedS3(
+            current.url, s3_client_env(current.url, keys), False, current.pid, current.log
+        )
         with patched_environ(info.env) if set_env else contextlib.nullcontext():
             yield info
         return

@@ -24,18 +24,20 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+from flows.services import auth
 from flows.services.clients import user_configured_s3
 from flows.services.config import state_dir
 from flows.services.rayhead import ADDRESS_VAR, AUTH_VAR
 from flows.services.s3 import s3_client_env
+from flows.services.state import read_state
 from flows.services.supervisor import status
 
 ENV_FILE = "env"
 MARK = "FEDAPT_ENV_VARS"  # the names fedapt exported (space separated)
 # Every variable fedapt may export, by service (the order of the script).
 _GROUPS = {
-    "prefect": ("PREFECT_API_URL",),
-    "mlflow": ("MLFLOW_TRACKING_URI",),
+    "prefect": ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING"),
+    "mlflow": ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"),
     "s3": tuple(s3_client_env("")),
     "ray": (ADDRESS_VAR, AUTH_VAR),
 }
@@ -50,33 +52,44 @@ def tool_env(
 ) -> tuple[dict[str, str], list[str]]:
     """The variables of the services that are up and healthy, and the services that are not
     (of prefect, mlflow, s3; ray where an earlier eval exported its address)."""
-    found, down, _ = _tool_env(state, os.environ if environ is None else environ)
+    found, down, _, _ = _tool_env(state, os.environ if environ is None else environ)
     return found, down
 
 
 def _tool_env(
     state: str | os.PathLike[str] | None, env: Mapping[str, str]
-) -> tuple[dict[str, str], list[str], bool]:
-    """``tool_env``, and whether any of the services is up."""
+) -> tuple[dict[str, str], list[str], bool, dict[str, Path]]:
+    """``tool_env``, whether any of the services is up, and the files of the secrets among
+    the variables (``fedapt up --auth on``: the script reads them from there)."""
     ours = set(env.get(MARK, "").split())
-    st = status(list(_GROUPS), state=state)
+    sd = state_dir(state)
+    st = status(list(_GROUPS), state=sd)
     found: dict[str, str] = {}
     down = [n for n in _GROUPS if not (st[n].healthy and st[n].url)]
     if "prefect" not in down:
         found["PREFECT_API_URL"] = f"{st['prefect'].url}/api"
     if "mlflow" not in down:
         found["MLFLOW_TRACKING_URI"] = str(st["mlflow"].url)
+    with_auth = [n for n in ("prefect", "mlflow") if n not in down and st[n].auth]
+    if with_auth:
+        found.update(auth.client_env(sd, {n: read_state(sd).get(n) or {} for n in with_auth}))
     if "s3" not in down:
         users = {k: v for k, v in env.items() if k not in ours}
         if not user_configured_s3(users):
-            found.update(s3_client_env(str(st["s3"].url)))
+            keys = auth.s3_keys(sd) if st["s3"].auth else None
+            found.update(s3_client_env(str(st["s3"].url), keys))
+    files = {
+        var: auth.secret_path(sd, own)
+        for var, own in auth.SECRET_VARS.items()
+        if var in found and (var != "AWS_SECRET_ACCESS_KEY" or st["s3"].auth)
+    }
     if "ray" not in down:
         found[ADDRESS_VAR] = str(st["ray"].url)  # 127.0.0.1:<port>
         found[AUTH_VAR] = "token"
     any_up = len(down) < len(_GROUPS)
     if "ray" in down and ADDRESS_VAR not in ours:
         down.remove("ray")  # never started by a plain `fedapt up`: not worth a line
-    return found, down, any_up
+    return found, down, any_up, files
 
 
 def env_script(
@@ -84,9 +97,11 @@ def env_script(
 ) -> tuple[str, list[str]]:
     """The shell script (``export``/``unset`` lines) and the services that are down."""
     env = os.environ if environ is None else environ
-    found, down = tool_env(state, environ=env)
+    found, down, _, files = _tool_env(state, env)
     lines = [f"# fedapt services of {state_dir(state)} (fedapt up / fedapt down / fedapt env)"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in found.items()]
+    for k, v in found.items():  # a secret: read from its file (0600), never printed
+        shown = f'"$(cat {shlex.quote(str(files[k]))})"' if k in files else shlex.quote(v)
+        lines.append(f"export {k}={shown}")
     stale = [k for k in env.get(MARK, "").split() if k not in found]
     lines += [f"unset {k}" for k in stale]
     if found:

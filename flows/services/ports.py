@@ -63,14 +63,16 @@ def suggest_port(port: int, taken: Collection[int] = ()) -> int:
     return 0
 
 
-def check_port(name: str, port: int, taken: Mapping[int, str] | None = None) -> None:
+def check_port(
+    name: str, port: int, taken: Mapping[int, str] | None = None, host: str = HOST
+) -> None:
     """Raise ``PortInUseError`` (one line naming the variable to change, with a port that is
     free now and no other fedapt service's) when ``port`` of service ``name`` is taken: by
     another program, or (``taken``: port -> service) by another fedapt service, running or
     about to start; 0 (any free port) passes."""
     taken = dict(taken or {})
     owner = taken.get(port)
-    if not port or (owner in (None, name) and port_free(port)):
+    if not port or (owner in (None, name) and port_free(port, host)):
         return
     var = port_env_var(name)
     avoid = {*taken, *DEFAULT_PORTS.values()} - {port}
@@ -81,7 +83,7 @@ def check_port(name: str, port: int, taken: Mapping[int, str] | None = None) -> 
     else:
         by = "another program"
     raise PortInUseError(
-        f"{name} cannot start: port {port} on {HOST} is already in use by {by}; "
+        f"{name} cannot start: port {port} on {host} is already in use by {by}; "
         f"choose another port, {hint}"
     )
 
@@ -138,13 +140,17 @@ def pg_isready(url: str, timeout: float = 1.0) -> bool:
     return done.returncode == 0
 
 
-def health_url(name: str, port: int) -> str:
+def health_url(name: str, port: int, host: str = HOST) -> str:
+    """The health check of service ``name`` on ``host``:``port`` (the worker's and
+    PostgreSQL's: on 127.0.0.1 whatever the host, ``auth.bind_host``)."""
     if name == "postgres":
         return f"postgresql://{HOST}:{port}"
     if name == "ray":
-        return f"tcp://{HOST}:{port}"
-    return f"http://{HOST}:{port}{HEALTH_PATHS[name]}"
+        return f"tcp://{host}:{port}"
+    if name == "worker":
+        host = HOST
+    return f"http://{host}:{port}{HEALTH_PATHS[name]}"
 
 
-def base_url(port: int) -> str:
-    return f"http://{HOST}:{port}"
+def base_url(port: int, host: str = HOST) -> str:
+    return f"http://{host}:{port}"

@@ -56,8 +56,8 @@ def ray_temp_dir(sd: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"fedapt-ray-{digest}"
 
 
-def ray_cmd(sd: Path, port: int) -> list[str]:
-    """``ray start`` for a head on 127.0.0.1:``port`` (its Ray Client server on a free port)."""
+def ray_cmd(sd: Path, port: int, host: str = HOST) -> list[str]:
+    """``ray start`` for a head on ``host``:``port`` (its Ray Client server on a free port)."""
     temp = ray_temp_dir(sd)
     temp.mkdir(parents=True, exist_ok=True)
     (temp / READY_FILE).unlink(missing_ok=True)  # a stale one of an earlier head
@@ -69,7 +69,7 @@ def ray_cmd(sd: Path, port: int) -> list[str]:
         "--head",
         "--block",  # stays in the foreground: the supervised process
         "--node-ip-address",
-        HOST,
+        host,
         "--port",
         str(port),
         "--ray-client-server-port",
@@ -94,9 +94,10 @@ def ray_record(cmd: list[str]) -> dict[str, str]:
     def arg(flag: str) -> str:
         return cmd[cmd.index(flag) + 1]
 
+    host = arg("--node-ip-address")
     return {
-        "address": f"{HOST}:{arg('--port')}",
-        "client_url": f"ray://{HOST}:{arg('--ray-client-server-port')}",
+        "address": f"{host}:{arg('--port')}",
+        "client_url": f"ray://{host}:{arg('--ray-client-server-port')}",
         "temp_dir": arg("--temp-dir"),
     }
 
@@ -147,7 +148,8 @@ def ray_ready(rec: Mapping[str, Any]) -> bool:
     """The head is up: ``ray start`` wrote its address file (after the GCS and the raylet
     started) and the GCS accepts connections."""
     ready = Path(rec["temp_dir"]) / READY_FILE
-    return ready.is_file() and probe(health_url("ray", int(rec["port"])), timeout=2.0)
+    health = rec.get("health") or health_url("ray", int(rec["port"]))
+    return ready.is_file() and probe(health, timeout=2.0)
 
 
 def ray_processes(rec: Mapping[str, Any], *, group: bool = True) -> list[psutil.Process]:

@@ -41,13 +41,17 @@ def weed_binary() -> str:
     return found
 
 
-def _s3_identities(sd: Path) -> Path:
-    path = sd / "s3-identities.json"
+def _s3_identities(sd: Path, keys: tuple[str, str] | None = None) -> Path:
+    """SeaweedFS's identities file (``-s3.config``): the fixed local keys, or ``keys``
+    (``--auth on``: fedapt's, in ``<state>/auth/``, apart from the embedded servers' file)."""
+    path = sd / "s3-identities.json" if keys is None else sd / "auth" / "s3-identities.json"
+    access, secret = keys or (S3_ACCESS_KEY, S3_SECRET_KEY)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     config = {
         "identities": [
             {
                 "name": "fedapt",
-                "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
+                "credentials": [{"accessKey": access, "secretKey": secret}],
                 "actions": ["Read", "Write", "List", "Tagging", "Admin"],
             }
         ]
@@ -164,9 +168,12 @@ def sweep_scratch(sd: Path) -> None:
         lock.release()
 
 
-def weed_cmd(sd: Path, port: int) -> list[str]:
-    """The command line of SeaweedFS; run it in ``scratch_dir(sd, port)`` with ``TMPDIR``
-    pointing there (``commands.command``)."""
+def weed_cmd(
+    sd: Path, port: int, host: str = HOST, keys: tuple[str, str] | None = None
+) -> list[str]:
+    """The command line of SeaweedFS on ``host`` (its S3 keys: ``keys``, else the fixed local
+    ones); run it in ``scratch_dir(sd, port)`` with ``TMPDIR`` pointing there
+    (``commands.command``)."""
     data = sd / "s3"
     data.mkdir(parents=True, exist_ok=True)
     sweep_scratch(sd)
@@ -190,12 +197,12 @@ def weed_cmd(sd: Path, port: int) -> list[str]:
         f"-logdir={scratch}",  # glog files (default: TMPDIR)
         "mini",
         f"-dir={data}",
-        f"-ip={HOST}",
-        f"-ip.bind={HOST}",
+        f"-ip={host}",
+        f"-ip.bind={host}",
         "-master.telemetry=false",
         f"-s3.port={port}",
         f"-s3.port.grpc={grpc['s3']}",
-        f"-s3.config={_s3_identities(sd)}",
+        f"-s3.config={_s3_identities(sd, keys)}",
         # relative to its working directory, the scratch folder: a socket path has at most
         # 107 bytes, a state folder may be deeper than that
         "-s3.localSocket=s3.sock",
@@ -216,27 +223,31 @@ def weed_cmd(sd: Path, port: int) -> list[str]:
     return cmd
 
 
-def s3_client_env(endpoint: str) -> dict[str, str]:
-    """The S3 variables for a client of the local SeaweedFS at ``endpoint``."""
+def s3_client_env(endpoint: str, keys: tuple[str, str] | None = None) -> dict[str, str]:
+    """The S3 variables for a client of the local SeaweedFS at ``endpoint`` (its ``keys``,
+    else the fixed local ones)."""
+    access, secret = keys or (S3_ACCESS_KEY, S3_SECRET_KEY)
     return {
         "AWS_ENDPOINT_URL": endpoint,
         "MLFLOW_S3_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
+        "AWS_ACCESS_KEY_ID": access,
+        "AWS_SECRET_ACCESS_KEY": secret,
         "AWS_DEFAULT_REGION": S3_REGION,
     }
 
 
-def s3_client(endpoint: str) -> Any:
-    """A boto3 client for the local SeaweedFS (path-style addressing)."""
+def s3_client(endpoint: str, keys: tuple[str, str] | None = None) -> Any:
+    """A boto3 client for the local SeaweedFS (path-style addressing; ``keys`` as
+    ``s3_client_env``)."""
     import boto3
     from botocore.config import Config
 
+    access, secret = keys or (S3_ACCESS_KEY, S3_SECRET_KEY)
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
-        aws_access_key_id=S3_ACCESS_KEY,
-        aws_secret_access_key=S3_SECRET_KEY,
+        aws_access_key_id=access,
+        aws_secret_access_key=secret,
         region_name=S3_REGION,
         config=Config(
             retries={"max_attempts": 2, "mode": "standard"},
@@ -247,9 +258,11 @@ def s3_client(endpoint: str) -> Any:
     )
 
 
-def ensure_buckets(endpoint: str, buckets: Iterable[str], deadline: float) -> None:
+def ensure_buckets(
+    endpoint: str, buckets: Iterable[str], deadline: float, keys: tuple[str, str] | None = None
+) -> None:
     """Create the buckets; retried until the deadline (the filer may still be warming up)."""
-    client = s3_client(endpoint)
+    client = s3_client(endpoint, keys)
     last: Exception | None = None
     while True:
         try:

@@ -4,6 +4,7 @@ health probe, the worker's pool, the Ray head). Each service's command line and 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -14,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flows.services import pgserver, pgstore
+from flows.services import auth, pgserver, pgstore
+from flows.services.auth import Access
 from flows.services.commands import command, worker_limit
 from flows.services.config import (
     DEFAULT_BUCKET,
@@ -57,22 +59,27 @@ from flows.services.stores import (
 )
 
 
-def _record(name: str, pid: int, port: int, log: Path) -> dict[str, Any]:
+def _record(
+    name: str, pid: int, port: int, log: Path, access: Access = auth.LOCAL
+) -> dict[str, Any]:
+    host = auth.bind_host(name, access)
     rec = {
         "name": name,
         "pid": pid,
         "port": port,
-        "url": base_url(port),
-        "health": health_url(name, port),
+        "url": base_url(port, host),
+        "health": health_url(name, port, host),
         "log": str(log),
         "started_at": now(),
+        "host": host,
+        "auth": access.auth,  # credentials: in <state dir>/auth/, never here
     }
     if name == "prefect":
-        rec["api_url"] = base_url(port) + "/api"
+        rec["api_url"] = base_url(port, host) + "/api"
     if name == "worker":
         rec["pool"] = WORK_POOL
-    if name == "ray":  # its address, not a URL: 127.0.0.1:<port> (RAY_ADDRESS)
-        rec["url"] = f"{HOST}:{port}"
+    if name == "ray":  # its address, not a URL: <host>:<port> (RAY_ADDRESS)
+        rec["url"] = f"{host}:{port}"
     if name == "postgres":  # no password in it: the role's is in <state dir>/postgres/password
         rec["url"] = health_url(name, port)
     return rec
@@ -85,8 +92,12 @@ def _fail(name: str, pid: int, log: Path, why: str) -> ServiceError:
     return ServiceError(f"{name} {why}; see {log}{tail}")
 
 
-def wait_healthy(name: str, pid: int, port: int, log: Path, deadline: float) -> None:
-    url = health_url(name, port)
+def wait_healthy(
+    name: str, pid: int, port: int, log: Path, deadline: float, url: str | None = None
+) -> None:
+    """Wait until the server's health check (``url``, else its default on 127.0.0.1)
+    answers."""
+    url = url or health_url(name, port)
     while True:
         if not pid_alive(pid):
             code = returncode(pid)
@@ -99,19 +110,27 @@ def wait_healthy(name: str, pid: int, port: int, log: Path, deadline: float) -> 
         time.sleep(0.25)
 
 
-def work_pool_status(api_url: str, pool: str = WORK_POOL, timeout: float = 2.0) -> str | None:
+def work_pool_status(
+    api_url: str, pool: str = WORK_POOL, timeout: float = 2.0, auth_string: str | None = None
+) -> str | None:
     """The status of a work pool on the Prefect server (READY while a worker polls it,
-    NOT_READY, PAUSED), or None when the server does not know it or does not answer."""
+    NOT_READY, PAUSED), or None when the server does not know it or does not answer
+    (``auth_string``: Prefect's, for a server that asks for it)."""
+    request = urllib.request.Request(f"{api_url}/work_pools/{pool}")
+    if auth_string:
+        token = base64.b64encode(auth_string.encode()).decode()
+        request.add_unredirected_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(f"{api_url}/work_pools/{pool}", timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.loads(resp.read()).get("status")
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def _wait_pool_ready(rec: Mapping[str, Any], deadline: float) -> None:
+def _wait_pool_ready(rec: Mapping[str, Any], deadline: float, auth_string: str | None) -> None:
     """The worker is up once its pool is READY: it created the pool and polled the server."""
-    while work_pool_status(rec["api_url"], rec.get("pool", WORK_POOL)) != "READY":
+    pool = rec.get("pool", WORK_POOL)
+    while work_pool_status(rec["api_url"], pool, auth_string=auth_string) != "READY":
         if not pid_alive(rec["pid"]):
             raise _fail("worker", rec["pid"], Path(rec["log"]), "exited during start")
         if time.monotonic() >= deadline:
@@ -160,12 +179,16 @@ def up(
     timeout: float = START_TIMEOUT,
     buckets: Iterable[str] = (DEFAULT_BUCKET,),
     store: str | None = None,
+    host: str | None = None,
+    auth_mode: str | None = None,
 ) -> dict[str, ServiceStatus]:
     """Start the services (default all but ray; mlflow pulls in s3) and wait until they are
     healthy. ``store``: where Prefect and MLflow keep their data (``pgstore``: sqlite,
     postgres, a postgresql:// URL; default ``$FEDAPT_STORE``, else the running services',
     else sqlite); fedapt's PostgreSQL server (service ``postgres``) starts first when it is
-    theirs.
+    theirs. ``host``, ``auth_mode`` (on, off): the address they listen on and whether they
+    ask for credentials (``auth``: default ``$FEDAPT_HOST``, ``$FEDAPT_AUTH``, else the
+    running services', else 127.0.0.1 without; another address needs ``auth_mode="on"``).
 
     Idempotent: a recorded service that is alive and healthy is left as it is; stale records
     are dropped. Every port is checked before anything starts. Raises ``PortInUseError`` or
@@ -175,9 +198,15 @@ def up(
     names = with_dependencies(service_names(services, DEFAULT_SERVICES))
     wanted = resolve_ports(ports)
     running = {n: r for n, r in read_state(sd).items() if _alive_record(n, r)}
+    access = auth.resolve_access(host, auth_mode, running)  # before anything starts
     chosen = pgstore.resolve_store(store, running)
     names = with_store_server(chosen, names)
     preflight(chosen, names, sd, running)  # a bad store stops here, before anything starts
+    credentials: dict[str, str] = {}
+    if access.auth:  # yours (FEDAPT_*), kept or new; half a pair is one line here
+        needs = {"worker": "prefect"}
+        credentials = auth.check_credentials(sd, {needs.get(n, n) for n in names})
+    auth.check_packages(access, names)
     buckets = list(buckets)
     if "worker" in names:  # a bad FEDAPT_WORKER_LIMIT too
         worker_limit()
@@ -198,6 +227,12 @@ def up(
             if rec and n in names and not same_store(rec, chosen, sd, records):
                 terminate(int(rec["pid"]))
                 records.pop(n)
+        # ... and one on another address, or with other authentication
+        for n in names:
+            rec = records.get(n)
+            if rec and n != "postgres" and not _same_access(n, rec, access):
+                _stop(n, rec, STOP_TIMEOUT)
+                remove_leftovers(records.pop(n).get("leftovers", []))
         for n, dep, key, field in (
             ("mlflow", "s3", "s3_url", "url"),
             ("worker", "prefect", "api_url", "api_url"),
@@ -212,9 +247,10 @@ def up(
         # never get one port (FEDAPT_PREFECT_PORT=4201 is the worker's default port)
         taken = {int(r["port"]): n for n, r in records.items() if r.get("port")}
         for n in to_start:
-            check_port(n, wanted[n], taken)
+            check_port(n, wanted[n], taken, auth.bind_host(n, access))
             if wanted[n]:
                 taken.setdefault(wanted[n], n)
+        auth.keep_credentials(sd, credentials)  # <state dir>/auth/, each file 0600
         deadline = time.monotonic() + timeout
         # Already running: it may still be starting (or hung) - wait for it like a new one.
         for n in names:
@@ -229,7 +265,7 @@ def up(
                 if n not in to_start:
                     continue
                 port = wanted[n] or free_port()
-                cmd, env, cwd = command(n, sd, port, records, chosen)
+                cmd, env, cwd = command(n, sd, port, records, chosen, access)
                 log = sd / "logs" / f"{n}.log"
                 user = None
                 if n == "postgres":  # its data folder, made once; as postgres under root
@@ -237,7 +273,7 @@ def up(
                     pgserver.initdb(sd, Path(cmd[0]).parent, env, log, user)
                 lock = data_lock_path(sd) if n == "s3" else None
                 pid = spawn(cmd, env, cwd, log, lock, user=user)
-                records[n] = _record(n, pid, port, log)
+                records[n] = _record(n, pid, port, log, access)
                 if n in pgstore.STORE_USERS:
                     records[n].update(store_record(n, chosen, sd, records, env))
                 if n == "s3":
@@ -253,13 +289,16 @@ def up(
                 pending[n] = records[n]
             try:
                 for n, rec in pending.items():
-                    wait_healthy(n, rec["pid"], rec["port"], Path(rec["log"]), deadline)
+                    log = Path(rec["log"])
+                    wait_healthy(n, rec["pid"], rec["port"], log, deadline, rec["health"])
                     if n == "s3":
-                        ensure_buckets(rec["url"], buckets, deadline)
+                        keys = auth.s3_keys(sd) if access.auth else None
+                        ensure_buckets(rec["url"], buckets, deadline, keys)
                     if n == "postgres":  # Prefect's and MLflow's databases, pg_trgm
                         prepare_own_server(chosen, sd, int(rec["port"]))
                     if n == "worker":
-                        _wait_pool_ready(rec, deadline)
+                        prefect_auth = auth.client_env(sd, records).get("PREFECT_API_AUTH_STRING")
+                        _wait_pool_ready(rec, deadline, prefect_auth)
                     if n == "ray":
                         _wait_ray_ready(rec, deadline)
             except BaseException:  # also Ctrl-C: a failed group leaves nothing half-started
@@ -273,6 +312,13 @@ def up(
                 write_state(sd, records)
                 raise
     return status(names, state=sd)
+
+
+def _same_access(name: str, rec: Mapping[str, Any], access: Access) -> bool:
+    """The running service of ``rec`` listens where ``access`` says, with its authentication
+    (a record of before ``--host``: 127.0.0.1, without)."""
+    host = rec.get("host", HOST)
+    return host == auth.bind_host(name, access) and bool(rec.get("auth")) == access.auth
 
 
 def _wait_running(name: str, rec: Mapping[str, Any], deadline: float) -> None:
@@ -348,5 +394,6 @@ def status(
             log=rec.get("log"),
             started_at=rec.get("started_at"),
             store=rec.get("store"),
+            auth=bool(rec.get("auth")),
         )
     return out

@@ -47,7 +47,7 @@ def _cli(*args: str, sd: Path, **extra: str) -> subprocess.CompletedProcess[str]
 def test_a_plain_up_does_not_start_ray_but_down_and_status_cover_it(sd, monkeypatch):
     checked: list[str] = []
 
-    def stop_at_ports(name, port, taken=None):  # type: ignore[no-untyped-def]
+    def stop_at_ports(name, port, taken=None, host=None):  # type: ignore[no-untyped-def]
         checked.append(name)
         raise S.PortInUseError("stop here")
 
@@ -78,7 +78,15 @@ def test_a_ray_that_fails_to_start_is_one_line_and_leaves_nothing(sd, monkeypatc
     monkeypatch.setattr(
         commands,
         "ray_cmd",
-        lambda sd, port: [sys.executable, "-c", script, "--port", str(port), "--temp-dir", "x"],
+        lambda sd, port, host: [
+            sys.executable,
+            "-c",
+            script,
+            "--port",
+            str(port),
+            "--temp-dir",
+            "x",
+        ],
     )
     (sd / "ray").mkdir(parents=True)
     for module in (commands, supervisor):  # command's, and up's record of the head
