@@ -8,15 +8,9 @@ import math
 from fedcore.asyncfl.availability import OnOff, Trace
 from fedcore.asyncfl.clock import DeviceClock, SyncClock
 from fedcore.asyncfl.config import parse_devices
+from tests.fedcore.asyncfl.support import THREE
 
 # Three clients with dyadic settings, so every duration below is exact in binary floats.
-THREE = {
-    "speed": {"dist": "table", "table": [1 / 64, 1 / 32, 1 / 16]},  # s per sample
-    "download_bw": {"dist": "table", "table": [2**20, 2**21, 2**19]},  # bytes/s
-    "upload_bw": {"dist": "table", "table": [2**19, 2**20, 2**18]},
-    "download_latency_s": {"dist": "table", "table": [0.125, 0.25, 0.0625]},
-    "upload_latency_s": {"dist": "table", "table": [0.125, 0.125, 0.25]},
-}
 WORK = [64, 32, 48]  # samples
 DOWN = [2**20] * 3  # bytes each client downloads
 UP = [2**19] * 3

@@ -20,7 +20,7 @@ from fedcore.asyncfl.config import AsyncConfig, parse_async, parse_devices
 from fedcore.asyncfl.events import Entry, EventQueue, Job, JobPlan, JobResult
 from fedcore.asyncfl.fedbuff import FedBuffServer
 from fedcore.payload import StateDict
-from tests.fedcore.asyncfl.test_clock import THREE
+from tests.fedcore.asyncfl.support import THREE
 
 
 @pytest.fixture(autouse=True)

@@ -431,8 +431,15 @@ def test_every_service_on_another_address_refuses_strangers(monkeypatch):
             client.log_metric(run.info.run_id, "acc", 0.5)
             client.log_text(run.info.run_id, "hello", "note.txt")
             assert client.get_run(run.info.run_id).data.metrics == {"acc": 0.5}
-        listed = right.list_objects_v2(Bucket="fedapt", Prefix="mlflow/")
-        assert any(o["Key"].endswith("note.txt") for o in listed.get("Contents", []))
+        # (SeaweedFS lists a new object a moment after its upload on a loaded machine)
+        deadline = time.monotonic() + 30
+        while True:
+            listed = right.list_objects_v2(Bucket="fedapt", Prefix="mlflow/")
+            keys = [o["Key"] for o in listed.get("Contents", [])]
+            if any(k.endswith("note.txt") for k in keys) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert any(k.endswith("note.txt") for k in keys), keys
 
         # no secret in an output, a record, a log or a command line
         outputs = [res.output]

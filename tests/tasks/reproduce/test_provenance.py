@@ -169,7 +169,7 @@ def test_a_module_nothing_runs_imports_leaves_every_record_current(tree):
     version; the first import of it from code a run reaches (a function body counts, a driver
     counts) does."""
     before = {u: records.code_version(tree, u) for u in (FEDAVG, PROX, None)}
-    pkg = tree / "fedcore" / "privacy"
+    pkg = tree / "fedcore" / "mechanism_in_progress"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "noise.py").write_text("def noise(x):\n    return x + 1\n")
@@ -178,11 +178,13 @@ def test_a_module_nothing_runs_imports_leaves_every_record_current(tree):
     try:
         assert {u: records.code_version(tree, u) for u in before} == before
         old = agg.read_text()
-        agg.write_text(old + "\n\ndef _later(x):\n    from fedcore.privacy import noise\n")
+        agg.write_text(
+            old + "\n\ndef _later(x):\n    from fedcore.mechanism_in_progress import noise\n"
+        )
         assert all(records.code_version(tree, u) != v for u, v in before.items())
         agg.write_text(old)
         old = flow.read_text()
-        flow.write_text(old + "\nimport fedcore.privacy.noise\n")
+        flow.write_text(old + "\nimport fedcore.mechanism_in_progress.noise\n")
         assert all(records.code_version(tree, u) != v for u, v in before.items())
         flow.write_text(old)
         (pkg / "noise.py").write_text("def noise(x):\n    return x + 2\n")  # still unreached
