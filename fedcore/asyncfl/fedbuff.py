@@ -209,14 +209,9 @@ class FedBuffServer:
         for v in sorted({e.job.base_version for e in pending}):
             group = [e for e in pending if e.job.base_version == v]
             base = self.global_state if v == self.version else self.bases[v]
-            results = list(trainer([e.job for e in group], base))
-            if len(results) != len(group):
-                raise ValueError(
-                    f"the trainer returned {len(results)} results for {len(group)} jobs"
-                )
+            results = _train(trainer, [e.job for e in group], base)
             for e, res in zip(group, results, strict=True):
-                res = JobResult(*res)
-                work = float(res.num_samples if res.work is None else res.work)
+                work = _work(res)
                 if e.plan != (work, res.down_bytes, res.up_bytes):
                     raise ValueError(
                         f"job {e.job.job_id} (client {e.job.client_id}) trained with work and bytes "
@@ -249,15 +244,8 @@ class FedBuffServer:
                     p = JobPlan(*plan(job))
                     self._queue(Entry(self.now, job, None, p), p.work, p.down_bytes, p.up_bytes)
             else:
-                results = list(trainer(jobs, self.global_state))
-                if len(results) != len(jobs):
-                    raise ValueError(
-                        f"the trainer returned {len(results)} results for {len(jobs)} jobs"
-                    )
-                for job, res in zip(jobs, results, strict=True):
-                    res = JobResult(*res)
-                    work = float(res.num_samples if res.work is None else res.work)
-                    self._queue(Entry(self.now, job, res), work, res.down_bytes, res.up_bytes)
+                for job, res in zip(jobs, _train(trainer, jobs, self.global_state), strict=True):
+                    self._queue(Entry(self.now, job, res), _work(res), res.down_bytes, res.up_bytes)
             free -= len(jobs)
         rest = [c for c in idle if c not in self.busy]
         wake = min((self.clock.next_online(c, self.now) for c in rest), default=math.inf)
@@ -382,3 +370,16 @@ def _record_dict(r: Aggregation) -> dict[str, Any]:
 def _record(d: Mapping[str, Any]) -> Aggregation:
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     return Aggregation(**fields)
+
+
+def _train(trainer: BatchTrainer, jobs: list[Job], base: Any) -> list[JobResult]:
+    """``trainer``'s results for ``jobs`` from ``base``, one per job, as ``JobResult``s."""
+    results = list(trainer(jobs, base))
+    if len(results) != len(jobs):
+        raise ValueError(f"the trainer returned {len(results)} results for {len(jobs)} jobs")
+    return [JobResult(*res) for res in results]
+
+
+def _work(res: JobResult) -> float:
+    """A job's work: what the trainer reported, else its number of samples."""
+    return float(res.num_samples if res.work is None else res.work)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping
 
 from flows.services import auth
@@ -30,6 +31,7 @@ def env_for_clients(
     *,
     environ: Mapping[str, str] | None = None,
     probe_timeout: float = 1.0,
+    patience: float = 15.0,
 ) -> dict[str, str]:
     """Variables to ADD for a client of the services that are up and healthy.
 
@@ -40,10 +42,26 @@ def env_for_clients(
     Services with authentication (``fedapt up --auth on``) add their credentials
     (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``, ``PREFECT_API_AUTH_STRING``: secrets, never
     print them), only where their URL is added too: never for a server of the user's.
+    A service whose process runs but misses the quick probe (a loaded machine) is probed
+    again for up to ``patience`` seconds before it is left out, with a line on stderr: its
+    clients would otherwise fall back to a local store without a word.
     """
     env = os.environ if environ is None else environ
     sd = state_dir(state)
     st = status(state=sd, probe_timeout=probe_timeout)
+    slow = [n for n in ("s3", *CLIENT_URLS) if st[n].state == "running" and not st[n].healthy]
+    deadline = time.monotonic() + patience
+    while slow and time.monotonic() < deadline:
+        st.update(status(slow, state=sd, probe_timeout=max(1.0, deadline - time.monotonic())))
+        slow = [n for n in slow if st[n].state == "running" and not st[n].healthy]
+        if slow:
+            time.sleep(0.5)
+    for n in slow:
+        print(
+            f"fedapt: {n} runs (pid {st[n].pid}) but did not answer its health check"
+            f" in {patience:.0f} s; its clients are not pointed at it (see `fedapt status`)",
+            file=sys.stderr,
+        )
     found: dict[str, str] = {}
     if st["s3"].healthy and st["s3"].url and not user_configured_s3(env):
         found.update(s3_client_env(st["s3"].url, auth.s3_keys(sd) if st["s3"].auth else None))

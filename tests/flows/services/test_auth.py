@@ -425,7 +425,9 @@ def test_every_service_on_another_address_refuses_strangers(monkeypatch):
         # ... and MLflow's: a tracked run with an artifact (through MLflow's proxy, on S3)
         from mlflow import MlflowClient
 
-        with S.patched_environ(S.env_for_clients(sd)):
+        client_env = S.env_for_clients(sd)
+        assert client_env.get("MLFLOW_TRACKING_URI") == recs["mlflow"]["url"], client_env.keys()
+        with S.patched_environ(client_env):
             client = MlflowClient()
             run = client.create_run(client.create_experiment("auth-test"))
             client.log_metric(run.info.run_id, "acc", 0.5)

@@ -178,6 +178,31 @@ def test_env_for_clients_gives_what_is_up(monkeypatch):
     assert S.env_for_clients(environ={}) == {"PREFECT_API_URL": "http://127.0.0.1:14200/api"}
 
 
+def test_env_for_clients_waits_for_a_running_service_that_is_slow_to_answer(monkeypatch, capsys):
+    """A loaded machine: mlflow's process runs but misses the quick probe. Its clients get
+    it once it answers; one that never answers is left out with a line on stderr, never
+    silently (its clients would track to a local store)."""
+    answers = iter([False, False, True])
+
+    def slow_status(services=None, *, state=None, probe_timeout=1.0):
+        healthy = next(answers, False)
+        return {
+            n: S.ServiceStatus(n, "running", healthy, 7, 15000, "http://127.0.0.1:15000")
+            if n == "mlflow"
+            else S.ServiceStatus(n, "stopped", False)
+            for n in (services or S.SERVICES)
+        }
+
+    monkeypatch.setattr(clients, "status", slow_status)
+    monkeypatch.setattr(clients.time, "sleep", lambda s: None)
+    assert S.env_for_clients(environ={}) == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:15000"}
+    assert capsys.readouterr().err == ""
+    answers = iter([])
+    assert S.env_for_clients(environ={}, patience=0.2) == {}
+    err = capsys.readouterr().err
+    assert "mlflow runs (pid 7) but did not answer its health check" in err, err
+
+
 def test_env_for_clients_never_overrides_the_user(monkeypatch):
     _healthy(monkeypatch)
     user = {
