@@ -110,7 +110,11 @@ class ModelSection(Section):
         if name is None:  # the name was refused: that is the error to report
             return v
         kind = model_options_type(name)
-        return v if isinstance(v, kind) else TypeAdapter(kind).validate_python(dict(v or {}))
+        if isinstance(v, kind):
+            return v
+        if v is not None and not isinstance(v, Mapping):
+            raise ValueError(f"must be a mapping of {name}'s options (got {v!r})")
+        return TypeAdapter(kind).validate_python(dict(v or {}))
 
 
 class _Cells(dict[str, float]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from tasks.reproduce import claim_fednilo
+from tasks.reproduce import claim_fednilo, fednilo_k
 from tasks.reproduce.spec import Claim, Dropped, Experiment
 
 # Seed 004 §6.1.3-6.1.4, the homogeneous tables (6.6-6.7): the protocol of the Dir(0.3)
@@ -32,7 +32,7 @@ _CPU = (
 )
 _CI = claim_fednilo._CI
 # (K, F) pairs of Tables 6.4-6.7 -> per scaled profile, the share of FedAvg's rounds to its
-# target accuracy that K is set to (seed 004 §6.1.4's rule; claim_fednilo.kick_off). Table
+# target accuracy that K is set to (seed 004 §6.1.4's rule; fednilo_k.kick_off). Table
 # 6.6's best configurations are 350/50, 400/50 and 500/75; the cpu profile runs the first and
 # the last, K at 1/3 and 1/2 of FedAvg's rounds to its top level (the first cpu run's records:
 # rounds 39, 50, 41, median 41: K = 14 and 21) and F = K x 50/350, K x 75/500. The comm
@@ -57,7 +57,7 @@ FEDAVG = Experiment(
     protocol=(*_SEED004_IID, "grid.algorithms=[fedavg]"),
     scale={"cpu": _CPU, "ci": _CI},
 )
-CONFIGS = claim_fednilo.configs("fednilo-iid", _SEED004_IID, _KF, _CPU, _CI, FEDAVG.name)
+CONFIGS = fednilo_k.configs("fednilo-iid", _SEED004_IID, _KF, _CPU, _CI, FEDAVG.name)
 SAVING = 0.15  # below Table 6.6's lowest saving (17.9%); its average is 23.9%
 _NAMES = tuple(e.name for e in CONFIGS)
 

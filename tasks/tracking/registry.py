@@ -8,7 +8,7 @@ import contextlib
 import hashlib
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,8 @@ def log_and_register_model(
             code_paths=code,
         )
     version = str(info.registered_model_version)  # MLflow returns an int here
-    if accuracy is not None:
-        client.set_model_version_tag(name, version, "final_accuracy", f"{accuracy:.6f}")
+    if accuracy is not None:  # in %, as every table and MLflow's metrics show it
+        client.set_model_version_tag(name, version, ACCURACY_TAG, f"{100 * accuracy:.4f}")
     for key, value in (tags or {}).items():
         client.set_model_version_tag(name, version, key, value)
     with _registry_lock(name):  # compare-and-move: one run at a time per registered model
@@ -116,6 +116,20 @@ def _registry_lock(name: str) -> Iterator[None]:
         yield  # blocks: a registration takes seconds
 
 
+ACCURACY_TAG = "final_accuracy_pct"  # a version's final accuracy, in %
+_FORMER_TAG = "final_accuracy"  # versions registered before: the same, in 0-1
+
+
+def tagged_accuracy(tags: Mapping[str, str], missing: float) -> float:
+    """A version's final accuracy in %, from its tag (or the 0-1 tag of versions registered
+    before the unit was %); ``missing`` when it has neither."""
+    if ACCURACY_TAG in tags:
+        return float(tags[ACCURACY_TAG])
+    if _FORMER_TAG in tags:
+        return 100 * float(tags[_FORMER_TAG])
+    return missing
+
+
 def update_champion(name: str, candidate: str) -> str | None:
     """Move ``champion`` to version ``candidate`` when it beats the champion: a higher final
     accuracy on the same evaluation set (the ``eval_set_sha256`` tags are equal). A champion
@@ -127,14 +141,14 @@ def update_champion(name: str, candidate: str) -> str | None:
 
     client = store.client()
     new = client.get_model_version(name, candidate)
-    acc = float(new.tags.get("final_accuracy", "nan"))
+    acc = tagged_accuracy(new.tags, float("nan"))
     try:
         champ = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:  # no champion yet
         champ = None
     if champ is not None:
         same = champ.tags.get(EVAL_SET_TAG) in (None, new.tags.get(EVAL_SET_TAG))
-        if not (same and acc > float(champ.tags.get("final_accuracy", "-inf"))):
+        if not (same and acc > tagged_accuracy(champ.tags, float("-inf"))):
             return str(champ.version)
     elif acc != acc:  # never evaluated: not a champion
         return None

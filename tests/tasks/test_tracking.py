@@ -20,10 +20,11 @@ def test_champion_moves_only_to_a_better_version_on_the_same_evaluation_set(tmp_
     client = MlflowClient(tracking.tracking_uri())
     client.create_registered_model("m")
 
-    def register(acc, eval_set="full"):
+    def register(acc, eval_set="full", tag="final_accuracy_pct"):
         mv = client.create_model_version("m", source=str(tmp_path))
-        if acc is not None:
-            client.set_model_version_tag("m", mv.version, "final_accuracy", str(acc))
+        if acc is not None:  # in % (a version registered before the unit was %: in 0-1)
+            shown = acc if tag == "final_accuracy" else 100 * acc
+            client.set_model_version_tag("m", mv.version, tag, str(shown))
         if eval_set is not None:
             client.set_model_version_tag("m", mv.version, tracking.EVAL_SET_TAG, eval_set)
         return tracking.update_champion("m", str(mv.version))
@@ -37,6 +38,10 @@ def test_champion_moves_only_to_a_better_version_on_the_same_evaluation_set(tmp_
     assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
     client.delete_model_version_tag("m", "3", tracking.EVAL_SET_TAG)  # registered before tags
     assert register(0.95, eval_set="other") == "7"  # compared by accuracy alone
+    # versions tagged in 0-1 before the unit was %: compared in % all the same
+    assert register(0.96, eval_set="other", tag="final_accuracy") == "8"
+    assert register(0.955, eval_set="other") == "8"
+    assert register(0.97, eval_set="other") == "10"
 
 
 def test_unreachable_server_is_one_line(monkeypatch):

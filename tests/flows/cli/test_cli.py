@@ -182,6 +182,7 @@ def check_mlflow(tmp_path, run):
     assert str(new.version) == run["model_version"]
     assert len(mv.tags["eval_set_sha256"]) == 64 and mv.tags["eval_set_rows"] == "500"
     assert mv.tags["experiment"] == "fmnist-dir05-fedavg" and mv.tags["cell"] == "fedavg-full"
+    assert float(mv.tags["final_accuracy_pct"]) == pytest.approx(100 * run["final_accuracy"])
     # The registered model computes exactly what the final global model computes.
     loaded = mlflow.pytorch.load_model(f"models:/{run['registered_model']}@champion")
     ref = get_model("cifar_cnn", num_classes=10, in_channels=1, input_size=28)

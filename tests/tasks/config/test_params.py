@@ -88,6 +88,13 @@ def test_bad_params_one_line(tmp_path, text, needle):
         ("report.accuracy_levels=[0.5,80]", "report.accuracy_levels"),
         ("runtime.engine=vectorised", "runtime.engine.*'auto', 'cohort' or 'sequential'"),
         ("runtime.cohort_size=0", "runtime.cohort_size"),
+        # every options table given a scalar: one line naming it, never a traceback
+        ("model.options=5", "model.options: must be a mapping of cifar_cnn's options"),
+        ("model.options=[1,2]", "model.options: must be a mapping"),
+        ("grid.algorithm_options.fedprox=5", "grid.algorithm_options.fedprox: must be a dict"),
+        ("grid.adapter_options.lora=5", "grid.adapter_options.lora: must be a dict"),
+        ("grid.codec_options.int8=5", "grid.codec_options.int8: must be a valid dict"),
+        ("partition.iid=5", "partition.iid"),
     ],
 )
 def test_bad_overrides(override, needle):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.reproduce import claim_fednilo, claim_fednilo_iid, registry, runs
+from tasks.reproduce import claim_fednilo, claim_fednilo_iid, fednilo_k, registry, runs
 from tasks.reproduce.spec import PROFILES, ExperimentResult
 from tests.tasks.reproduce.support import MB, PRIOR, curve, judge, over_seeds
 from tests.tasks.reproduce.support import curve_cell as cell
@@ -48,11 +48,11 @@ def test_fednilo_levels_are_half_points_below_fedavgs_best():
 def test_rounds_to_top_is_fedavgs_first_round_at_its_top_level():
     # window 2: ACC 0.5, 0.55, 0.65, 0.745, 0.75, 0.76, 0.752: best 0.76 -> top level 0.76
     c = cell([0.5, 0.6, 0.7, 0.79, 0.71, 0.81, 0.694])
-    assert claim_fednilo.rounds_to_top(c, 2) == 6
+    assert fednilo_k.rounds_to_top(c, 2) == 6
     # best ACC 0.7525 rounds down to 0.75, first reached at round 5
     c = cell([0.5, 0.6, 0.7, 0.79, 0.71, 0.795, 0.71])
-    assert claim_fednilo.rounds_to_top(c, 2) == 5
-    assert claim_fednilo.rounds_to_top(cell([None, None]), 2) is None  # nothing evaluated
+    assert fednilo_k.rounds_to_top(c, 2) == 5
+    assert fednilo_k.rounds_to_top(cell([None, None]), 2) is None  # nothing evaluated
 
 
 def _fedavg_seeds(tops):
@@ -67,20 +67,20 @@ def _fedavg_seeds(tops):
 def test_kick_off_takes_k_from_fedavgs_rounds_to_its_level():
     res = {"fednilo-fedavg": _fedavg_seeds((41, 59, 60))}  # the first cpu run's rounds
     # 350/25: K = 1/3 of the median 59 = 19.7 -> 20, F = 20 x 25/350 = 1.4 -> 1
-    got = claim_fednilo.kick_off(res, "fednilo-fedavg", 1 / 3, 25 / 350)
+    got = fednilo_k.kick_off(res, "fednilo-fedavg", 1 / 3, 25 / 350)
     assert got == ("grid.algorithm_options.fednilo.K=20", "grid.algorithm_options.fednilo.F=1")
     # 500/75: K = 29.5 -> 30, F = 4.5 -> 5
-    got = claim_fednilo.kick_off(res, "fednilo-fedavg", 1 / 2, 75 / 500)
+    got = fednilo_k.kick_off(res, "fednilo-fedavg", 1 / 2, 75 / 500)
     assert got == ("grid.algorithm_options.fednilo.K=30", "grid.algorithm_options.fednilo.F=5")
     # a FedAvg at its level by round 2: K and F at least 1
     early = {"fednilo-fedavg": _fedavg_seeds((1, 1, 2))}
-    got = claim_fednilo.kick_off(early, "fednilo-fedavg", 1 / 3, 25 / 350)
+    got = fednilo_k.kick_off(early, "fednilo-fedavg", 1 / 3, 25 / 350)
     assert got == ("grid.algorithm_options.fednilo.K=1", "grid.algorithm_options.fednilo.F=1")
     with pytest.raises(ValueError, match="has not finished"):
-        claim_fednilo.kick_off({}, "fednilo-fedavg", 1 / 3, 25 / 350)
+        fednilo_k.kick_off({}, "fednilo-fedavg", 1 / 3, 25 / 350)
     blank = ExperimentResult({}, {0: {"fedavg-full": cell([None] * 3)}}, 1.0)
     with pytest.raises(ValueError, match="no evaluated round"):
-        claim_fednilo.kick_off({"fednilo-fedavg": blank}, "fednilo-fedavg", 1 / 3, 25 / 350)
+        fednilo_k.kick_off({"fednilo-fedavg": blank}, "fednilo-fedavg", 1 / 3, 25 / 350)
 
 
 def test_the_scaled_configurations_derive_k_and_f_after_fedavg():
