@@ -422,13 +422,17 @@ def test_every_service_on_another_address_refuses_strangers(monkeypatch):
         assert out.exit_code == 0 and "no deployments on http://127.0.0.2:" in out.output, (
             out.output
         )
-        # ... and MLflow's: a tracked run with an artifact (through MLflow's proxy, on S3)
-        from mlflow import MlflowClient
+        # ... and MLflow's: a tracked run with an artifact (through MLflow's proxy, on S3).
+        # fedapt's client (tracking.store.client), not a bare MlflowClient(): that one takes
+        # the URI an earlier test of this process left in mlflow.set_tracking_uri, not the
+        # environment's (CI's failure of sessions 25-26: the artifact went to a local store)
+        from tasks.tracking import store as tracking_store
 
         client_env = S.env_for_clients(sd)
         assert client_env.get("MLFLOW_TRACKING_URI") == recs["mlflow"]["url"], client_env.keys()
         with S.patched_environ(client_env):
-            client = MlflowClient()
+            client = tracking_store.client()
+            assert client.tracking_uri == recs["mlflow"]["url"]
             run = client.create_run(client.create_experiment("auth-test"))
             client.log_metric(run.info.run_id, "acc", 0.5)
             client.log_text(run.info.run_id, "hello", "note.txt")
