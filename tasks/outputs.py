@@ -18,9 +18,9 @@ from fedcore import numerics, payload
 from fedcore.engine import History
 from fedcore.partition import Partition
 from tasks import figures, modelfile
-from tasks.cell import cell_lr, clients_per_round
-from tasks.config import Params
+from tasks.cell import clients_per_round
 from tasks.data import ExperimentData
+from tasks.grid import ResolvedCell
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 _TIMING_KEYS = (
@@ -107,22 +107,19 @@ def exit_accuracies(h: History) -> list[float]:
 
 
 def summary_record(
-    params: Params,
-    algorithm: str,
-    adapter: str,
+    cell: ResolvedCell,
     part: Partition,
     h: History,
     device: str,
     data: ExperimentData | None = None,
-    codec: str = "none",
 ) -> dict[str, Any]:
     """The cell's record (metrics.json, summary.json); ``data``: the evaluated rows' count
-    under data.evaluate: validation. ``codec``: the cell's update codec (recorded when it has
-    one)."""
+    under data.evaluate: validation. The cell's update codec is recorded when it has one."""
+    params = cell.params
     record = {
-        "algorithm": algorithm,
-        "adapter": adapter,
-        **({} if codec == "none" else {"codec": codec}),
+        "algorithm": cell.algorithm,
+        "adapter": cell.adapter,
+        **({} if cell.codec == "none" else {"codec": cell.codec}),
         "partition": part.scheme,
         "partition_params": part.params,
         "partition_hash": part.content_hash(),
@@ -153,7 +150,7 @@ def summary_record(
     }
     # Keys only when their params are set: records of runs without them stay as they were.
     if params.grid.client_lr:  # every cell's own lr, named in grid.client_lr or client.lr
-        record["client_lr"] = cell_lr(params, algorithm, adapter)
+        record["client_lr"] = cell.lr
     if params.data.evaluate != "test":  # accuracies and losses are of this split
         record["evaluated_on"] = params.data.evaluate
         if data is not None:

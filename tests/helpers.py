@@ -242,3 +242,10 @@ class Records(Callback):
 
     def on_round_end(self, record: RoundRecord) -> None:
         self.rounds.append(record)
+
+
+def spec_cell(params, algorithm: str, adapter: str, codec: str = "none", base=None):
+    """A resolved cell whose model keys do not matter (its fingerprint, names, lr)."""
+    from tasks.cell import CellSpec, resolve_cell
+
+    return resolve_cell(params, CellSpec(algorithm, adapter, codec), (None, frozenset()), base)
