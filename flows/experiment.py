@@ -28,13 +28,13 @@ from prefect.utilities.annotations import quote
 
 from flows import services
 from flows.localray import local_ray
-from flows.plan import RunPlan, grid_cells, prepare
+from flows.plan import RunPlan, prepare
 from flows.runners import cell_params, cell_resources, grid_parallelism, grid_task_runner
 from flows.streams import mask_streams
 from tasks import tracking
 from tasks.config import Params, experiment_dir, in_force, load_params
 from tasks.data import dataset_num_classes
-from tasks.grid import ResolvedCell
+from tasks.grid import ResolvedCell, grid_cells
 from tasks.origin import Origin, origin, prefect_run
 from tasks.partitioning import partition_task
 from tasks.pretrain import log_base_task, pretrain_task

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from torch import nn
 
-from fedcore.codecs import check_sizes
 from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
@@ -31,17 +30,16 @@ from flows.checks import check_checkpoints, check_drawn_partition, check_given_p
 from flows.localray import check_local_ray
 from flows.runners import check_gpus
 from tasks.cell import (
-    CellSpec,
-    ResolvedCell,
     adapter_keys,
     check_cell,
+    check_codecs,
     check_ray_clients,
-    grid_cells,
     initial_cell_model,
     resolve_cell,
 )
 from tasks.config import Params, experiment_dir
 from tasks.data import ExperimentData, load_experiment_data
+from tasks.grid import CellSpec, ResolvedCell, grid_cells
 from tasks.io import check_writable
 from tasks.origin import check_results
 from tasks.partitioning import build_partition, check_partition_data, load_partition
@@ -144,7 +142,7 @@ def prepare(
     storage: bool = True,
     results: bool = True,
     models: bool = True,
-    names_checked: bool = False,
+    checked: bool = False,
     checkpoints: Path | None = None,
     base: Path | None = None,
 ) -> RunPlan:
@@ -155,15 +153,16 @@ def prepare(
     experiment's folder holds no other params' finished results (``fedapt reproduce`` reruns
     its own experiments). ``models=False``: check every adapter on the model but keep no
     model (``fedapt reproduce`` checks every experiment before the first one runs).
-    ``names_checked``: the caller ran ``check_names`` already (before starting a server).
+    ``checked``: the caller ran ``check_sweep``, ``check_names`` and ``check_writable`` on
+    the experiment's folder already (before taking its lock and starting a server): each check runs once.
     ``checkpoints``, ``base``: where a DVC train stage keeps its cell's checkpoint and reads
     its pretrain base (default: the experiment's folder, as the flow).
     """
-    check_sweep(params, partition_dir)
-    if not names_checked:
-        check_names(params)
     out = experiment_dir(params)
-    check_writable("experiment.reports_dir", out)
+    if not checked:
+        check_sweep(params, partition_dir)
+        check_names(params)
+        check_writable("experiment.reports_dir", out)
     if params.runtime.tracking:
         check_tracking_server()
     if storage and params.storage.bucket:
@@ -206,8 +205,8 @@ def _resolve(
         if keep or like is None
         else {}
     )
-    for adapter, model in built.items():  # a top-k k above a tensor it would send
-        _check_codecs(params, adapter, model)
+    for adapter, model in built.items() if like is None else ():  # (a sweep: on one seed)
+        check_codecs(params, adapter, model, params.grid.codecs)  # a top-k k above a tensor
     if pretrain:
         check_source(params, data)  # no source rows left, classes out of range, no dataset
     if partition_dir is None:
@@ -233,15 +232,6 @@ def _resolve(
 
     resuming = check_checkpoints(cells, part.content_hash(), checkpoints, model_of)
     return RunPlan(params, data, part, cells, resuming, models=built if keep else None)
-
-
-def _check_codecs(params: Params, adapter: str, model: nn.Module) -> None:
-    """Each grid codec against what ``adapter``'s cells upload (``fedcore.codecs.check_sizes``)."""
-    state = model.state_dict()
-    if adapter != "full":
-        state = {k: state[k] for k in params.grid.adapter(adapter).payload_keys(model)}
-    for codec in params.grid.codecs:
-        check_sizes(params.grid.codec(codec).upload, state)
 
 
 def _given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> Partition:

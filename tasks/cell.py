@@ -16,6 +16,7 @@ from torch import nn
 
 from fedcore.algorithms import RunSpec
 from fedcore.client import LocalConfig
+from fedcore.codecs import check_sizes
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, RaySettings, Simulation, initial_model
@@ -29,7 +30,7 @@ from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
 from tasks.config.base import Section
 from tasks.data import ExperimentData
-from tasks.grid import CellSpec, ResolvedCell, cell_name, grid_cells, record_cell  # noqa: F401
+from tasks.grid import CellSpec, ResolvedCell
 from tasks.partitioning import shards_of
 
 T = TypeVar("T")
@@ -215,6 +216,16 @@ def resolve_cell(
     )
 
 
+def check_codecs(params: Params, adapter: str, model: nn.Module, codecs: Sequence[str]) -> None:
+    """Each of ``codecs`` against what ``adapter``'s cells upload from ``model`` (a top-k k
+    above a tensor's size: ``fedcore.codecs.check_sizes``)."""
+    state = model.state_dict()
+    if adapter != "full":
+        state = {k: state[k] for k in params.grid.adapter(adapter).payload_keys(model)}
+    for codec in codecs:
+        check_sizes(params.grid.codec(codec).upload, state)
+
+
 def cell_of(
     params: Params,
     data: ExperimentData,
@@ -223,10 +234,14 @@ def cell_of(
     codec: str = "none",
     base: str | Path | None = None,
 ) -> ResolvedCell:
-    """One cell resolved on its own (what ``flows.plan.prepare`` does for a grid's): for
-    benchmarks, tests and code that trains a cell outside a run."""
-    keys = adapter_keys(params, adapter, initial_cell_model(params, data, adapter))
-    return resolve_cell(params, CellSpec(algorithm, adapter, codec), keys, base)
+    """One cell checked and resolved on its own (what ``flows.plan.prepare`` does for a
+    grid's): for benchmarks, tests and code that trains a cell outside a run."""
+    check_cell(params, algorithm, adapter)
+    model = initial_cell_model(params, data, adapter)
+    check_codecs(params, adapter, model, [codec])
+    return resolve_cell(
+        params, CellSpec(algorithm, adapter, codec), adapter_keys(params, adapter, model), base
+    )
 
 
 def build_simulation(
@@ -282,5 +297,6 @@ def build_simulation(
         cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
         ray=ray,
         codecs=params.grid.codec(cell.codec),
+        checked=True,  # by prepare (or cell_of), when it resolved the cell
     )
     return Cell(sim, method, model_fn, adapted, device)

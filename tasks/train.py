@@ -22,9 +22,9 @@ from fedcore.engine.ray_pool import ClientNodes
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from tasks import artifacts, checkpoint, modelfile, tracking
-from tasks.cell import Cell, build_simulation, record_cell
+from tasks.cell import Cell, build_simulation
 from tasks.data import ExperimentData, load_experiment_data
-from tasks.grid import ResolvedCell
+from tasks.grid import ResolvedCell, record_cell
 from tasks.origin import Origin
 from tasks.outputs import summary_record, write_cell_outputs
 from tasks.partitioning import load_partition

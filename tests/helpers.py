@@ -246,6 +246,7 @@ class Records(Callback):
 
 def spec_cell(params, algorithm: str, adapter: str, codec: str = "none", base=None):
     """A resolved cell whose model keys do not matter (its fingerprint, names, lr)."""
-    from tasks.cell import CellSpec, resolve_cell
+    from tasks.cell import resolve_cell
+    from tasks.grid import CellSpec
 
     return resolve_cell(params, CellSpec(algorithm, adapter, codec), (None, frozenset()), base)

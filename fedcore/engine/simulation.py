@@ -58,6 +58,7 @@ class Simulation:
         model: nn.Module | None = None,
         ray: RaySettings | None = None,
         codecs: Codecs | None = None,
+        checked: bool = False,
     ) -> None:
         """``model``: the initial global model from :func:`initial_model` (None: built here);
         it is the one model instance of this process's clients (worker processes build their
@@ -65,7 +66,10 @@ class Simulation:
         (``fedcore.engine.ray_pool``) instead of this machine's worker processes.
         ``codecs``: how uploads and downloads are encoded (``fedcore.codecs``; None: as the
         model holds them). ``test_rows``: the rows of ``test`` an evaluation measures outside
-        the last ``federation.whole_test_last`` evaluations (None: every row, always)."""
+        the last ``federation.whole_test_last`` evaluations (None: every row, always).
+        ``checked``: the caller checked the algorithm's rules against this run and the upload
+        codec against the payload (``tasks``: once per run, when it resolves the cell);
+        False: they are checked here."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
         self.ray = ray
@@ -121,7 +125,8 @@ class Simulation:
         self.base_cache: dict[tuple[str, ...], bytes] = {}  # its encodings (fedcore.wire)
         # The algorithm's own rules (FedNILO: the whole model only; FedNova: SGD only).
         adapter = "full" if self.payload_keys is None else "adapter"
-        algorithm.check(RunSpec(adapter=adapter, optimizer=local.optimizer))
+        if not checked:
+            algorithm.check(RunSpec(adapter=adapter, optimizer=local.optimizer))
         if self.payload_keys is not None:
             missing = sorted(set(self.payload_keys) - set(self.global_state))
             if missing:
@@ -133,10 +138,11 @@ class Simulation:
                     self.codecs.download, base, upload=False, gen=None, raw=self.codecs.raw
                 )
             self.base_bytes = len(payload.encode(base)) if base else 0
-        uploaded = self.global_state
-        if self.payload_keys is not None:
-            uploaded = {k: self.global_state[k] for k in self.payload_keys}
-        check_sizes(self.codecs.upload, uploaded)  # a top-k k above a tensor's size
+        if not checked:  # a top-k k above a tensor's size
+            uploaded = self.global_state
+            if self.payload_keys is not None:
+                uploaded = {k: self.global_state[k] for k in self.payload_keys}
+            check_sizes(self.codecs.upload, uploaded)
         self.history: History | None = None  # the run's records (set by run())
         self._resume: dict[str, Any] | None = None  # a checkpoint to continue from
 

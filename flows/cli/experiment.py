@@ -91,9 +91,7 @@ def run(
             # every input checked, the data read, the partition drawn (or read and checked
             # row by row), the models built; another run's results, another configuration's
             # checkpoints or another model's -> one line, before any server starts
-            plan = prepare(
-                p, partition_dir, storage=False, models=in_process(p), names_checked=True
-            )
+            plan = prepare(p, partition_dir, storage=False, models=in_process(p), checked=True)
             # temporary servers (S3; Prefect once the inputs are checked) are tied to this
             # process: they die with it, kill -9 included
             stack.enter_context(services.run_environment(need_s3=bool(p.storage.bucket)))

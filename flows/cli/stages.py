@@ -135,9 +135,9 @@ def train(
 
     from flows.localray import local_ray
     from flows.plan import prepare
-    from tasks.cell import CellSpec, grid_cells, require_base
+    from tasks.cell import require_base
     from tasks.config import load_params
-    from tasks.grid import cell_folder
+    from tasks.grid import CellSpec, cell_folder, grid_cells
     from tasks.io import check_writable
     from tasks.origin import origin
     from tasks.progress import GridSlot
