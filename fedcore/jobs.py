@@ -144,8 +144,13 @@ def die_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
 
 
 def init_pool_worker(parent: int, model_fn: Callable[[], nn.Module], *args: Any) -> None:
-    """A worker of the engine's pool: dies with ``parent``, then :func:`init_worker`."""
+    """A worker of the engine's pool: dies with ``parent``, ignores SIGINT and SIGTERM, then
+    :func:`init_worker`. A Ctrl-C or a ``kill`` of the run's process group reaches the
+    workers too: the parent stops (and its workers with it); a worker that died of the same
+    signal first would be taken for a crash (its jobs lost and retried, said on stderr)."""
     die_with_parent(parent)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     numerics.apply_inherited()  # the parent's numerics mode, before anything computes
     init_worker(model_fn, *args)
 

@@ -106,8 +106,11 @@ def read(path: str | Path, fp: dict[str, Any]) -> dict[str, Any] | None:
     fix = f"delete {path} or run with --set runtime.resume=false to start the cell over"
     try:
         blob = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a torn or foreign file: never half-used
-        raise ConfigError(f"checkpoint {path} cannot be read ({exc}); {fix}") from None
+    except Exception:  # a torn or foreign file: never half-used (torch's own message says
+        # nothing of use here: several lines, a weights_only advice that does not apply)
+        raise ConfigError(
+            f"checkpoint {path} cannot be read (torn, or not a checkpoint fedapt wrote); {fix}"
+        ) from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise ConfigError(f"checkpoint {path} is not a fedapt checkpoint (format {FORMAT}); {fix}")
     diff = _differences(blob["fingerprint"], fp)

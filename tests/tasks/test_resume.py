@@ -205,11 +205,24 @@ def test_checkpoint_of_another_configuration_is_refused_naming_the_keys(tmp_path
     )
     assert (tmp_path / "b" / "metrics.json").is_file()
 
-    ckpt.write_bytes(b"torn")
-    with pytest.raises(ConfigError, match="cannot be read"):
-        train_cell_model(
-            cell_of(p, data, "fedavg", "full"), data, part, tmp_path / "c", checkpoint_file=ckpt
-        )
+    for torn in (b"torn", _torn_zip(tmp_path)):  # not a zip; a zip cut short
+        ckpt.write_bytes(torn)
+        with pytest.raises(ConfigError, match="cannot be read") as err:
+            train_cell_model(
+                cell_of(p, data, "fedavg", "full"), data, part, tmp_path / "c", checkpoint_file=ckpt
+            )
+        line = str(err.value)
+        assert "\n" not in line and "weights_only" not in line and str(ckpt) in line, line
+
+
+def _torn_zip(tmp_path: Path) -> bytes:
+    """A zip archive cut in the middle (a checkpoint written by something else, or torn)."""
+    import zipfile
+
+    path = tmp_path / "whole.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"x" * 4096)
+    return path.read_bytes()[:-30]
 
 
 def test_diverged_cell_is_recorded(tmp_path):
