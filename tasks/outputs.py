@@ -66,12 +66,17 @@ def write_cell_outputs(
 
 
 def scores(record: dict[str, Any]) -> dict[str, Any]:
-    """The cell's headline numbers (DVC's metrics file): accuracy, MiB transmitted, rounds.
-    Hashes, versions and options stay in metrics.json (DVC params, MLflow tags)."""
+    """The cell's headline numbers (DVC's metrics file): accuracy in % (the unit of every
+    table and of MLflow's metrics, named ``_pct`` as there), MiB transmitted, rounds. Hashes,
+    versions and options stay in metrics.json (DVC params, MLflow tags)."""
     up, down = payload.mib(record["upload_bytes"]), payload.mib(record["download_bytes"])
+
+    def pct(x: float | None) -> float | None:
+        return None if x is None else round(100.0 * float(x), 6)
+
     return {
-        "final_accuracy": record["final_accuracy"],
-        "mean_accuracy_last_L": record["mean_accuracy_last_L"],
+        "final_accuracy_pct": pct(record["final_accuracy"]),
+        "mean_accuracy_last_L_pct": pct(record["mean_accuracy_last_L"]),
         "rounds": record["rounds"],
         "upload_mib": round(up, 6),
         "download_mib": round(down, 6),
