@@ -45,8 +45,8 @@ from torch.nn import functional as F
 
 from fedcore.errors import ConfigError
 from fedcore.options import Int
-from models.registry import register_model
-from models.text import LMTokenizer, register_text_model
+from models.registry import backbone
+from models.text import LMTokenizer
 
 EOS = "<|endoftext|>"  # GPT-2's one special token (also the pad id: windows are never padded)
 Context = Annotated[Int, Ge(1), Le(1024)]  # window length (GPT-2's 1,024 positions at most)
@@ -157,7 +157,7 @@ def small_tokenizer(
     return LMTokenizer(f"gpt2_small-bpe{vocab_size}", backend, eos, vocab_size, context, stride)
 
 
-@register_model("gpt2_small")
+@backbone(tokenizer=small_tokenizer)
 def gpt2_small(
     *,
     num_classes: int,
@@ -192,9 +192,6 @@ def gpt2_small(
     return DecoderLM(GPT2Model(_no_dropout(config)), context=context)
 
 
-register_text_model("gpt2_small", small_tokenizer, task="next_token")
-
-
 # ---- gpt2_hf (online) ---------------------------------------------------------------------
 def _hf_error(hf_name: str, exc: BaseException) -> ConfigError:
     reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
@@ -219,7 +216,7 @@ def hf_tokenizer(*, hf_name: str = "gpt2", context: int = 32, stride: int = 32) 
     return LMTokenizer(hf_name, backend, int(tok.eos_token_id), vocab, context, stride)
 
 
-@register_model("gpt2_hf")
+@backbone(tokenizer=hf_tokenizer)
 def gpt2_hf(
     *,
     num_classes: int,
@@ -245,6 +242,3 @@ def gpt2_hf(
             f"model.options.context: {hf_name} has {config.n_positions} positions (got {context})"
         )
     return DecoderLM(transformer, context=context)
-
-
-register_text_model("gpt2_hf", hf_tokenizer, task="next_token")

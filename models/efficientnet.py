@@ -57,7 +57,7 @@ from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.inputs import InputSpec
-from models.registry import register_model
+from models.registry import backbone
 
 LITE_MEAN = (127.0 / 255.0,)  # TF EfficientNet-Lite preprocessing: (x - 127) / 128
 LITE_STD = (128.0 / 255.0,)
@@ -136,7 +136,7 @@ def _spec(pretrained: bool = True, **_: object) -> InputSpec:
     )
 
 
-@register_model("efficientnet_lite0", input_spec=_spec)
+@backbone(input_spec=_spec)
 def efficientnet_lite0(
     *,
     num_classes: int,

@@ -47,8 +47,8 @@ from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.options import Int
-from models.registry import register_model
-from models.text import TextTokenizer, check_tokenizer, from_backend, register_text_model
+from models.registry import backbone
+from models.text import TextTokenizer, check_tokenizer, from_backend
 
 MAX_POSITIONS = 512  # BERT's learned position embeddings
 # The allowed values of the options (the annotations ``model.options`` is validated against).
@@ -160,7 +160,7 @@ def _no_dropout(config: Any) -> Any:
     return config
 
 
-@register_model("minilm")
+@backbone(tokenizer=minilm_tokenizer)
 def minilm(
     *,
     num_classes: int,
@@ -195,9 +195,6 @@ def minilm(
     )
 
 
-register_text_model("minilm", minilm_tokenizer)
-
-
 # ---- text_hf (online) ---------------------------------------------------------------------
 def _hf_error(hf_name: str, exc: BaseException) -> ConfigError:
     reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
@@ -224,7 +221,7 @@ def hf_tokenizer(
     return from_backend(hf_name, backend, max_length, pad_token=str(tok.pad_token or "[PAD]"))
 
 
-@register_model("text_hf")
+@backbone(tokenizer=hf_tokenizer)
 def text_hf(
     *,
     num_classes: int,
@@ -251,6 +248,3 @@ def text_hf(
         pooling=pooling,
         max_length=max_length,
     )
-
-
-register_text_model("text_hf", hf_tokenizer)
