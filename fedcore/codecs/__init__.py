@@ -26,23 +26,20 @@ round receives the same download) encode and top-k cannot (a sparse model is not
 
 The engines (``fedcore.jobs`` for the process-pool and sequential engines, ``fedcore.cohort``
 for the cohort engine) call :func:`encode_update` / :func:`decode_update` on the same inputs
-and so agree on every decoded value. By job: ``kinds`` (the table of codec kinds, their
+and so agree on every decoded value. By job: ``base`` (the ``Codec`` every kind subclasses), ``kinds`` (the table of codec kinds, their
 options and one tensor's wire format, ``make_codec``) and ``state`` (a state dict through a
 codec, per direction). Hand-written: no maintained library ships
 these wire formats with byte-exact accounting and seeded stochastic rounding.
 """
 
+from fedcore.codecs.base import DIRECTIONS, SEP, Codec, StateDict
 from fedcore.codecs.kinds import (
     BUILTIN,
     CAST_DTYPES,
-    DIRECTIONS,
     KINDS,
-    SEP,
     Cast,
-    Codec,
     Codecs,
     Quantize,
-    StateDict,
     TopK,
     check_sizes,
     make_codec,

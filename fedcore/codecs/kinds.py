@@ -1,5 +1,6 @@
 """The codec kinds, in one table (``KINDS``): each a frozen dataclass of its options (typed
-through ``fedcore.options``, as an algorithm's are) that encodes and decodes one tensor; the
+through ``fedcore.options``, as an algorithm's are), a subclass of ``base.Codec`` that
+encodes and decodes one tensor; the
 codecs a grid can name without defining them (``BUILTIN``); :func:`make_codec`, the one place
 a codec's options are checked; and a run's pair of codecs (``Codecs``)."""
 
@@ -14,45 +15,11 @@ import torch
 from annotated_types import Gt, Le, MinLen
 from pydantic import Strict
 
+from fedcore.codecs.base import DIRECTIONS, Codec, Direction
 from fedcore.errors import ConfigError
-from fedcore.options import FORBID_EXTRA, Float, Int, option_names, parse
+from fedcore.options import Float, Int, option_names, parse
 
-StateDict = dict[str, torch.Tensor]
-Direction = Literal["upload", "download"]
-DIRECTIONS: tuple[Direction, ...] = ("upload", "download")
 CAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-SEP = "#"  # wire key = model key + SEP + part
-
-
-@dataclass(frozen=True)
-class Codec:
-    """Kind ``none``: every tensor as the model holds it. The base of every kind: its name,
-    the directions it serves, and ``encode`` / ``decode`` of one tensor."""
-
-    __pydantic_config__: ClassVar = FORBID_EXTRA
-    kind: ClassVar[str] = "none"
-    name: str = "none"
-    directions: Annotated[tuple[Direction, ...], MinLen(1)] = DIRECTIONS
-
-    @property
-    def stochastic(self) -> bool:
-        """It rounds uploads at random (a generator per client job)."""
-        return False
-
-    @property
-    def uses_memory(self) -> bool:
-        """It keeps each client's error-feedback memory."""
-        return False
-
-    def encode(
-        self, x: torch.Tensor, *, upload: bool = True, gen: torch.Generator | None = None
-    ) -> dict[str, torch.Tensor]:
-        """Wire parts of floating tensor ``x`` (part name -> tensor, on ``x``'s device)."""
-        return {"": x}
-
-    def decode(self, parts: Mapping[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        """The tensor ``encode`` sent, as ``dtype``."""
-        return parts[""].to(dtype)
 
 
 @dataclass(frozen=True)
@@ -162,8 +129,8 @@ class TopK(Codec):
         return max(1, min(numel, math.ceil(self.fraction * numel)))
 
 
-# The codec kinds, in one table. Adding one: its dataclass (a module of its own, or here)
-# and its line here (docs/extending.md).
+# The codec kinds, in one table. Adding one: its dataclass (a ``base.Codec`` subclass, in a
+# module of its own) and its line here (docs/extending.md).
 KINDS: dict[str, type[Codec]] = {"none": Codec, "cast": Cast, "quantize": Quantize, "topk": TopK}
 # The codecs a grid can name without defining them (``kind`` and default options).
 BUILTIN: dict[str, dict[str, object]] = {

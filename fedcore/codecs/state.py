@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedcore.codecs.kinds import SEP, Codec, StateDict
+from fedcore.codecs.base import SEP, Codec, StateDict
 
 CODEC_STREAM = 5  # fedcore.sampling's streams: the stochastic rounding of a client's upload
 
