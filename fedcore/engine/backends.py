@@ -24,17 +24,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import nn
 
 from fedcore import payload
-from fedcore.algorithms.base import ClientTask, FederatedAlgorithm
-from fedcore.client import ImageData, LocalConfig
-from fedcore.codecs import Codecs
+from fedcore.algorithms.base import ClientTask
+from fedcore.client import ImageData
 from fedcore.cohort import CohortTrainer, check_batchable
 from fedcore.cohort.round import cohort_round
 from fedcore.jobs import (
     ClientResult,
-    Context,
+    Workload,
     client_job,
     eval_job,
     eval_state,
@@ -46,39 +44,6 @@ from fedcore.payload import StateDict
 
 # A client's download as ``fedcore.wire.downloads`` gives it: (download, held, download bytes).
 Download = tuple[bytes | None, bytes | None, int]
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What every backend trains and evaluates: the run's model and data, fixed for the run."""
-
-    model_fn: Callable[[], nn.Module]  # builds a worker process's own model
-    model: nn.Module  # the initial global model: the one model instance of this process
-    algorithm: FederatedAlgorithm
-    train: ImageData
-    test: ImageData
-    shards: Sequence[np.ndarray]
-    noise_var: Sequence[float]
-    local: LocalConfig
-    device: str
-    codecs: Codecs = Codecs()  # how uploads and downloads are encoded (none: float32)
-
-    def context_args(self) -> tuple[Any, ...]:
-        """``fedcore.jobs.Context``'s fields after the model."""
-        return (
-            self.algorithm,
-            self.train,
-            self.test,
-            self.shards,
-            self.noise_var,
-            self.local,
-            self.codecs,
-            self.device,
-        )
-
-    def context(self) -> Context:
-        """This process's clients' context: the initial model, on the device, trains them."""
-        return Context(self.model.to(self.device), *self.context_args())
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +160,10 @@ class SequentialBackend(WireBackend):
 
     def __init__(self, work: Workload) -> None:
         self.work = work
-        self.ctx: Context | None = None
+        self.ctx: Workload | None = None
 
     def start(self, global_state: StateDict) -> StateDict:
-        self.ctx = self.work.context()  # the initial model trains the clients in turn
+        self.ctx = self.work.on_device()  # the initial model trains the clients in turn
         return global_state
 
     def _map(
@@ -238,14 +203,14 @@ class CohortBackend(Backend):
         self.work = work
         self.max_clients = max_clients  # clients per cohort (None: as many as memory allows)
         self.trainable = trainable  # the adapter's trainable keys (None: every parameter)
-        self.ctx: Context | None = None
+        self.ctx: Workload | None = None
         self.trainer: CohortTrainer | None = None
         self.train_data: ImageData = work.train
         self.test_data: ImageData = work.test
 
     def start(self, global_state: StateDict) -> StateDict:
         work = self.work
-        self.ctx = work.context()
+        self.ctx = work.on_device()
         self.trainer = CohortTrainer(
             self.ctx.model, device=work.device, max_clients=self.max_clients
         )

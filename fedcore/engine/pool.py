@@ -33,7 +33,7 @@ class PoolBackend(WireBackend):
             max_workers=self.workers,
             mp_context=mp.get_context("spawn"),
             initializer=init_pool_worker,
-            initargs=(os.getpid(), self.work.model_fn, *self.work.context_args()),
+            initargs=(os.getpid(), self.work.shipped()),
         )
 
     def start(self, global_state: StateDict) -> StateDict:

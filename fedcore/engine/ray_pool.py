@@ -56,21 +56,20 @@ START_SECONDS = 180.0  # how long the actors may take to start before it is one 
 class ClientActor:
     """One Ray actor: one model replica, serving client and evaluation jobs in turn."""
 
-    def __init__(self, model_fn: Callable, context_args: tuple) -> None:
+    def __init__(self, shipped: tuple) -> None:
         from fedcore import jobs, numerics
         from fedcore.device import prepare_cuda
 
         numerics.apply_inherited()  # the driver's numerics mode, before anything computes
-        # The object store hands arrays back read-only (zero copy): the shards (Workload.
-        # context_args()[3], small) are copied so torch.as_tensor can take them as they are.
-        args = list(context_args)
-        args[3] = [np.array(s) for s in args[3]]
-        self.device = str(args[-1])  # Workload.context_args() ends with the device
+        # The object store hands arrays back read-only (zero copy): the shards (small) are
+        # copied so torch.as_tensor can take them as they are.
+        names = [f.name for f in dataclasses.fields(Workload) if f.name != "model"]
+        args = dict(zip(names, shipped, strict=True))
+        args["shards"] = [np.array(s) for s in args["shards"]]
+        self.device = str(args["device"])
         if self.device != "cpu":
             prepare_cuda()  # before the first CUDA call, as in the driver
-        jobs.init_worker(model_fn, *args)
-        assert jobs.WORKER is not None
-        jobs.WORKER.model.to(self.device)  # as Workload.context() does in this process
+        jobs.init_worker(tuple(args.values())).on_device()  # as the driver's backends do
 
     def node(self) -> str:
         """The id of the Ray node this actor runs on."""
@@ -113,22 +112,16 @@ class CohortActor(ClientActor):
 
     def __init__(
         self,
-        model_fn: Callable,
-        context_args: tuple,
+        shipped: tuple,
         max_clients: int | None,
         trainable: frozenset[str] | None,
     ) -> None:
         global COHORT
-        super().__init__(model_fn, context_args)
+        super().__init__(shipped)
         from fedcore import jobs
 
-        ctx = jobs.WORKER
-        assert ctx is not None
-        work = Workload(
-            model_fn, ctx.model, ctx.algorithm, ctx.train, ctx.test, ctx.shards,
-            ctx.noise_var, ctx.local, ctx.device, ctx.codecs,
-        )  # fmt: skip
-        COHORT = CohortBackend(work, max_clients=max_clients, trainable=trainable)
+        assert jobs.WORKER is not None
+        COHORT = CohortBackend(jobs.WORKER, max_clients=max_clients, trainable=trainable)
         COHORT.start({})
 
 
@@ -217,7 +210,7 @@ class RayBackend(WireBackend):
             )
             check_gpus(self.settings, self.work.device, nodes)
             count = actor_count(self.settings, self.clients, nodes)
-            self._context = ray.put(self.work.context_args())
+            self._context = ray.put(self.work.shipped())
             self._remote = ray.remote(self.actor_class).options(
                 num_cpus=self.settings.actor_cpus,
                 num_gpus=self.settings.actor_gpus,
@@ -233,7 +226,7 @@ class RayBackend(WireBackend):
         return global_state
 
     def _new_actor(self) -> Any:
-        return self._remote.remote(self.work.model_fn, self._context)
+        return self._remote.remote(self._context)
 
     def _probe(self) -> None:
         """Every actor up (its model built) before training: one line where one cannot start
@@ -415,9 +408,7 @@ class RayCohortBackend(RayBackend):
         self.trainable = trainable
 
     def _new_actor(self) -> Any:
-        return self._remote.remote(
-            self.work.model_fn, self._context, self.cohort_size, self.trainable
-        )
+        return self._remote.remote(self._context, self.cohort_size, self.trainable)
 
     def slices(self, n: int, actors: int) -> list[slice]:
         """The round's ``n`` training tasks cut into contiguous slices, in sampling order:

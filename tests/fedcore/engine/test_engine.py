@@ -158,7 +158,7 @@ class ReversedBackend(WireBackend):
         self.work, self.ctx, self.jobs = work, None, 0
 
     def start(self, global_state):
-        self.ctx = self.work.context()
+        self.ctx = self.work.on_device()
         return global_state
 
     def _map(self, fn_local, fn_worker, jobs, *, what="job"):
