@@ -17,8 +17,6 @@ from rich.console import Console
 from torch import nn
 
 from fedcore import numerics
-from fedcore.engine import RayBackend
-from fedcore.engine.ray_pool import ClientNodes
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from tasks import artifacts, checkpoint, modelfile, tracking
@@ -78,7 +76,7 @@ def train_cell_model(
     sizes = method.counts(adapted)
     saver = _checkpoints(cell, built, part, checkpoint_file)
     # clients on Ray actors: the node of each, recorded beside the times (timing.json)
-    nodes = ClientNodes(sim.backend) if isinstance(sim.backend, RayBackend) else None
+    nodes = sim.backend.nodes()
     if nodes is not None:
         sim.callbacks.append(nodes)
     history = sim.run()

@@ -16,6 +16,7 @@ subclass that says how it maps jobs (``_map``) and how it starts and stops.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -66,6 +67,47 @@ class Evaluation:
         )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a run's clients train, as ``Simulation`` resolved it: its worker
+    processes, clients per round, cohort size, the adapter's trainable keys and Ray's settings
+    (None: this machine). Every backend is made from a workload and one of these."""
+
+    workers: int = 0
+    clients_per_round: int = 1
+    cohort_size: int | None = None
+    trainable: frozenset[str] | None = None
+    ray: Any = None  # fedcore.engine.ray_cluster.RaySettings
+
+
+# Where the clients train, by name -> ``module:class``: a backend's module is imported when a
+# run uses it (the Ray backends' only by Ray runs).
+BACKENDS: dict[str, str] = {
+    "sequential": "fedcore.engine.backends:SequentialBackend",
+    "pool": "fedcore.engine.pool:PoolBackend",
+    "cohort": "fedcore.engine.backends:CohortBackend",
+    "ray": "fedcore.engine.ray_pool:RayBackend",
+    "ray_cohort": "fedcore.engine.ray_pool:RayCohortBackend",
+}
+
+
+def backend_name(engine: str, where: Placement) -> str:
+    """The backend of ``engine`` (cohort | sequential) at ``where``: the cohort engine, here
+    or on Ray actors; else Ray actors, worker processes, or this process."""
+    if engine == "cohort":
+        return "ray_cohort" if where.ray is not None else "cohort"
+    if where.ray is not None:
+        return "ray"
+    return "pool" if where.workers >= 1 else "sequential"
+
+
+def make_backend(name: str, work: Workload, where: Placement) -> Backend:
+    """Backend ``name`` of :data:`BACKENDS` for ``work`` at ``where``."""
+    module, _, cls = BACKENDS[name].partition(":")
+    backend: type[Backend] = getattr(importlib.import_module(module), cls)
+    return backend.create(work, where)
+
+
 class Backend(ABC):
     """Trains a round's clients and evaluates the global model for ``Simulation``.
 
@@ -78,6 +120,16 @@ class Backend(ABC):
     # The downloads are encoded for the clients to decode (the wire); False: the clients read
     # the global model in place and only the download bytes are counted (``wire.downloads``).
     encodes: ClassVar[bool] = True
+
+    @classmethod
+    @abstractmethod
+    def create(cls, work: Workload, where: Placement) -> Backend:
+        """This backend for ``work`` at ``where`` (what of it the backend uses)."""
+
+    def nodes(self) -> Any:
+        """A callback recording which node trained each client, for backends that place
+        clients on other machines (Ray); None: every client trains on this machine."""
+        return None
 
     def start(self, global_state: StateDict) -> StateDict:
         """Get ready to train; the global state where the backend keeps it for the run."""
@@ -162,6 +214,10 @@ class SequentialBackend(WireBackend):
         self.work = work
         self.ctx: Workload | None = None
 
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> SequentialBackend:
+        return cls(work)
+
     def start(self, global_state: StateDict) -> StateDict:
         self.ctx = self.work.on_device()  # the initial model trains the clients in turn
         return global_state
@@ -207,6 +263,10 @@ class CohortBackend(Backend):
         self.trainer: CohortTrainer | None = None
         self.train_data: ImageData = work.train
         self.test_data: ImageData = work.test
+
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> CohortBackend:
+        return cls(work, max_clients=where.cohort_size, trainable=where.trainable)
 
     def start(self, global_state: StateDict) -> StateDict:
         work = self.work

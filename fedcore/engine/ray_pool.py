@@ -35,7 +35,14 @@ import torch
 from fedcore import payload
 from fedcore.algorithms.base import ClientTask
 from fedcore.cohort import check_batchable
-from fedcore.engine.backends import CohortBackend, Retries, WireBackend, Workload, job_clients
+from fedcore.engine.backends import (
+    CohortBackend,
+    Placement,
+    Retries,
+    WireBackend,
+    Workload,
+    job_clients,
+)
 from fedcore.engine.ray_cluster import (
     RaySettings,
     actor_count,
@@ -180,6 +187,14 @@ class RayBackend(WireBackend):
     what the cluster holds, at most ``clients`` the round's)."""
 
     actor_class: type = ClientActor
+
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> RayBackend:
+        assert where.ray is not None, "a Ray backend needs Ray's settings"
+        return cls(work, where.ray, where.clients_per_round)
+
+    def nodes(self) -> ClientNodes:
+        return ClientNodes(self)
 
     def __init__(self, work: Workload, settings: RaySettings, clients: int) -> None:
         self.work = work
@@ -393,6 +408,11 @@ class RayCohortBackend(RayBackend):
 
     encodes = False  # as the local cohort engine: the clients read the global state
     actor_class = CohortActor
+
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> RayCohortBackend:
+        assert where.ray is not None, "a Ray backend needs Ray's settings"
+        return cls(work, where.ray, where.clients_per_round, where.cohort_size, where.trainable)
 
     def __init__(
         self,

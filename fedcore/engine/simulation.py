@@ -20,11 +20,9 @@ from fedcore.algorithms.base import FederatedAlgorithm, FederationSetup, RunSpec
 from fedcore.client import ImageData, LocalConfig
 from fedcore.codecs import Codecs, check_sizes, encode_state
 from fedcore.device import deterministic
-from fedcore.engine.backends import Backend, CohortBackend, SequentialBackend, Workload
+from fedcore.engine.backends import Backend, Placement, Workload, backend_name, make_backend
 from fedcore.engine.config import FederationConfig, initial_model
-from fedcore.engine.pool import PoolBackend
 from fedcore.engine.ray_cluster import RaySettings
-from fedcore.engine.ray_pool import RayBackend, RayCohortBackend
 from fedcore.engine.round import play_round
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, History, RoundRecord
@@ -154,19 +152,12 @@ class Simulation:
         return counts / max(1, counts.sum())
 
     def _backend(self, work: Workload) -> Backend:
-        """Where the clients train: the cohort engine, Ray actors, worker processes, or
-        this process."""
-        if self.engine == "cohort" and self.ray is not None:
-            return RayCohortBackend(
-                work, self.ray, self.cfg.clients_per_round, self.cohort_size, self.trainable
-            )
-        if self.engine == "cohort":
-            return CohortBackend(work, max_clients=self.cohort_size, trainable=self.trainable)
-        if self.ray is not None:
-            return RayBackend(work, self.ray, self.cfg.clients_per_round)
-        if self.workers >= 1:
-            return PoolBackend(work, self.workers)
-        return SequentialBackend(work)
+        """Where the clients train (``fedcore.engine.backends.BACKENDS``): the cohort
+        engine, Ray actors, worker processes, or this process."""
+        where = Placement(
+            self.workers, self.cfg.clients_per_round, self.cohort_size, self.trainable, self.ray
+        )
+        return make_backend(backend_name(self.engine, where), work, where)
 
     def close(self) -> None:
         self.backend.close()
