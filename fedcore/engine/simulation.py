@@ -23,7 +23,7 @@ from fedcore.device import deterministic
 from fedcore.engine.backends import Backend, Placement, Workload, backend_name, make_backend
 from fedcore.engine.config import FederationConfig, initial_model
 from fedcore.engine.ray_cluster import RaySettings
-from fedcore.engine.round import play_round
+from fedcore.engine.round import RoundSetup, ServerState, play_round
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, History, RoundRecord
 from fedcore.schedules import LRSchedule
@@ -73,8 +73,6 @@ class Simulation:
         self.ray = ray
         # the model's float buffers (BatchNorm's running statistics) travel as they are
         self.codecs = codecs or Codecs()
-        # per client, its error-feedback memory (client state: checkpointed, never counted)
-        self.codec_memory: dict[int, dict[str, torch.Tensor]] = {}
         self.engine = engine
         self.cohort_size = cohort_size  # clients per cohort (None: as many as memory allows)
         self.model_fn = model_fn
@@ -105,9 +103,10 @@ class Simulation:
             self.codecs,
         )  # fmt: skip
         self.backend: Backend = self._backend(work)
-        self.global_state: dict[str, torch.Tensor] = {
-            k: v.detach().clone() for k, v in model.state_dict().items()
-        }
+        # What the server keeps from round to round: the global model, the clients holding the
+        # frozen base, and per client its error-feedback memory (client state: checkpointed,
+        # never counted).
+        self.server = ServerState({k: v.detach().clone() for k, v in model.state_dict().items()})
         algorithm.setup(
             FederationSetup(
                 model=model,
@@ -119,7 +118,6 @@ class Simulation:
         # The adapter's payload (None: the whole model); the frozen base never changes.
         self.payload_keys = None if payload_keys is None else tuple(payload_keys)
         self.base_bytes = 0
-        self.base_holders: set[int] = set()  # clients that downloaded the frozen base
         self.base_cache: dict[tuple[str, ...], bytes] = {}  # its encodings (fedcore.wire)
         # The algorithm's own rules (FedNILO: the whole model only; FedNova: SGD only).
         adapter = "full" if self.payload_keys is None else "adapter"
@@ -283,9 +281,38 @@ class Simulation:
         self.codec_memory = {int(c): m for c, m in state.get("codec_memory", {}).items()}
         history.base_download_bytes = self.base_bytes * len(self.base_holders)
 
+    # ---- the server's state, and one round -------------------------------------------------
+    @property
+    def global_state(self) -> dict[str, torch.Tensor]:
+        return self.server.global_state
+
+    @global_state.setter
+    def global_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.server.global_state = state
+
+    @property
+    def base_holders(self) -> set[int]:
+        """The clients that downloaded the frozen base."""
+        return self.server.base_holders
+
+    @property
+    def codec_memory(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Per client, its error-feedback memory."""
+        return self.server.codec_memory
+
+    @codec_memory.setter
+    def codec_memory(self, memory: dict[int, dict[str, torch.Tensor]]) -> None:
+        self.server.codec_memory = memory
+
     def _round(self, r: int, cum_down: int, cum_up: int) -> RoundRecord:
-        """Round ``r`` (``fedcore.engine.round.play_round``)."""
-        return play_round(self, r, cum_down, cum_up)
+        """Round ``r`` (``fedcore.engine.round.play_round``) of this run's setup on its server
+        state."""
+        run = RoundSetup(
+            self.cfg, self.schedule, self.local, self.algorithm, self.shards, self.payload_keys,
+            self.trainable, self.codecs, self.backend, self.base_cache, self.emit,
+            lambda whole: (*self.evaluate(whole=whole), list(self.exit_accuracy)),
+        )  # fmt: skip
+        return play_round(run, self.server, r, cum_down, cum_up)
 
     def emit(self, event: str, *args: Any) -> None:
         """Call ``event`` on every callback, in order."""
