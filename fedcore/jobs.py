@@ -24,12 +24,18 @@ import torch
 from torch import nn
 
 from fedcore import numerics, payload
-from fedcore.algorithms.base import ClientTask, ClientUpdate, ClientView, FederatedAlgorithm
+from fedcore.algorithms.base import (
+    MESSAGE,
+    UPLOAD,
+    ClientTask,
+    ClientUpdate,
+    ClientView,
+    FederatedAlgorithm,
+)
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.codecs import Codecs, decode_state, decode_update, encode_update, float_dtype
 from fedcore.exits import begin_client, evaluate_exits, num_exits
 from fedcore.payload import StateDict
-from fedcore.wire import MESSAGE, UPLOAD
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fedcore import jobs, payload
+from fedcore.algorithms.base import UPLOAD
 from fedcore.codecs import (
     Codecs,
     apply_update,
@@ -24,7 +25,6 @@ from fedcore.codecs import (
     make_codec,
 )
 from fedcore.errors import ConfigError
-from fedcore.wire import UPLOAD
 from tests.fedcore.cohort.support import TOL, assert_same, simulate
 
 
