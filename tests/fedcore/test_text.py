@@ -148,7 +148,7 @@ def test_minilm_outputs_deterministic_and_padding_invariant():
 class TinyViT(torch.nn.Module):
     """timm's ViT layout in miniature: patch tokens + a class token at 0, ``blocks`` as
     nn.Sequential (B, T, H) -> (B, T, H), a final norm and a head on the class token; it
-    declares the CLS-encoder interface (fedcore.protocols.ClsEncoder) as models/timm_vit.py does."""
+    declares the CLS-encoder interface (fedcore.protocols.cls_blocks) as models/timm_vit.py does."""
 
     cls_index = 0
 
