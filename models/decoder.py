@@ -118,7 +118,7 @@ def _no_dropout(config: Any) -> Any:
 
 # ---- gpt2_small (offline) -------------------------------------------------------------------
 @cache
-def _bpe(vocab_size: int) -> Any:
+def bpe(vocab_size: int) -> Any:
     """A byte-level BPE of ``vocab_size`` tokens trained on the pretraining plays."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -152,7 +152,7 @@ def small_tokenizer(
     hidden: int = 128,
     heads: int = 4,
 ) -> LMTokenizer:
-    backend = _bpe(vocab_size)
+    backend = bpe(vocab_size)
     eos = int(backend.token_to_id(EOS))
     return LMTokenizer(f"gpt2_small-bpe{vocab_size}", backend, eos, vocab_size, context, stride)
 

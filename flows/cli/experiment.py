@@ -113,7 +113,7 @@ def run(
                     partition_dir=str(partition_dir) if partition_dir else None,
                     plan=plan,
                 )
-        where = _where_results(p, plan.data or plan.seeds[0].data, records)
+        where = where_results(p, plan.data or plan.seeds[0].data, records)
     if p.experiment.seeds is not None:  # mean ± std over the seeds
         from tasks.sweep import cell_stats
 
@@ -167,7 +167,7 @@ def _note_stale_runs(run_ids: list[str], params: Any) -> None:
         )
 
 
-def _where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> list[str]:
+def where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> list[str]:
     import os
 
     from fedcore.errors import mask_credentials

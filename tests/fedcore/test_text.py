@@ -114,11 +114,11 @@ def test_minilm_loads_offline_with_its_parameter_count(monkeypatch):
     assert len(payload.encode(state)) == pytest.approx(86.12 * 2**20, rel=1e-3)  # full, MiB
     assert not any(k.startswith("bert.pooler") for k in state)
     # The packaged encoder, not a random one: an embedding row equals the checkpoint's.
-    from models.minilm import _minilm_state
+    from models.minilm import minilm_state
 
     assert torch.equal(
         state["bert.embeddings.word_embeddings.weight"][101],
-        _minilm_state()["embeddings.word_embeddings.weight"][101],
+        minilm_state()["embeddings.word_embeddings.weight"][101],
     )
 
 
