@@ -117,9 +117,16 @@ def _no_dropout(config: Any) -> Any:
 
 
 # ---- gpt2_small (offline) -------------------------------------------------------------------
-@cache
 def bpe(vocab_size: int) -> Any:
-    """A byte-level BPE of ``vocab_size`` tokens trained on the pretraining plays."""
+    """A byte-level BPE of ``vocab_size`` tokens trained on the pretraining plays: trained
+    once per process, a fresh tokenizer per call (its settings are its user's)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(_bpe_json(vocab_size))
+
+
+@cache
+def _bpe_json(vocab_size: int) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from fedcore.shakespeare import read_corpus
@@ -140,7 +147,7 @@ def bpe(vocab_size: int) -> Any:
             f"model.options.vocab_size: the pretraining plays give only {tok.get_vocab_size()} "
             f"BPE tokens (got {vocab_size}); use at most {tok.get_vocab_size()}"
         )
-    return tok
+    return str(tok.to_str())
 
 
 def small_tokenizer(

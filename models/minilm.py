@@ -70,18 +70,28 @@ def minilm_dir() -> Path:
 
 
 @cache
-def _minilm_tokenizer_backend() -> Any:
+def _tokenizer_json() -> str:
+    return (minilm_dir() / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def minilm_tokenizer_backend() -> Any:
+    """The packaged tokenizer: a fresh one per call (a tokenizer's padding and truncation are
+    settings its user changes), from the file read once per process."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    return Tokenizer.from_str(_tokenizer_json())
 
 
 @cache
-def minilm_state() -> dict[str, torch.Tensor]:
-    """The packaged tensors (read once per process; callers copy them into their model)."""
+def _state_file() -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(minilm_dir() / "model.safetensors"))
+
+
+def minilm_state() -> dict[str, torch.Tensor]:
+    """The packaged tensors: read once per process, a copy of its own per call."""
+    return {k: v.clone() for k, v in _state_file().items()}
 
 
 class TextEncoderClassifier(nn.Module):
@@ -151,7 +161,7 @@ def _get(module: nn.Module, path: str) -> Any:
 # ---- minilm (offline) ---------------------------------------------------------------------
 # The tokenizers take the model's options, validated (models.text.text_tokenizer, get_model).
 def minilm_tokenizer(*, max_length: int = 64, pooling: Pooling = "cls") -> TextTokenizer:
-    return from_backend("minilm", _minilm_tokenizer_backend(), max_length)
+    return from_backend("minilm", minilm_tokenizer_backend(), max_length)
 
 
 def _no_dropout(config: Any) -> Any:
