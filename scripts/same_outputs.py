@@ -71,7 +71,7 @@ def grids(algorithms: list[str], adapters: list[str], codecs: list[str]) -> dict
         "codecs": [
             "grid.algorithms=[fedavg]",
             f"grid.adapters=[{','.join(['full', *frozen])}]",
-            f"grid.codecs=[{','.join(['none', *codecs])}]",
+            f"grid.codecs=[{','.join(dict.fromkeys(['none', *codecs]))}]",
         ],
         "sweep": [
             "grid.algorithms=[fedavg]",
