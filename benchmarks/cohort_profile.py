@@ -37,11 +37,11 @@ def _table(prof, rows: int = 10) -> list[dict]:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     from benchmarks.engine_throughput import save_result
-    from benchmarks.w1 import _setup
+    from benchmarks.w1 import setup
     from fedcore.client import LocalConfig, cross_entropy, train_locally
     from fedcore.cohort import CohortClient, CohortTrainer
 
-    train, _, shards, model_fn = _setup()
+    train, _, shards, model_fn = setup()
     torch.manual_seed(0)
     model = model_fn()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -38,6 +38,7 @@ SETTINGS = [
 
 def child(adapter: str, engine: str) -> None:
     from benchmarks.engine_throughput import RoundClock
+    from tasks.cell import cell_of
     from tasks.config import load_params
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
@@ -51,9 +52,10 @@ def child(adapter: str, engine: str) -> None:
     data = load_experiment_data(params)
     part = build_partition(params, data)
     clock = RoundClock()
+    cell = cell_of(params, data, "fedavg", adapter)
     with tempfile.TemporaryDirectory() as out:
         clock.t = time.perf_counter()
-        rec = train_cell(params, data, part, "fedavg", adapter, out, callbacks=[clock])
+        rec = train_cell(cell, data, part, out, callbacks=[clock])
     print(
         "RESULT "
         + json.dumps(

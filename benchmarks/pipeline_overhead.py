@@ -51,7 +51,7 @@ def main() -> None:
         os.environ.update(env)  # before Prefect is imported: it reads its settings once
         t = time.perf_counter()
         import flows.experiment as fx
-        from tasks.cell import build_simulation
+        from tasks.cell import build_simulation, cell_of
         from tasks.config import load_params
         from tasks.data import load_experiment_data
         from tasks.partitioning import build_partition
@@ -78,7 +78,7 @@ def main() -> None:
         data = load_experiment_data(p)
         part = build_partition(p, data)
         # the cell exactly as the flow's training task configures it (tasks.cell)
-        sim = build_simulation(p, data, part, "fedavg", "full").sim
+        sim = build_simulation(cell_of(p, data), data, part).sim
         history = sim.run()
         engine_seconds = time.perf_counter() - t
     finally:

@@ -37,7 +37,7 @@ CLIENTS, PER_CLIENT, ROUNDS, BATCH, LR, MOMENTUM, TEST = 10, 1000, 5, 32, 0.01, 
 THREADS = 2
 
 
-def _setup():  # type: ignore[no-untyped-def]
+def setup():  # type: ignore[no-untyped-def]
     """Data, shards and the model builder, shared by every runner (imports counted)."""
     import functools
 
@@ -70,7 +70,7 @@ def run_bare() -> dict:
     from fedcore.client import LocalConfig
 
     torch.set_num_threads(THREADS)
-    train, test, shards, model_fn = _setup()
+    train, test, shards, model_fn = setup()
     torch.manual_seed(0)
     model = model_fn()
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -111,7 +111,7 @@ def run_sequential(engine: str = "sequential", adapter: str = "full") -> dict:
     from fedcore.schedules import LRSchedule
     from models.adapters import adapted_model
 
-    train, test, shards, model_fn = _setup()
+    train, test, shards, model_fn = setup()
     payload_keys = trainable = None
     if adapter != "full":
         model_fn = functools.partial(
@@ -156,7 +156,7 @@ def flops_per_sample() -> float:
     from torch import nn
     from torch.utils.flop_counter import FlopCounterMode
 
-    _, _, _, model_fn = _setup()
+    _, _, _, model_fn = setup()
     model = model_fn()
     x, y = torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))
     with FlopCounterMode(display=False) as counter:

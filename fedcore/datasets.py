@@ -20,11 +20,12 @@ turns its arrays into one contiguous (N, C, H, W) uint8 tensor. Images stay uint
 from __future__ import annotations
 
 import gzip
+import importlib
 import logging
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -41,9 +42,23 @@ SPLITS = ("train", "test")
 EMNIST_SPLIT = "balanced"  # 47 classes, equal counts per class: the FL literature's EMNIST
 
 
+Layout = Literal["mnist", "emnist", "cifar", "svhn"]
+
+
+@dataclass(frozen=True)
+class TorchvisionFiles:
+    """How torchvision reads an image dataset's files under ``data.root``: its class (also
+    its folder's name), where the split's files are (``{cls}``, ``{split}`` filled in) and the
+    layout of the arrays it returns (``LAYOUTS``)."""
+
+    cls: str
+    files: str = "{cls}/raw"
+    layout: Layout = "mnist"
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
-    name: str  # registry name, e.g. "fashion_mnist"
+    name: str  # its name in DATASETS, e.g. "fashion_mnist"
     num_classes: int
     input_shape: tuple[int, int, int]  # (C, H, W)
     mean: tuple[float, ...]  # per-channel normalisation constants of pixel/255
@@ -53,6 +68,10 @@ class DatasetInfo:
     # next-token windows of a decoder's tokens (fedcore.lm), num_classes 0 here and the
     # tokenizer's vocabulary size in the loaded split's info.
     kind: str = "image"
+    # where its splits come from: an image dataset's files (read by torchvision), or a text
+    # or next-token dataset's loader (``module:function``, imported when first loaded)
+    torchvision: TorchvisionFiles | None = None
+    loader: str | None = None
 
 
 def _as_rows(indices: Any) -> torch.Tensor:
@@ -94,68 +113,89 @@ class ArrayDataset:
         return (x.to(torch.float32).div_(255.0) - mean) / std
 
 
-# mean/std: of pixel/255 over the train split (FashionMNIST checked here on the full 60k:
-# 0.28604, 0.35302); the others are the values used throughout the literature.
-_REGISTRY: dict[str, DatasetInfo] = {
+# The datasets, in one table. Adding one: its line here, and for a text or next-token dataset
+# its loader function (docs/extending.md). mean/std: of pixel/255 over the train split
+# (FashionMNIST checked here on the full 60k: 0.28604, 0.35302); the others are the values
+# used throughout the literature.
+DATASETS: dict[str, DatasetInfo] = {
     d.name: d
     for d in (
-        DatasetInfo("fashion_mnist", 10, (1, 28, 28), (0.2860,), (0.3530,)),
-        DatasetInfo("mnist", 10, (1, 28, 28), (0.1307,), (0.3081,)),
-        DatasetInfo("emnist", 47, (1, 28, 28), (0.1751,), (0.3332,)),
-        DatasetInfo("cifar10", 10, (3, 32, 32), (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-        DatasetInfo(
-            "cifar100", 100, (3, 32, 32), (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
-        ),
-        DatasetInfo("svhn", 10, (3, 32, 32), (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
-        DatasetInfo("tweet_sentiment", 3, (1, 1, 1), (0.0,), (1.0,), kind="text"),
-        DatasetInfo("shakespeare", 0, (1, 1, 1), (0.0,), (1.0,), kind="lm"),
+        DatasetInfo("fashion_mnist", 10, (1, 28, 28), (0.2860,), (0.3530,),
+                    torchvision=TorchvisionFiles("FashionMNIST")),
+        DatasetInfo("mnist", 10, (1, 28, 28), (0.1307,), (0.3081,),
+                    torchvision=TorchvisionFiles("MNIST")),
+        DatasetInfo("emnist", 47, (1, 28, 28), (0.1751,), (0.3332,),
+                    torchvision=TorchvisionFiles("EMNIST", layout="emnist")),
+        DatasetInfo("cifar10", 10, (3, 32, 32), (0.4914, 0.4822, 0.4465),
+                    (0.2470, 0.2435, 0.2616),
+                    torchvision=TorchvisionFiles("CIFAR10", "cifar-10-batches-py", "cifar")),
+        DatasetInfo("cifar100", 100, (3, 32, 32), (0.5071, 0.4865, 0.4409),
+                    (0.2673, 0.2564, 0.2762),
+                    torchvision=TorchvisionFiles("CIFAR100", "cifar-100-python", "cifar")),
+        DatasetInfo("svhn", 10, (3, 32, 32), (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970),
+                    torchvision=TorchvisionFiles("SVHN", "{split}_32x32.mat", "svhn")),
+        DatasetInfo("tweet_sentiment", 3, (1, 1, 1), (0.0,), (1.0,), kind="text",
+                    loader="fedcore.text:load_tweet_sentiment"),
+        DatasetInfo("shakespeare", 0, (1, 1, 1), (0.0,), (1.0,), kind="lm",
+                    loader="fedcore.lm:load_shakespeare"),
     )
-}
-# torchvision.datasets class that reads each registry entry's files (also its folder name).
-_TORCHVISION_CLASS = {
-    "fashion_mnist": "FashionMNIST",
-    "mnist": "MNIST",
-    "emnist": "EMNIST",
-    "cifar10": "CIFAR10",
-    "cifar100": "CIFAR100",
-    "svhn": "SVHN",
-}
+}  # fmt: skip
 
 
 def list_datasets() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(DATASETS)
 
 
 def get_dataset_info(name: str) -> DatasetInfo:
-    if name not in _REGISTRY:
+    if name not in DATASETS:
         raise UnknownNameError("dataset", name, list_datasets())
-    return _REGISTRY[name]
+    return DATASETS[name]
 
 
 Arrays = tuple[torch.Tensor, torch.Tensor]  # (images (N, C, H, W), labels (N,))
 
 
-def _read_torchvision(name: str, root: Path, split: str, download: bool) -> Arrays:
+def _mnist(ds: Any) -> Arrays:
+    return ds.data.unsqueeze(1), ds.targets  # MNIST family: (N, H, W) -> (N, 1, H, W)
+
+
+def _emnist(ds: Any) -> Arrays:
+    # EMNIST's IDX files store each image transposed (column-major) and torchvision keeps
+    # them so; swap H and W so letters are upright like MNIST's digits.
+    return ds.data.transpose(1, 2).unsqueeze(1), ds.targets
+
+
+def _cifar(ds: Any) -> Arrays:
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)  # torchvision's (N,H,W,C) -> NCHW
+    return images, torch.as_tensor(ds.targets)
+
+
+def _svhn(ds: Any) -> Arrays:
+    # torchvision already transposed the .mat's (H, W, C, N) to (N, C, H, W) and mapped 10 -> 0
+    return torch.from_numpy(ds.data), torch.from_numpy(ds.labels)
+
+
+# Per layout: the arguments torchvision's class takes for a split, and its arrays as NCHW.
+LAYOUTS: dict[str, tuple[Any, Any]] = {
+    "mnist": (lambda split: {"train": split == "train"}, _mnist),
+    "emnist": (lambda split: {"split": EMNIST_SPLIT, "train": split == "train"}, _emnist),
+    "cifar": (lambda split: {"train": split == "train"}, _cifar),
+    "svhn": (lambda split: {"split": split}, _svhn),
+}
+
+
+def _read_torchvision(info: DatasetInfo, root: Path, split: str, download: bool) -> Arrays:
     # Lazy import: torchvision costs about a second and only dataset files need it.
     import torchvision.datasets as tvd
 
-    cls = getattr(tvd, _TORCHVISION_CLASS[name])
-    train = split == "train"
-    if name == "svhn":
-        ds = cls(str(root), split=split, download=download)
-        # torchvision already transposed the .mat's (H, W, C, N) to (N, C, H, W)
-        return torch.from_numpy(ds.data), torch.from_numpy(ds.labels)  # 10 -> 0 done there
-    if name in ("cifar10", "cifar100"):
-        ds = cls(str(root), train=train, download=download)
-        images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)  # torchvision's (N,H,W,C) -> NCHW
-        return images, torch.as_tensor(ds.targets)
-    if name == "emnist":
-        ds = cls(str(root), split=EMNIST_SPLIT, train=train, download=download)
-        # EMNIST's IDX files store each image transposed (column-major) and torchvision keeps
-        # them so; swap H and W so letters are upright like MNIST's digits.
-        return ds.data.transpose(1, 2).unsqueeze(1), ds.targets
-    ds = cls(str(root), train=train, download=download)
-    return ds.data.unsqueeze(1), ds.targets  # MNIST family: (N, H, W) -> (N, 1, H, W)
+    tv = _files(info)
+    arguments, arrays = LAYOUTS[tv.layout]
+    return arrays(getattr(tvd, tv.cls)(str(root), download=download, **arguments(split)))
+
+
+def _files(info: DatasetInfo) -> TorchvisionFiles:
+    assert info.torchvision is not None, f"{info.name}: not an image dataset"
+    return info.torchvision
 
 
 def _read_idx_gz(path: Path) -> torch.Tensor:
@@ -181,7 +221,8 @@ def _read_debian_fashion_mnist(split: str) -> Arrays:
 
 def _how_to_get(name: str, root: Path, split: str, download: bool) -> str:
     """One line (the CLI prints it as is) saying exactly how to get the missing data."""
-    tv = _TORCHVISION_CLASS[name]
+    info = get_dataset_info(name)
+    tv = _files(info).cls
     if name == "fashion_mnist" and is_default_root(root):
         return (
             f"{tv} not found under {root}; run: make setup  "
@@ -189,11 +230,12 @@ def _how_to_get(name: str, root: Path, split: str, download: bool) -> str:
         )
     if name == "fashion_mnist":  # another root than the default: no silent stand-in
         return (
-            f"data.root: no {tv} files under {root} (expected {_files_of(name, root, split)}); "
+            f"data.root: no {tv} files under {root} (expected {_files_of(info, root, split)}); "
             "fix data.root, put the files there, or use the default data.root data/raw "
             "(run: make setup, or: sudo apt-get install -y dataset-fashion-mnist)"
         )
-    args = {"emnist": f", split='{EMNIST_SPLIT}'", "svhn": f", split='{split}'"}.get(name, "")
+    given = {k: v for k, v in LAYOUTS[_files(info).layout][0](split).items() if k == "split"}
+    args = "".join(f", {k}={v!r}" for k, v in given.items())
     tried = "download failed" if download else "download is off"
     return (
         f"{tv} not found under {root} and {tried}; fetch it with internet access: "
@@ -228,12 +270,10 @@ def is_default_root(root: str | Path) -> bool:
     return here in (DEFAULT_ROOT.resolve(), Path("data/raw").resolve())
 
 
-def _files_of(name: str, root: Path, split: str) -> Path:
-    """Where torchvision keeps ``name``'s files under ``root`` (a folder, or SVHN's file)."""
-    if name == "svhn":
-        return root / f"{split}_32x32.mat"
-    folder = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
-    return root / folder.get(name, f"{_TORCHVISION_CLASS[name]}/raw")
+def _files_of(info: DatasetInfo, root: Path, split: str) -> Path:
+    """Where torchvision keeps ``info``'s files under ``root`` (a folder, or SVHN's file)."""
+    tv = _files(info)
+    return root / tv.files.format(cls=tv.cls, split=split)
 
 
 def _has_files(path: Path) -> bool:
@@ -268,27 +308,25 @@ def load_dataset(
     info = get_dataset_info(name)
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
-    if info.kind == "text":
-        from fedcore.text import load_text_dataset
-
-        return load_text_dataset(info, split)  # type: ignore[return-value]
-    if info.kind == "lm":
-        from fedcore.lm import load_lm_dataset
-
-        return load_lm_dataset(info, split, tokenizer)  # type: ignore[return-value]
+    if info.loader is not None:  # a text or next-token dataset: its own loader
+        module, _, function = info.loader.partition(":")
+        load = getattr(importlib.import_module(module), function)
+        if info.kind == "lm":  # windows of the model's tokens
+            return load(info, split, tokenizer)  # type: ignore[no-any-return]
+        return load(info, split)  # type: ignore[no-any-return]
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise DataUnavailableError(
             f"data.root: {root} is a file, not a folder; set data.root to the folder that "
-            f"holds the {_TORCHVISION_CLASS[name]} files (default: data/raw)"
+            f"holds the {_files(info).cls} files (default: data/raw)"
         )
-    files = _files_of(name, root, split)
+    files = _files_of(info, root, split)
     if _has_files(files):  # the user's files: read them or stop, never read something else
         try:
-            arrays = _read_torchvision(name, root, split, download=False)
+            arrays = _read_torchvision(info, root, split, download=False)
         except Exception as exc:
             raise DataUnavailableError(
-                f"data.root: the {_TORCHVISION_CLASS[name]} {split} files in {files} are "
+                f"data.root: the {_files(info).cls} {split} files in {files} are "
                 f"incomplete or corrupt ({_first_line(exc)}); replace them, or remove {files} "
                 "and fetch them again"
             ) from exc  # the parse error is kept for debugging (the CLI prints one line)
@@ -310,7 +348,7 @@ def load_dataset(
         return _to_dataset(info, arrays, str(DEBIAN_FASHION_MNIST), f"{where} (embedded copy)")
     if download:
         try:
-            arrays = _read_torchvision(name, root, split, download=True)
+            arrays = _read_torchvision(info, root, split, download=True)
         except Exception:
             raise DataUnavailableError(_how_to_get(name, root, split, download)) from None
         return _to_dataset(info, arrays, str(root), f"{files} (downloaded)")

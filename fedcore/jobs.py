@@ -24,28 +24,55 @@ import torch
 from torch import nn
 
 from fedcore import numerics, payload
-from fedcore.algorithms.base import ClientTask, ClientUpdate, ClientView, FederatedAlgorithm
+from fedcore.algorithms.base import (
+    MESSAGE,
+    UPLOAD,
+    ClientTask,
+    ClientUpdate,
+    ClientView,
+    FederatedAlgorithm,
+)
 from fedcore.client import ImageData, LocalConfig, evaluate, train_locally
 from fedcore.codecs import Codecs, decode_state, decode_update, encode_update, float_dtype
 from fedcore.exits import begin_client, evaluate_exits, num_exits
 from fedcore.payload import StateDict
-from fedcore.wire import MESSAGE, UPLOAD
 
 
-@dataclass
-class Context:
-    model: nn.Module
+@dataclass(frozen=True)
+class Workload:
+    """What the clients train and evaluate on, fixed for the run: the run's model and data.
+    The engine's backends hold the run's; a worker process (of the pool, or a Ray actor)
+    holds its own, sent without the model (:meth:`shipped`), its model built there
+    (:meth:`built`)."""
+
+    model_fn: Callable[[], nn.Module]  # builds a worker process's own model
+    model: nn.Module  # this process's one model instance (the initial global model's)
     algorithm: FederatedAlgorithm
     train: ImageData
     test: ImageData
     shards: Sequence[np.ndarray]
     noise_var: Sequence[float]
     local: LocalConfig
-    codecs: Codecs  # how uploads and downloads are encoded (``fedcore.codecs``)
     device: str
+    codecs: Codecs = Codecs()  # how uploads and downloads are encoded (none: float32)
+
+    def shipped(self) -> tuple[Any, ...]:
+        """What a worker process is sent: every field but the model, which it builds."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model")
+
+    @classmethod
+    def built(cls, shipped: Sequence[Any]) -> Workload:
+        """A worker process's workload from what it was sent: its own model built here."""
+        model_fn, *rest = shipped
+        return cls(model_fn, model_fn(), *rest)
+
+    def on_device(self) -> Workload:
+        """This workload with its model moved (in place) to its device."""
+        self.model.to(self.device)
+        return self
 
 
-WORKER: Context | None = None
+WORKER: Workload | None = None
 
 # What a client job sends back (:func:`client_job`): (client, encoded upload, samples, steps,
 # loss, seconds, error-feedback memory). The upload is bytes on the wire, decoded by the server
@@ -110,10 +137,12 @@ def receive(
     )
 
 
-def init_worker(model_fn: Callable[[], nn.Module], *args: Any) -> None:
+def init_worker(shipped: Sequence[Any]) -> Workload:
+    """This worker process's workload (:meth:`Workload.built`), one thread."""
     global WORKER
     torch.set_num_threads(1)
-    WORKER = Context(model_fn(), *args)
+    WORKER = Workload.built(shipped)
+    return WORKER
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -143,15 +172,20 @@ def die_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
     threading.Thread(target=watch, name="fedapt-parent-watchdog", daemon=True).start()
 
 
-def init_pool_worker(parent: int, model_fn: Callable[[], nn.Module], *args: Any) -> None:
-    """A worker of the engine's pool: dies with ``parent``, then :func:`init_worker`."""
+def init_pool_worker(parent: int, shipped: Sequence[Any]) -> None:
+    """A worker of the engine's pool: dies with ``parent``, ignores SIGINT and SIGTERM, then
+    :func:`init_worker`. A Ctrl-C or a ``kill`` of the run's process group reaches the
+    workers too: the parent stops (and its workers with it); a worker that died of the same
+    signal first would be taken for a crash (its jobs lost and retried, said on stderr)."""
     die_with_parent(parent)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     numerics.apply_inherited()  # the parent's numerics mode, before anything computes
-    init_worker(model_fn, *args)
+    init_worker(shipped)
 
 
 def client_job(
-    ctx: Context,
+    ctx: Workload,
     task: ClientTask,
     lr: float,
     seed: int,
@@ -230,14 +264,14 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 
 
 def eval_job(
-    ctx: Context, state_bytes: bytes, indices: np.ndarray
+    ctx: Workload, state_bytes: bytes, indices: np.ndarray
 ) -> tuple[int, float, int, tuple[int, ...]]:
     """(correct, summed loss, samples, correct per early exit: () without exits)."""
     return eval_state(ctx, payload.decode(state_bytes), indices)
 
 
 def eval_state(
-    ctx: Context, state: StateDict, indices: np.ndarray
+    ctx: Workload, state: StateDict, indices: np.ndarray
 ) -> tuple[int, float, int, tuple[int, ...]]:
     if num_exits(ctx.model):
         return evaluate_exits(ctx.model, state, ctx.test, indices, device=ctx.device)

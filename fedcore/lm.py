@@ -31,7 +31,7 @@ from fedcore.errors import ConfigError
 
 
 class StreamEncoder(Protocol):
-    """What :func:`load_lm_dataset` needs of a tokenizer (``models.text.LMTokenizer``)."""
+    """What a next-token dataset's loader (:func:`load_shakespeare`) needs of a tokenizer (``models.text.LMTokenizer``)."""
 
     name: str
     vocab_size: int
@@ -100,19 +100,24 @@ def stream_windows(
     return tokens, labels, torch.cat(gs) if gs else torch.empty(0, dtype=torch.int64)
 
 
-def load_lm_dataset(info: Any, split: str, encoder: StreamEncoder | None) -> WindowDataset:
-    """One split of a registered next-token dataset in ``encoder``'s tokens."""
+def check_encoder(info: Any, encoder: StreamEncoder | None) -> StreamEncoder:
+    """A next-token dataset is loaded with its decoder's tokenizer: one line without one."""
     if encoder is None or not callable(getattr(encoder, "encode_stream", None)):
         raise ConfigError(
             f"dataset {info.name!r} is next-token prediction over a decoder's tokens: it is "
             f"loaded with that model's tokenizer (model.name: gpt2_small or gpt2_hf)"
         )
-    if info.name == "shakespeare":
-        from fedcore.shakespeare import read_corpus
+    return encoder
 
-        roles = read_corpus().roles
-        streams = ["\n".join(r.split(split)) for r in roles]
-        tokens, labels, groups = stream_windows(streams, encoder, info)
-        info = replace(info, num_classes=int(encoder.vocab_size))
-        return WindowDataset(tokens, labels, groups, tuple(r.key for r in roles), info)
-    raise ConfigError(f"next-token dataset {info.name!r} has no loader")
+
+def load_shakespeare(info: Any, split: str, encoder: StreamEncoder | None) -> WindowDataset:
+    """One split of ``shakespeare`` in ``encoder``'s tokens, a client per speaking role (its
+    loader in ``fedcore.datasets.DATASETS``)."""
+    encoder = check_encoder(info, encoder)
+    from fedcore.shakespeare import read_corpus
+
+    roles = read_corpus().roles
+    streams = ["\n".join(r.split(split)) for r in roles]
+    tokens, labels, groups = stream_windows(streams, encoder, info)
+    info = replace(info, num_classes=int(encoder.vocab_size))
+    return WindowDataset(tokens, labels, groups, tuple(r.key for r in roles), info)

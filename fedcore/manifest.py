@@ -8,33 +8,14 @@ and ``os.replace`` (no half-written file is ever seen).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedcore.errors import ConfigError
+from fedcore.files import atomic_write_text
 from fedcore.partition import MANIFEST_HEADER, Partition, as_labels, check
-
-
-def _atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temp file in the target folder and ``os.replace``: readers never see a
-    half-written file, and a failed write leaves no temp file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)  # no partial output, whatever stopped the write
-        if isinstance(exc, OSError) and exc.errno and exc.filename is None:  # ENOSPC, EIO: name it
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-        raise
 
 
 def write_manifest(partition: Partition, labels: np.ndarray, path: str | Path) -> None:
@@ -43,7 +24,7 @@ def write_manifest(partition: Partition, labels: np.ndarray, path: str | Path) -
     rows = [MANIFEST_HEADER]
     for c, ix in enumerate(partition.client_indices):
         rows.extend(f"{c},{i},{y}" for i, y in zip(ix.tolist(), labels[ix].tolist(), strict=True))
-    _atomic_write_text(path, "\n".join(rows) + "\n")
+    atomic_write_text(path, "\n".join(rows) + "\n")
 
 
 _INT64_MAX = int(np.iinfo(np.int64).max)  # the columns are int64
@@ -175,4 +156,4 @@ def _compact_stats(partition: Partition, labels: np.ndarray, num_classes: int) -
 
 def write_stats(stats: dict[str, Any], path: str | Path) -> None:
     """Stats as indented JSON with sorted keys (stable bytes for DVC)."""
-    _atomic_write_text(path, json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(stats, indent=2, sort_keys=True) + "\n")

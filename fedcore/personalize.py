@@ -53,7 +53,7 @@ MAX_SEVERITY = 5
 # CIFAR-C gaussian_noise: the noise scale on [0, 1] pixels per severity 1..5.
 IMAGE_NOISE = (0.0, 0.08, 0.12, 0.18, 0.26, 0.38)
 WORD_DROP = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # text: token dropout probability per severity
-_STREAM = 7_919  # personalization's random stream, apart from training's
+PERSONALIZE_STREAM = 7_919  # personalization's random stream, apart from training's
 
 
 @dataclass(frozen=True)
@@ -157,11 +157,15 @@ def personalize(
         if len(rows) < 2:
             continue  # nothing to test on
         severity = cfg.severities[c % len(cfg.severities)]
-        own = corrupt(data, rows, severity, derive_seed(cfg.seed, _STREAM, c, 0))
-        order = np.random.default_rng(derive_seed(cfg.seed, _STREAM, c, 1)).permutation(len(rows))
+        own = corrupt(data, rows, severity, derive_seed(cfg.seed, PERSONALIZE_STREAM, c, 0))
+        order = np.random.default_rng(derive_seed(cfg.seed, PERSONALIZE_STREAM, c, 1)).permutation(
+            len(rows)
+        )
         n_tune = min(len(rows) - 1, max(1, round(cfg.tune_fraction * len(rows))))
         tune, test = np.sort(order[:n_tune]), np.sort(order[n_tune:])
-        begin_client(model, c, derive_seed(cfg.seed, _STREAM, c, 2))  # early exits: its tier
+        begin_client(
+            model, c, derive_seed(cfg.seed, PERSONALIZE_STREAM, c, 2)
+        )  # early exits: its tier
         with fixed_exit(model, client_exit(model, c)):  # tuned and tested at the same exit
             before = _accuracy(model, state, own, test, device)
             tuned = train_locally(
@@ -171,7 +175,7 @@ def personalize(
                 tune,
                 lr=cfg.lr,
                 cfg=cfg.local,
-                seed=derive_seed(cfg.seed, _STREAM, c, 3),
+                seed=derive_seed(cfg.seed, PERSONALIZE_STREAM, c, 3),
                 device=device,
                 trainable=keys,
             ).state

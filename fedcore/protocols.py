@@ -6,50 +6,30 @@ optional: a plain ``nn.Module`` classifier trains with every algorithm and adapt
 method. fedcore reads a capability only through the accessors below, never by scattered
 ``getattr`` calls.
 
-* :class:`Classifier`: ``classifier_name``, the attribute path of the final classifier
-  (the ``head`` adapter trains it; personalization fine-tunes it).
-* :class:`LayerGrouped`: ``layer_groups()``, the model's layers from input to output as
-  state-dict key prefixes (FedNILO freezes them front to back).
-* :class:`ClsEncoder`: a transformer whose CLS state after every block can be read
-  (``blocks``, ``cls_index``, ``hidden_size``): the early-exit methods build on it.
-* :class:`Decoder`: a causal transformer decoder (``blocks``, ``is_decoder``; GPT-2) whose
-  logits are its LM head's at the last position: the block adapters (bottleneck, LoRA) apply
-  to its blocks as to an encoder's, the CLS-based early exits do not.
-* :class:`MultiExit`: a model with early exits (seed 001 §5). ``exit_plan`` decides which exit
-  a forward call ends at; the engine tells it whose local training starts, the cohort
-  engine forces an exit per group of clients and asks which exits a client's steps take.
-  :class:`ExitHeads`: the exit heads read nothing but the CLS states (cacheable).
+* ``classifier_name``: the attribute path of the final classifier (the ``head`` adapter
+  trains it; personalization fine-tunes it): :func:`classifier_name`.
+* ``layer_groups()``: the model's layers from input to output as state-dict key prefixes
+  (FedNILO freezes them front to back): :func:`layer_groups`.
+* a transformer whose CLS state after every block can be read (``blocks``, ``cls_index``,
+  ``hidden_size``): the early-exit methods build on it: :func:`cls_blocks`,
+  :func:`cls_index`, :func:`hidden_size`.
+* a causal transformer decoder (``blocks``, ``is_decoder``; GPT-2) whose logits are its LM
+  head's at the last position: the block adapters (bottleneck, LoRA) apply to its blocks as
+  to an encoder's, the CLS-based early exits do not: :func:`transformer_blocks`.
+* early exits (seed 001 §5): an ``exit_plan`` (:class:`ExitPlan`) decides which exit a
+  forward call ends at; the engine tells it whose local training starts, the cohort engine
+  forces an exit per group of clients and asks which exits a client's steps take. An
+  early-exit method whose exit ``k`` is one head module reading the CLS state after block
+  ``k`` and nothing else declares ``exit_head_path(k)`` (the cohort engine caches those CLS
+  states): :func:`exit_heads`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from torch import nn
-
-
-@runtime_checkable
-class Classifier(Protocol):
-    classifier_name: str
-
-
-@runtime_checkable
-class LayerGrouped(Protocol):
-    def layer_groups(self) -> Sequence[Sequence[str]]: ...
-
-
-@runtime_checkable
-class ClsEncoder(Protocol):
-    blocks: nn.Module
-    cls_index: int
-    hidden_size: int
-
-
-@runtime_checkable
-class Decoder(Protocol):
-    blocks: nn.Module
-    is_decoder: bool
 
 
 class ExitPlan(Protocol):
@@ -66,19 +46,6 @@ class ExitPlan(Protocol):
     def client_exits(self, client_id: int, seed: int, steps: int) -> Sequence[int]: ...
 
 
-class ExitHeads(Protocol):
-    """An early-exit method whose exit ``k`` is one head module reading the CLS state after
-    block ``k`` and nothing else (``lw_linear``, ``lw_mlp``; not the Accumulator, whose token
-    later blocks read): the cohort engine caches those CLS states."""
-
-    def exit_head_path(self, k: int) -> str: ...
-
-
-@runtime_checkable
-class MultiExit(Protocol):
-    exit_plan: ExitPlan
-
-
 def exit_plan(model: nn.Module) -> ExitPlan | None:
     """The model's exit plan; None for a model without early exits."""
     return getattr(model, "exit_plan", None)
@@ -86,7 +53,7 @@ def exit_plan(model: nn.Module) -> ExitPlan | None:
 
 def exit_heads(model: nn.Module) -> list[str] | None:
     """Paths of the exit heads, first exit first, when the model's early-exit method declares
-    them (:class:`ExitHeads`); else None."""
+    them (``exit_head_path``); else None."""
     plan, method = exit_plan(model), getattr(model, "exit_method", None)
     if plan is None or not callable(getattr(method, "exit_head_path", None)):
         return None
@@ -94,7 +61,7 @@ def exit_heads(model: nn.Module) -> list[str] | None:
 
 
 def cls_index(model: nn.Module) -> int:
-    """Position of the CLS token in a :class:`ClsEncoder`'s sequence (0 when undeclared)."""
+    """Position of the CLS token in a CLS encoder's sequence (0 when undeclared)."""
     return int(getattr(model, "cls_index", 0))
 
 
@@ -106,13 +73,13 @@ def classifier_name(model: nn.Module) -> str | None:
 
 
 def layer_groups(model: nn.Module) -> list[list[str]] | None:
-    """The model's layers from input to output (:class:`LayerGrouped`); None if undeclared."""
+    """The model's layers from input to output (``layer_groups()``); None if undeclared."""
     fn = getattr(model, "layer_groups", None)
     return None if fn is None else [list(g) for g in fn()]
 
 
 def cls_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
-    """The block list of a :class:`ClsEncoder` (ModuleList or Sequential); None if the model
+    """The block list of a CLS encoder (ModuleList or Sequential); None if the model
     is not one (a CNN may have ``blocks`` too, ResNet26's stages: no ``cls_index`` there)."""
     blocks = getattr(model, "blocks", None)
     ok = isinstance(blocks, nn.ModuleList | nn.Sequential) and hasattr(model, "cls_index")
@@ -120,7 +87,7 @@ def cls_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
 
 
 def transformer_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
-    """The blocks of a :class:`ClsEncoder` or of a :class:`Decoder`; None for other models."""
+    """The blocks of a CLS encoder or of a decoder; None for other models."""
     blocks = cls_blocks(model)
     if blocks is None and getattr(model, "is_decoder", False) is True:
         found = getattr(model, "blocks", None)
@@ -129,5 +96,5 @@ def transformer_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None
 
 
 def hidden_size(model: nn.Module, default: int) -> int:
-    """The width of a :class:`ClsEncoder`'s CLS state (``default`` when undeclared)."""
+    """The width of a CLS encoder's CLS state (``default`` when undeclared)."""
     return int(getattr(model, "hidden_size", default))

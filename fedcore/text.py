@@ -133,12 +133,10 @@ def load_tweets(split: str, path: Path | None = None) -> tuple[list[str], torch.
     return [texts[i] for i in keep], torch.tensor([labels[i] for i in keep], dtype=torch.int64)
 
 
-def load_text_dataset(info: Any, split: str) -> TextDataset:
-    """One split of a registered text dataset (``fedcore.datasets.load_dataset`` calls this)."""
-    if info.name == "tweet_sentiment":
-        texts, labels = load_tweets(split)
-        return TextDataset(tuple(texts), labels, info)
-    raise ConfigError(f"text dataset {info.name!r} has no loader")
+def load_tweet_sentiment(info: Any, split: str) -> TextDataset:
+    """One split of ``tweet_sentiment`` (its loader in ``fedcore.datasets.DATASETS``)."""
+    texts, labels = load_tweets(split)
+    return TextDataset(tuple(texts), labels, info)
 
 
 # ---- the engine's view ------------------------------------------------------------------

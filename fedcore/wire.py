@@ -10,12 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from fedcore import payload
-from fedcore.algorithms.base import ClientTask
+from fedcore.algorithms.base import MESSAGE, ClientTask
 from fedcore.codecs import Codec, decode_state, encode_state, float_dtype
 from fedcore.payload import StateDict
-
-MESSAGE = "__message__."  # key prefix of server -> client extras inside a download payload
-UPLOAD = "__upload__."  # key prefix of client -> server extras inside an upload (client_upload)
 
 
 def restrict(

@@ -7,7 +7,7 @@ checkpoints (their fingerprint, then every tensor against the cell's model). A r
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from fedcore.partition import Partition
 from tasks import checkpoint
 from tasks.config import Params
 from tasks.data import ExperimentData, dataset_num_classes
+from tasks.grid import ResolvedCell
 from tasks.validate import check_shards
 
 # ---- partitions -------------------------------------------------------------------------------
@@ -90,46 +91,36 @@ def check_drawn_partition(params: Params, data: ExperimentData, part: Partition)
 
 
 def check_checkpoints(
-    params: Params,
+    cells: Sequence[ResolvedCell],
     partition_hash: str,
     directory: str | Path,
-    base_path: str | Path | None,
     model_of: Callable[[str], nn.Module],
 ) -> list[str]:
-    """``tasks.checkpoint.check_cells`` and more: every cell checkpoint in ``directory``
-    must be for this configuration (its fingerprint, read once) and hold the cell's model:
-    the same tensors, each of the model's shape and dtype, and every tensor of the
-    algorithm's state and the codecs' memory kept per model tensor of that tensor's shape.
-    ``model_of(adapter)``: the cell's initial model (only its tensors' shapes and dtypes are
-    read). Returns the cells that will resume."""
-    from tasks.cell import grid_cells
-
-    for spec in grid_cells(params):  # resuming or not: the cell writes its checkpoint there
-        path = Path(directory) / f"{spec.name}.pt"
+    """Every cell checkpoint in ``directory`` must be for this configuration (its
+    fingerprint, read once) and hold the cell's model: the same tensors, each of the model's
+    shape and dtype, and every tensor of the algorithm's state and the codecs' memory kept
+    per model tensor of that tensor's shape. ``model_of(adapter)``: the cell's initial model
+    (only its tensors' shapes and dtypes are read). Returns the cells that will resume."""
+    paths = {c.name: Path(directory) / f"{c.name}.pt" for c in cells}
+    for path in paths.values():  # resuming or not: the cell writes its checkpoint there
         if path.exists() and not path.is_file():
             raise ConfigError(
                 f"checkpoint {path} is a folder (or another non-file), not a checkpoint file; "
                 "delete it: the cell writes its checkpoint there"
             )
-    if not params.runtime.resume:
-        return []
-    base = Path(base_path) if base_path is not None else None
-    if params.model.base == "pretrain" and (base is None or not base.is_file()):
-        return []  # the base is written by the run: its cells check their checkpoints then
     resuming = []
-    for spec in grid_cells(params):
-        path = Path(directory) / f"{spec.name}.pt"
-        if not path.is_file():
+    for cell in cells:
+        path = paths[cell.name]
+        if not cell.params.runtime.resume or not path.is_file():
             continue
+        if cell.params.model.base == "pretrain" and not (cell.base and Path(cell.base).is_file()):
+            continue  # the base is written by the run: the cell checks its checkpoint then
         _check_readable(path)
-        fp = checkpoint.fingerprint(
-            params, spec.algorithm, spec.adapter, partition_hash, base, spec.codec
-        )
-        state = checkpoint.read(path, fp)
+        state = checkpoint.read(path, checkpoint.fingerprint(cell, partition_hash))
         if state is None:
             continue
-        check_tensors(path, state, model_of(spec.adapter).state_dict(), spec.name)
-        resuming.append(spec.name)
+        check_tensors(path, state, model_of(cell.adapter).state_dict(), cell.name)
+        resuming.append(cell.name)
     return resuming
 
 

@@ -16,6 +16,7 @@ lists no task run at all).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,12 +28,13 @@ from prefect.utilities.annotations import quote
 
 from flows import services
 from flows.localray import local_ray
-from flows.plan import CellSpec, RunPlan, grid_cells, prepare
+from flows.plan import RunPlan, prepare
 from flows.runners import cell_params, cell_resources, grid_parallelism, grid_task_runner
 from flows.streams import mask_streams
 from tasks import tracking
 from tasks.config import Params, experiment_dir, in_force, load_params
 from tasks.data import dataset_num_classes
+from tasks.grid import ResolvedCell, grid_cells
 from tasks.origin import Origin, origin, prefect_run
 from tasks.partitioning import partition_task
 from tasks.pretrain import log_base_task, pretrain_task
@@ -62,7 +64,7 @@ def _experiment_name() -> str:
     from prefect.runtime import flow_run
 
     given = flow_run.parameters
-    p = given.get("params")
+    p = given.get("params") or getattr(given.get("plan"), "params", None)
     try:
         if isinstance(p, Params):
             return p.experiment.name
@@ -94,29 +96,32 @@ def in_process(params: Params) -> bool:
     return params.runtime.task_runner == "thread"
 
 
-def _inputs(plan: RunPlan | None, spec: CellSpec) -> dict[str, Any]:
+def _inputs(plan: RunPlan, cell: ResolvedCell) -> dict[str, Any]:
     """What a cell gets from the plan when it runs in this process (else nothing: a worker
     reads and builds its own)."""
-    codec = {} if spec.codec == "none" else {"codec": spec.codec}
-    if plan is None or not in_process(plan.params):
-        return codec
-    return {"data": plan.data, "part": plan.partition, "model": plan.model_source(spec), **codec}
+    if not in_process(plan.params):
+        return {}
+    return {"data": plan.data, "part": plan.partition, "model": plan.model_source(cell)}
+
+
+def on_runner(cell: ResolvedCell) -> ResolvedCell:
+    """``cell`` with the params its task runs with on the grid's runner (``cell_params``)."""
+    return dataclasses.replace(cell, params=cell_params(cell.params))
 
 
 @flow(name="fedapt-train-grid", flow_run_name=grid_run_name)
 def train_grid_flow(
-    params: Params,
+    plan: Any,
     partition_dir: str,
     runs_dir: str,
     parent_run_id: str | None = None,
-    base_path: str | None = None,
     checkpoint_dir: str | None = None,
     run_origin: Origin | None = None,
-    plan: Any = None,
 ) -> list[dict[str, Any]]:
-    """One training task per (algorithm, adapter, codec) cell, on the configured task runner.
-    ``plan``: the run's ``RunPlan`` (its data, partition and models for in-process cells)."""
-    cells = grid_cells(params)
+    """One training task per (algorithm, adapter, codec) cell of ``plan`` (the run's
+    ``RunPlan``: its resolved cells, and its data, partition and models for in-process
+    cells), on the configured task runner."""
+    params, cells = plan.params, plan.cells
     folders = [Path(checkpoint_dir)] * len(cells) if checkpoint_dir else None
     slots = start_grid(
         len(cells),
@@ -128,19 +133,16 @@ def train_grid_flow(
     with cell_resources(params):  # on Ray: each task's GPUs
         futures = [
             train_task.submit(
-                params,
+                on_runner(cell),
                 partition_dir,
-                spec.algorithm,
-                spec.adapter,
                 runs_dir,
                 parent_run_id,
-                base_path,
                 checkpoint_dir,
                 run_origin=run_origin,
                 slot=slot,
-                **_inputs(plan, spec),
+                **_inputs(plan, cell),
             )
-            for spec, slot in zip(cells, slots, strict=True)
+            for cell, slot in zip(cells, slots, strict=True)
         ]
     records = [f.result() for f in futures]  # in grid order, whatever order they finish in
     end_grid(slots)
@@ -149,24 +151,22 @@ def train_grid_flow(
 
 @flow(name="fedapt-train-sweep", flow_run_name=grid_run_name)
 def train_sweep_flow(
-    params: Params,
+    plan: Any,
     partition_dirs: list[str],
     experiment_dir: str,
     parent_run_id: str | None = None,
-    base_paths: list[str | None] | None = None,
     run_origin: Origin | None = None,
-    plan: Any = None,
 ) -> list[list[dict[str, Any]]]:
-    """A seed sweep's grid: one training task per (seed, cell), all on the configured task
-    runner; seed ``s`` (``partition_dirs`` and ``base_paths`` in the order of
-    ``experiment.seeds``) writes under ``seed-<s>/runs`` and ``seed-<s>/checkpoints``.
-    Returns the records per seed, in grid order, whatever order they finish in. ``plan``:
-    the sweep's ``RunPlan`` (one per seed in ``plan.seeds``)."""
+    """A seed sweep's grid: one training task per (seed, cell) of ``plan`` (the sweep's
+    ``RunPlan``, one per seed in ``plan.seeds``), all on the configured task runner; seed
+    ``s`` (``partition_dirs`` in the order of ``experiment.seeds``) writes under
+    ``seed-<s>/runs`` and ``seed-<s>/checkpoints``. Returns the records per seed, in grid
+    order, whatever order they finish in."""
+    params = plan.params
     seeds = params.experiment.seeds or ()
-    bases = base_paths or [None] * len(seeds)
-    plans = plan.seeds if plan is not None else [None] * len(seeds)
-    cells = grid_cells(params)
-    folders = [seed_dir(experiment_dir, s) / "checkpoints" for s in seeds for _ in cells]
+    folders = [
+        seed_dir(experiment_dir, s) / "checkpoints" for s in seeds for _ in grid_cells(params)
+    ]
     slots = start_grid(
         len(folders),
         params.federation.rounds,
@@ -177,25 +177,21 @@ def train_sweep_flow(
     slot = iter(slots)  # (seed, cell) in order: seed-major, as the folders
     futures = []
     with cell_resources(params):  # on Ray: each task's GPUs
-        for seed, part_dir, base, sp in zip(seeds, partition_dirs, bases, plans, strict=True):
-            ps, out = seed_params(params, seed), seed_dir(experiment_dir, seed)
+        for seed, part_dir, sp in zip(seeds, partition_dirs, plan.seeds, strict=True):
+            out = seed_dir(experiment_dir, seed)
             futures.append(
                 [
-                    train_task.with_options(task_run_name=f"train-{c.name}-seed-{seed}").submit(
-                        ps,
+                    train_task.submit(
+                        on_runner(cell),
                         part_dir,
-                        c.algorithm,
-                        c.adapter,
                         str(out / "runs"),
                         parent_run_id,
-                        base,
                         str(out / "checkpoints"),
-                        seed,
                         run_origin,
                         slot=next(slot),
-                        **_inputs(sp, c),
-                    )  # fmt: skip
-                    for c in cells
+                        **_inputs(sp, cell),
+                    )
+                    for cell in sp.cells
                 ]
             )
     records = [[f.result() for f in per_seed] for per_seed in futures]
@@ -267,23 +263,13 @@ def experiment_flow(
         # goes to the experiment's own folder
         report = str(out / "validation.json") if partition_dir else None
         validate_task(part_dir, num_classes, p.validation.min_shard_size, report)
-        base = None
         if p.model.base == "pretrain":  # the frozen base, trained once and reused (cached)
-            base = pretrain_task(p, str(out / "pretrain"), plan.data)
+            base = pretrain_task(p, str(out / "pretrain"), plan.data)  # where the cells read it
             if parent is not None:
                 log_base_task(parent, base)
         grid = train_grid_flow.with_options(task_runner=grid_task_runner(p))
         checkpoints = out / "checkpoints"  # a rerun after a crash resumes from these
-        records = grid(
-            cell_params(p),
-            part_dir,
-            str(out / "runs"),
-            parent,
-            base,
-            str(checkpoints),
-            run_origin,
-            plan,
-        )
+        records = grid(plan, part_dir, str(out / "runs"), parent, str(checkpoints), run_origin)
         summary_task(p, quote(records), str(out / "summary.json"), str(out / "runs"), run_origin)
         # the flow run's Artifacts tab
         results_artifact_task(p.experiment.name, quote(records), runs_dir=str(out / "runs"))
@@ -308,19 +294,16 @@ def run_sweep(
     seeds = list(p.experiment.seeds or ())
     num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
     part_dirs: list[str] = []
-    bases: list[str | None] = []
     for seed, sp in zip(seeds, plan.seeds, strict=True):
         ps, sd = seed_params(p, seed), seed_dir(out, seed)
         part_dirs.append(partition_task(ps, str(sd / "partition"), sp.data, sp.partition))
         validate_task(part_dirs[-1], num_classes, p.validation.min_shard_size)
-        base = None
         if p.model.base == "pretrain":  # each seed's own base (its subset, its init)
-            base = pretrain_task(ps, str(sd / "pretrain"), sp.data)
+            base = pretrain_task(ps, str(sd / "pretrain"), sp.data)  # where its cells read it
             if parent is not None:
                 log_base_task(parent, base, f"seed-{seed}/pretrain")
-        bases.append(base)
     grid = train_sweep_flow.with_options(task_runner=grid_task_runner(p))
-    by_seed = grid(cell_params(p), part_dirs, str(out), parent, bases, run_origin, plan)
+    by_seed = grid(plan, part_dirs, str(out), parent, run_origin)
     for seed, records in zip(seeds, by_seed, strict=True):
         sd, ps = seed_dir(out, seed), seed_params(p, seed)
         summary_task(ps, quote(records), str(sd / "summary.json"), str(sd / "runs"), run_origin)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from torch import nn
 
-from fedcore.codecs import check_sizes
 from fedcore.datasets import get_dataset_info
 from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
@@ -30,9 +29,17 @@ from fedcore.partition import Partition
 from flows.checks import check_checkpoints, check_drawn_partition, check_given_partition
 from flows.localray import check_local_ray
 from flows.runners import check_gpus
-from tasks.cell import CellSpec, check_cell, check_ray_clients, grid_cells, initial_cell_model
+from tasks.cell import (
+    adapter_keys,
+    check_cell,
+    check_codecs,
+    check_ray_clients,
+    initial_cell_model,
+    resolve_cell,
+)
 from tasks.config import Params, experiment_dir
 from tasks.data import ExperimentData, load_experiment_data
+from tasks.grid import CellSpec, ResolvedCell, grid_cells
 from tasks.io import check_writable
 from tasks.origin import check_results
 from tasks.partitioning import build_partition, check_partition_data, load_partition
@@ -45,49 +52,52 @@ from tasks.tracking import check_tracking_server
 
 class RunPlan:
     """What ``prepare`` resolved for one experiment (or, for a seed sweep, one plan per seed
-    in ``seeds``). Not a dataclass on purpose: Prefect records a flow's parameters as JSON and
-    would deep-copy a dataclass's tensors to do so; this one it records as a placeholder."""
+    in ``seeds``): its data, partition, resolved cells (``tasks.grid.ResolvedCell``, what
+    each training task carries) and the cells' initial models. Not a dataclass on purpose:
+    Prefect records a flow's parameters as JSON and would deep-copy a dataclass's tensors to
+    do so; this one it records as a placeholder."""
 
-    __slots__ = ("params", "data", "partition", "partition_dir", "cells", "resuming", "seeds",
-                 "_models", "_pending")  # fmt: skip
+    __slots__ = ("params", "data", "partition", "cells", "resuming", "seeds", "_models",
+                 "_pending")  # fmt: skip
 
     def __init__(
         self,
         params: Params,
         data: ExperimentData | None,
         partition: Partition | None,
-        partition_dir: str | None,
-        cells: tuple[CellSpec, ...],
+        cells: tuple[ResolvedCell, ...],
         resuming: list[str],
         seeds: tuple[RunPlan, ...] = (),
         models: dict[str, nn.Module] | None = None,
     ) -> None:
         self.params, self.data, self.partition = params, data, partition
-        self.partition_dir, self.cells, self.resuming, self.seeds = (
-            partition_dir, cells, resuming, seeds
-        )  # fmt: skip
+        self.cells, self.resuming, self.seeds = cells, resuming, seeds
         self._models = models or {}
         self._pending = Counter(c.adapter for c in cells)  # cells still to take each model
 
     def __repr__(self) -> str:
         return f"RunPlan({self.params.experiment.name!r}, cells={[c.name for c in self.cells]})"
 
-    def take_model(self, spec: CellSpec) -> nn.Module | None:
+    def cell(self, spec: CellSpec) -> ResolvedCell:
+        """The resolved cell of ``spec`` (a DVC train stage's one cell)."""
+        return next(c for c in self.cells if c.spec == spec)
+
+    def take_model(self, cell: ResolvedCell) -> nn.Module | None:
         """The cell's initial model, built by ``prepare`` (None: the cell builds it, e.g. on a
         pretrain base written after ``prepare``). The adapter's last cell takes the model
         itself, earlier ones a copy: no cell trains another's."""
-        model = self._models.get(spec.adapter)
+        model = self._models.get(cell.adapter)
         if model is None:
             return None
-        self._pending[spec.adapter] -= 1
-        if self._pending[spec.adapter] > 0:
+        self._pending[cell.adapter] -= 1
+        if self._pending[cell.adapter] > 0:
             return copy.deepcopy(model)
-        return self._models.pop(spec.adapter)
+        return self._models.pop(cell.adapter)
 
-    def model_source(self, spec: CellSpec) -> Callable[[], nn.Module | None]:
+    def model_source(self, cell: ResolvedCell) -> Callable[[], nn.Module | None]:
         """``take_model`` deferred to when the cell starts (a model per cell in memory at a
         time, not the whole grid's)."""
-        return lambda: self.take_model(spec)
+        return lambda: self.take_model(cell)
 
 
 def check_names(params: Params) -> None:
@@ -132,7 +142,7 @@ def prepare(
     storage: bool = True,
     results: bool = True,
     models: bool = True,
-    names_checked: bool = False,
+    checked: bool = False,
     checkpoints: Path | None = None,
     base: Path | None = None,
 ) -> RunPlan:
@@ -143,15 +153,16 @@ def prepare(
     experiment's folder holds no other params' finished results (``fedapt reproduce`` reruns
     its own experiments). ``models=False``: check every adapter on the model but keep no
     model (``fedapt reproduce`` checks every experiment before the first one runs).
-    ``names_checked``: the caller ran ``check_names`` already (before starting a server).
+    ``checked``: the caller ran ``check_sweep``, ``check_names`` and ``check_writable`` on
+    the experiment's folder already (before taking its lock and starting a server): each check runs once.
     ``checkpoints``, ``base``: where a DVC train stage keeps its cell's checkpoint and reads
     its pretrain base (default: the experiment's folder, as the flow).
     """
-    check_sweep(params, partition_dir)
-    if not names_checked:
-        check_names(params)
     out = experiment_dir(params)
-    check_writable("experiment.reports_dir", out)
+    if not checked:
+        check_sweep(params, partition_dir)
+        check_names(params)
+        check_writable("experiment.reports_dir", out)
     if params.runtime.tracking:
         check_tracking_server()
     if storage and params.storage.bucket:
@@ -159,14 +170,11 @@ def prepare(
     if params.experiment.seeds is None:
         plan = _resolve(params, partition_dir, out, models, checkpoints=checkpoints, base=base)
     else:  # a sweep: every seed's own data, draw, base and checkpoints
-        first: list[ExperimentData] = []  # the splits, read once for every seed
-        seeds = []
-        for s in params.experiment.seeds:  # the adapters are checked on the first seed's
-            ps = seed_params(params, s)
-            like = first[0] if first else None
-            seeds.append(_resolve(ps, None, seed_dir(out, s), models, like, check=not first))
-            first = first or [seeds[-1].data]
-        plan = RunPlan(params, None, None, None, grid_cells(params), [], tuple(seeds))
+        seeds: list[RunPlan] = []  # the splits read and the adapters checked on the first seed
+        for s in params.experiment.seeds:
+            ps, like = seed_params(params, s), seeds[0] if seeds else None
+            seeds.append(_resolve(ps, None, seed_dir(out, s), models, like, seed=s))
+        plan = RunPlan(params, None, None, (), [], tuple(seeds))
         plan.resuming = [f"seed-{s.params.experiment.seed}/{c}" for s in seeds for c in s.resuming]
     if results:
         check_results(params, s3=storage and bool(params.storage.bucket))
@@ -178,26 +186,27 @@ def _resolve(
     partition_dir: str | Path | None,
     out: Path,
     keep_models: bool,
-    like: ExperimentData | None = None,
-    check: bool = True,
+    like: RunPlan | None = None,
     checkpoints: Path | None = None,
     base: Path | None = None,
+    seed: int | None = None,
 ) -> RunPlan:
-    """One experiment's (one seed's) data (``like``'s splits, when given), models, pretrain
-    source, partition (drawn or given, checked as the flow's validation will) and
-    checkpoints (their configuration, then their tensors against the cells' models)."""
-    data = load_experiment_data(params, like)  # missing data -> how to get it
+    """One experiment's (one seed's) data, models, cells, pretrain source, partition (drawn
+    or given, checked as the flow's validation will) and checkpoints (their configuration,
+    then their tensors against the cells' models). ``like``: the sweep's first seed's plan,
+    whose splits and adapter checks this seed shares; ``seed``: this plan's seed in a sweep."""
+    data = load_experiment_data(params, like.data if like else None)  # missing data -> how
     pretrain = params.model.base == "pretrain"
     keep = keep_models and not pretrain  # a pretrain base is written by the flow, later
     # Each adapter's initial model: an unknown model or option, an adapter that does not
     # apply -> one line now. Kept for the cells (one build per cell) where they can use it.
     built = (
         {a: initial_cell_model(params, data, a) for a in params.grid.adapters}
-        if keep or check
+        if keep or like is None
         else {}
     )
-    for adapter, model in built.items():  # a top-k k above a tensor it would send
-        _check_codecs(params, adapter, model)
+    for adapter, model in built.items() if like is None else ():  # (a sweep: on one seed)
+        check_codecs(params, adapter, model, params.grid.codecs)  # a top-k k above a tensor
     if pretrain:
         check_source(params, data)  # no source rows left, classes out of range, no dataset
     if partition_dir is None:
@@ -207,7 +216,12 @@ def _resolve(
         part = _given_partition(params, data, partition_dir)
     if checkpoints is None:  # the flow's (a DVC train stage names its own)
         checkpoints, base = out / "checkpoints", out / "pretrain" / "base.pt"
-    base = base if pretrain else None
+    keys = (
+        {c.adapter: (c.payload_keys, c.trainable_keys) for c in like.cells}
+        if like is not None
+        else {a: adapter_keys(params, a, m) for a, m in built.items()}
+    )
+    cells = tuple(resolve_cell(params, s, keys[s.adapter], base, seed) for s in grid_cells(params))
 
     # each checkpoint: for this configuration, and holding this cell's model (built here
     # only when the plan keeps none for its adapter and a checkpoint is there)
@@ -216,25 +230,8 @@ def _resolve(
             built[adapter] = initial_cell_model(params, data, adapter)
         return built[adapter]
 
-    resuming = check_checkpoints(params, part.content_hash(), checkpoints, base, model_of)
-    return RunPlan(
-        params,
-        data,
-        part,
-        None if partition_dir is None else str(partition_dir),
-        grid_cells(params),
-        resuming,
-        models=built if keep else None,
-    )
-
-
-def _check_codecs(params: Params, adapter: str, model: nn.Module) -> None:
-    """Each grid codec against what ``adapter``'s cells upload (``fedcore.codecs.check_sizes``)."""
-    state = model.state_dict()
-    if adapter != "full":
-        state = {k: state[k] for k in params.grid.adapter(adapter).payload_keys(model)}
-    for codec in params.grid.codecs:
-        check_sizes(params.grid.codec(codec).upload, state)
+    resuming = check_checkpoints(cells, part.content_hash(), checkpoints, model_of)
+    return RunPlan(params, data, part, cells, resuming, models=built if keep else None)
 
 
 def _given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> Partition:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedcore.errors import ConfigError
-from models.registry import register_model
+from models.registry import backbone
 
 # The allowed values of the options (the annotations ``model.options`` is validated against).
 Init = Literal["pytorch", "seed004"]  # CifarCNN's initialisation (see _seed004_init)
@@ -125,7 +125,7 @@ class LeNet5(nn.Module):
         return [["conv1", "norm1"], ["conv2", "norm2"], ["fc1"], ["fc2"], ["fc3"]]
 
 
-@register_model("cifar_cnn")
+@backbone()
 def cifar_cnn(
     *, num_classes: int, in_channels: int = 3, input_size: int = 32, init: Init = "pytorch"
 ) -> nn.Module:
@@ -134,7 +134,7 @@ def cifar_cnn(
     )
 
 
-@register_model("lenet5")
+@backbone()
 def lenet5(
     *, num_classes: int, in_channels: int = 3, input_size: int = 32, norm: Norm = "none"
 ) -> nn.Module:

@@ -45,8 +45,8 @@ from torch.nn import functional as F
 
 from fedcore.errors import ConfigError
 from fedcore.options import Int
-from models.registry import register_model
-from models.text import LMTokenizer, register_text_model
+from models.registry import backbone
+from models.text import LMTokenizer
 
 EOS = "<|endoftext|>"  # GPT-2's one special token (also the pad id: windows are never padded)
 Context = Annotated[Int, Ge(1), Le(1024)]  # window length (GPT-2's 1,024 positions at most)
@@ -117,9 +117,16 @@ def _no_dropout(config: Any) -> Any:
 
 
 # ---- gpt2_small (offline) -------------------------------------------------------------------
+def bpe(vocab_size: int) -> Any:
+    """A byte-level BPE of ``vocab_size`` tokens trained on the pretraining plays: trained
+    once per process, a fresh tokenizer per call (its settings are its user's)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(_bpe_json(vocab_size))
+
+
 @cache
-def _bpe(vocab_size: int) -> Any:
-    """A byte-level BPE of ``vocab_size`` tokens trained on the pretraining plays."""
+def _bpe_json(vocab_size: int) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from fedcore.shakespeare import read_corpus
@@ -140,7 +147,7 @@ def _bpe(vocab_size: int) -> Any:
             f"model.options.vocab_size: the pretraining plays give only {tok.get_vocab_size()} "
             f"BPE tokens (got {vocab_size}); use at most {tok.get_vocab_size()}"
         )
-    return tok
+    return str(tok.to_str())
 
 
 def small_tokenizer(
@@ -152,12 +159,12 @@ def small_tokenizer(
     hidden: int = 128,
     heads: int = 4,
 ) -> LMTokenizer:
-    backend = _bpe(vocab_size)
+    backend = bpe(vocab_size)
     eos = int(backend.token_to_id(EOS))
     return LMTokenizer(f"gpt2_small-bpe{vocab_size}", backend, eos, vocab_size, context, stride)
 
 
-@register_model("gpt2_small")
+@backbone(tokenizer=small_tokenizer)
 def gpt2_small(
     *,
     num_classes: int,
@@ -192,9 +199,6 @@ def gpt2_small(
     return DecoderLM(GPT2Model(_no_dropout(config)), context=context)
 
 
-register_text_model("gpt2_small", small_tokenizer, task="next_token")
-
-
 # ---- gpt2_hf (online) ---------------------------------------------------------------------
 def _hf_error(hf_name: str, exc: BaseException) -> ConfigError:
     reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
@@ -219,7 +223,7 @@ def hf_tokenizer(*, hf_name: str = "gpt2", context: int = 32, stride: int = 32) 
     return LMTokenizer(hf_name, backend, int(tok.eos_token_id), vocab, context, stride)
 
 
-@register_model("gpt2_hf")
+@backbone(tokenizer=hf_tokenizer)
 def gpt2_hf(
     *,
     num_classes: int,
@@ -245,6 +249,3 @@ def gpt2_hf(
             f"model.options.context: {hf_name} has {config.n_positions} positions (got {context})"
         )
     return DecoderLM(transformer, context=context)
-
-
-register_text_model("gpt2_hf", hf_tokenizer, task="next_token")

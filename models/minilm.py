@@ -47,8 +47,8 @@ from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.options import Int
-from models.registry import register_model
-from models.text import TextTokenizer, check_tokenizer, from_backend, register_text_model
+from models.registry import backbone
+from models.text import TextTokenizer, check_tokenizer, from_backend
 
 MAX_POSITIONS = 512  # BERT's learned position embeddings
 # The allowed values of the options (the annotations ``model.options`` is validated against).
@@ -70,18 +70,28 @@ def minilm_dir() -> Path:
 
 
 @cache
-def _minilm_tokenizer_backend() -> Any:
+def _tokenizer_json() -> str:
+    return (minilm_dir() / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def minilm_tokenizer_backend() -> Any:
+    """The packaged tokenizer: a fresh one per call (a tokenizer's padding and truncation are
+    settings its user changes), from the file read once per process."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    return Tokenizer.from_str(_tokenizer_json())
 
 
 @cache
-def _minilm_state() -> dict[str, torch.Tensor]:
-    """The packaged tensors (read once per process; callers copy them into their model)."""
+def _state_file() -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(minilm_dir() / "model.safetensors"))
+
+
+def minilm_state() -> dict[str, torch.Tensor]:
+    """The packaged tensors: read once per process, a copy of its own per call."""
+    return {k: v.clone() for k, v in _state_file().items()}
 
 
 class TextEncoderClassifier(nn.Module):
@@ -151,7 +161,7 @@ def _get(module: nn.Module, path: str) -> Any:
 # ---- minilm (offline) ---------------------------------------------------------------------
 # The tokenizers take the model's options, validated (models.text.text_tokenizer, get_model).
 def minilm_tokenizer(*, max_length: int = 64, pooling: Pooling = "cls") -> TextTokenizer:
-    return from_backend("minilm", _minilm_tokenizer_backend(), max_length)
+    return from_backend("minilm", minilm_tokenizer_backend(), max_length)
 
 
 def _no_dropout(config: Any) -> Any:
@@ -160,7 +170,7 @@ def _no_dropout(config: Any) -> Any:
     return config
 
 
-@register_model("minilm")
+@backbone(tokenizer=minilm_tokenizer)
 def minilm(
     *,
     num_classes: int,
@@ -177,7 +187,7 @@ def minilm(
     tokenizer = minilm_tokenizer(max_length=max_length, pooling=pooling)
     check_tokenizer(tokenizer, config.vocab_size, config.pad_token_id)
     bert = BertModel(config, add_pooling_layer=False)
-    state = {k: v for k, v in _minilm_state().items() if not k.startswith("pooler.")}
+    state = {k: v for k, v in minilm_state().items() if not k.startswith("pooler.")}
     own = bert.state_dict()
     missing = sorted(set(own) - set(state))
     if missing or any(own[k].shape != state[k].shape for k in own):
@@ -193,9 +203,6 @@ def minilm(
         pooling=pooling,
         max_length=max_length,
     )
-
-
-register_text_model("minilm", minilm_tokenizer)
 
 
 # ---- text_hf (online) ---------------------------------------------------------------------
@@ -224,7 +231,7 @@ def hf_tokenizer(
     return from_backend(hf_name, backend, max_length, pad_token=str(tok.pad_token or "[PAD]"))
 
 
-@register_model("text_hf")
+@backbone(tokenizer=hf_tokenizer)
 def text_hf(
     *,
     num_classes: int,
@@ -251,6 +258,3 @@ def text_hf(
         pooling=pooling,
         max_length=max_length,
     )
-
-
-register_text_model("text_hf", hf_tokenizer)

@@ -27,7 +27,7 @@ from torch import nn
 
 from fedcore.errors import ConfigError
 from fedcore.inputs import IMAGENET_MEAN, IMAGENET_STD, InputSpec
-from models.registry import Builder, register_model
+from models.registry import Builder, backbone
 
 DOWNLOAD_TIMEOUT_S = 30.0  # per socket operation: an unreachable host must not hang a run
 MIN_INPUT = 16  # five stride-2 stages (conv1, max-pool, layer2-4)
@@ -122,7 +122,7 @@ def _builder(name: str) -> Builder:
 
     build.__name__ = build.__qualname__ = name  # the module-level name below (pickle)
     build.__doc__ = f"torchvision {arch}; ImageNet weights with pretrained: true (downloads)."
-    return register_model(name, input_spec=_spec)(build)
+    return backbone(input_spec=_spec)(build)
 
 
 # Module-level names, where pickle finds their options (``tv_resnet18.Options``).

@@ -27,7 +27,7 @@ from torch import nn
 from fedcore.errors import ConfigError
 from fedcore.inputs import InputSpec
 from fedcore.options import Float
-from models.registry import register_model
+from models.registry import backbone
 
 
 def conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
@@ -110,7 +110,7 @@ class ResNet26(nn.Module):
 # input_size 72: seed 000 §IV resizes every dataset to 72x72, as Rebuffi's Decathlon does;
 # get_model passes its own input_size (default 32); below 8 the three stride-2 stages would
 # leave less than one pixel per feature map.
-@register_model("resnet26", input_spec=InputSpec(size=72, note="seed 000 §IV: 72x72"))
+@backbone(input_spec=InputSpec(size=72, note="seed 000 §IV: 72x72"))
 def resnet26(
     *,
     num_classes: int,

@@ -30,9 +30,8 @@ blocks) and *after* it in BERT (post-LN: every BertLayer ends in a LayerNorm).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -40,10 +39,7 @@ from torch import nn
 from fedcore.errors import ConfigError
 from fedcore.options import dump
 from fedcore.protocols import cls_blocks, cls_index
-from models.registry import parse_model_options
-
-_TOKENIZERS: dict[str, Callable[..., TextTokenizer]] = {}
-_NEXT_TOKEN: set[str] = set()  # text models that predict the next token (models/decoder.py)
+from models.registry import MODELS, builder, parse_model_options
 
 
 @dataclass
@@ -92,46 +88,33 @@ def from_backend(
     return TextTokenizer(name, backend, int(pad_id), int(backend.get_vocab_size()), max_length)
 
 
-def register_text_model(
-    name: str, tokenizer: Callable[..., TextTokenizer], *, task: str = "classify"
-) -> None:
-    """Mark backbone ``name`` as a text model whose tokenizer ``tokenizer(**options)`` builds
-    (from the model's validated options: all of them, so it takes the builder's keywords).
-    ``task``: ``classify`` (a label per text) or ``next_token`` (a decoder whose classes are
-    its vocabulary; its tokenizer is an :class:`LMTokenizer`)."""
-    if task not in ("classify", "next_token"):
-        raise ValueError(f"task must be classify or next_token (got {task!r})")
-    _TOKENIZERS[name] = tokenizer
-    if task == "next_token":
-        _NEXT_TOKEN.add(name)
-
-
 def text_models() -> list[str]:
-    return sorted(_TOKENIZERS)
+    return sorted(n for n, e in MODELS.items() if e.task != "image")
 
 
 def is_text_model(name: str) -> bool:
-    return name in _TOKENIZERS
+    return name in MODELS and MODELS[name].task != "image"
 
 
 def is_next_token_model(name: str) -> bool:
     """A decoder predicting the next token (``gpt2_small``, ``gpt2_hf``)."""
-    return name in _NEXT_TOKEN
+    return name in MODELS and MODELS[name].task == "next_token"
 
 
 def next_token_models() -> list[str]:
-    return sorted(_NEXT_TOKEN)
+    return sorted(n for n, e in MODELS.items() if e.task == "next_token")
 
 
 def text_tokenizer(name: str, options: Any = None, **kw: Any) -> TextTokenizer:
     """The tokenizer of text backbone ``name`` with these model options (validated as
     ``models.registry.get_model`` validates them: ``options`` a mapping or typed instance,
     ``kw`` on top)."""
-    if name not in _TOKENIZERS:
+    if not is_text_model(name):
         raise ConfigError(
             f"model {name!r} takes images, not text; text models: {', '.join(text_models())}"
         )
-    return _TOKENIZERS[name](**dump(parse_model_options(name, options, **kw)))
+    tokenizer = builder(name).tokenizer  # type: ignore[attr-defined]
+    return cast(TextTokenizer, tokenizer(**dump(parse_model_options(name, options, **kw))))
 
 
 def check_tokenizer(tokenizer: TextTokenizer, vocab_size: int, pad_id: int | None) -> None:

@@ -39,7 +39,7 @@ from torch import nn
 from fedcore.errors import ConfigError
 from fedcore.inputs import InputSpec
 from fedcore.options import Int
-from models.registry import Builder, register_model
+from models.registry import Builder, backbone
 from models.vit_arch import ViTConfig
 
 HEAD_DIM = 64  # channels per attention head in every ViT here (ViT-Ti/S/B: 192/3, 384/6, 768/12)
@@ -122,7 +122,7 @@ def _builder(name: str) -> Builder:
 
     build.__name__ = build.__qualname__ = name  # the module-level name below (pickle)
     build.__doc__ = f"timm {config.timm_name} (ImageNet weights with pretrained: true)."
-    return register_model(name, input_spec=_spec_for(name))(build)
+    return backbone(input_spec=_spec_for(name))(build)
 
 
 # Module-level names, where pickle finds their options (``vit_small.Options``).

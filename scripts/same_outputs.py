@@ -6,7 +6,10 @@ out in a temporary git worktree and runs, with this venv, through the real `feda
 * ``default``: params.yaml as committed (``--rounds N`` shortens it; ``--rounds 0`` keeps its
   own count, the whole default run);
 * ``algorithms``: every registered algorithm with adapter ``full``;
-* ``adapters``: FedAvg with every adapter method that applies to the default model.
+* ``adapters``: FedAvg with every adapter method that applies to the default model;
+* ``codecs``: FedAvg with full fine-tuning and the first adapter, under every built-in
+  update codec (and none);
+* ``sweep``: FedAvg/full over two seeds, on a pretrained base.
 
 The grids run on 1,200 training / 500 test images, 2 rounds. Outputs compared byte for byte:
 every cell's ``metrics.json`` and ``model.pt`` and the partition manifest (``timing.json``
@@ -38,35 +41,49 @@ NAMES = """
 import json
 from fedcore.algorithms import list_algorithms
 from models import get_model
+from fedcore.codecs import BUILTIN
 from models.adapters import get_adapter, list_adapters
 from tasks.config import load_params
 
 p = load_params("params.yaml", [])
 model = get_model(p.model.name, num_classes=10, in_channels=1, input_size=28)
 adapters = [a for a in list_adapters() if get_adapter(a).applies_to(model) is None]
-print(json.dumps([list_algorithms(), adapters]))
+print(json.dumps([list_algorithms(), adapters, list(BUILTIN)]))
 """
 
 
-def names(tree: Path) -> tuple[list[str], list[str]]:
-    """The algorithms, and the adapters that apply to the default model, at ``tree``."""
+def names(tree: Path) -> tuple[list[str], list[str], list[str]]:
+    """The algorithms, the adapters that apply to the default model and the built-in update
+    codecs at ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(
         [sys.executable, "-c", NAMES], cwd=tree, env=env, capture_output=True, text=True, check=True
     ).stdout
-    algorithms, adapters = json.loads(out.splitlines()[-1])
-    return algorithms, adapters
+    algorithms, adapters, codecs = json.loads(out.splitlines()[-1])
+    return algorithms, adapters, codecs
 
 
-def grids(algorithms: list[str], adapters: list[str]) -> dict[str, list[str]]:
+def grids(algorithms: list[str], adapters: list[str], codecs: list[str]) -> dict[str, list[str]]:
+    frozen = [a for a in adapters if a != "full"][:1]
     return {
         "algorithms": [f"grid.algorithms=[{','.join(algorithms)}]", "grid.adapters=[full]"],
         "adapters": ["grid.algorithms=[fedavg]", f"grid.adapters=[{','.join(adapters)}]"],
+        "codecs": [
+            "grid.algorithms=[fedavg]",
+            f"grid.adapters=[{','.join(['full', *frozen])}]",
+            f"grid.codecs=[{','.join(dict.fromkeys(['none', *codecs]))}]",
+        ],
+        "sweep": [
+            "grid.algorithms=[fedavg]",
+            "grid.adapters=[full]",
+            "experiment.seeds=[0,1]",
+            "model.base=pretrain",
+        ],
     }
 
 
 def run_at(
-    tree: Path, out: Path, rounds: int, common: tuple[list[str], list[str]]
+    tree: Path, out: Path, rounds: int, common: tuple[list[str], list[str], list[str]]
 ) -> dict[str, str]:
     """sha256 of every compared output of the three experiments run in ``tree``; ``common``:
     the algorithms and adapters both revisions have."""
@@ -91,7 +108,7 @@ def run_at(
         if res.returncode != 0:
             sys.exit(f"{tree}: {name} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
         for f in sorted((out / name).rglob("*")):
-            if f.name in ("metrics.json", "model.pt", "manifest.csv"):
+            if f.name in ("metrics.json", "model.pt", "manifest.csv", "base.pt"):
                 rel = str(f.relative_to(out))
                 digests[rel] = hashlib.sha256(f.read_bytes()).hexdigest()
     return digests
@@ -116,9 +133,10 @@ def main() -> None:
         trees = [worktree(args.before, t / "before")]
         trees.append(worktree(args.after, t / "after") if args.after else ROOT)
         try:
-            (alg_a, ad_a), (alg_b, ad_b) = names(trees[0]), names(trees[1])
-            common = ([x for x in alg_a if x in alg_b], [x for x in ad_a if x in ad_b])
-            new = sorted(set(alg_b) - set(alg_a)) + sorted(set(ad_b) - set(ad_a))
+            before, after = names(trees[0]), names(trees[1])
+            alg, ad, cod = ([x for x in a if x in b] for a, b in zip(before, after, strict=True))
+            common = (alg, ad, cod)
+            new = sorted(x for a, b in zip(before, after, strict=True) for x in set(b) - set(a))
             if new:  # nothing to compare them with
                 print(f"only in {args.after or 'the working tree'} (not compared): {new}")
             a, b = (

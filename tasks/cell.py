@@ -16,6 +16,7 @@ from torch import nn
 
 from fedcore.algorithms import RunSpec
 from fedcore.client import LocalConfig
+from fedcore.codecs import check_sizes
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, RaySettings, Simulation, initial_model
@@ -29,7 +30,7 @@ from tasks.backbone import backbone_options, build_backbone, model_input
 from tasks.config import Params
 from tasks.config.base import Section
 from tasks.data import ExperimentData
-from tasks.grid import CellSpec, cell_name, grid_cells, record_cell  # noqa: F401 (re-exported)
+from tasks.grid import CellSpec, ResolvedCell
 from tasks.partitioning import shards_of
 
 T = TypeVar("T")
@@ -79,11 +80,6 @@ def check_cell(params: Params, algorithm: str, adapter: str) -> None:
     params.grid.algorithm(algorithm).check(
         RunSpec(adapter=adapter, optimizer=params.client.optimizer)
     )
-
-
-def cell_lr(params: Params, algorithm: str, adapter: str) -> float:
-    """The client lr the cell trains at: its grid.client_lr entry, else client.lr."""
-    return params.grid.lr(algorithm, adapter, params.client.lr)
 
 
 @dataclass
@@ -189,34 +185,89 @@ def check_ray_clients(params: Params) -> None:
         check_gpus(settings, device, [{"GPU": float(settings.local_gpus)}])
 
 
-def build_simulation(
+CellKeys = tuple[tuple[str, ...] | None, frozenset[str]]  # (payload keys, trainable keys)
+
+
+def adapter_keys(params: Params, adapter: str, model: nn.Module) -> CellKeys:
+    """What ``adapter``'s cells transmit (None: the whole model, full fine-tuning) and train,
+    read off their initial ``model`` (the same on every seed: the structure, not the values)."""
+    method = params.grid.adapter(adapter)
+    return (None if adapter == "full" else method.payload_keys(model)), method.trainable_keys(model)
+
+
+def resolve_cell(
+    params: Params,
+    spec: CellSpec,
+    keys: CellKeys,
+    base: str | Path | None = None,
+    seed: int | None = None,
+) -> ResolvedCell:
+    """``spec`` resolved on ``params``: ``keys`` of its adapter (``adapter_keys``); ``base``:
+    where the pretrain base is (or will be) written, kept only where ``model.base`` is
+    pretrain; ``seed``: its seed in a seed sweep."""
+    return ResolvedCell(
+        params=params,
+        spec=spec,
+        lr=params.grid.lr(spec.algorithm, spec.adapter, params.client.lr),
+        base=str(base) if base is not None and params.model.base == "pretrain" else None,
+        payload_keys=keys[0],
+        trainable_keys=keys[1],
+        seed=seed,
+    )
+
+
+def check_codecs(params: Params, adapter: str, model: nn.Module, codecs: Sequence[str]) -> None:
+    """Each of ``codecs`` against what ``adapter``'s cells upload from ``model`` (a top-k k
+    above a tensor's size: ``fedcore.codecs.check_sizes``)."""
+    state = model.state_dict()
+    if adapter != "full":
+        state = {k: state[k] for k in params.grid.adapter(adapter).payload_keys(model)}
+    for codec in codecs:
+        check_sizes(params.grid.codec(codec).upload, state)
+
+
+def cell_of(
     params: Params,
     data: ExperimentData,
-    part: Partition,
     algorithm: str = "fedavg",
     adapter: str = "full",
-    base_path: str | Path | None = None,
+    codec: str = "none",
+    base: str | Path | None = None,
+) -> ResolvedCell:
+    """One cell checked and resolved on its own (what ``flows.plan.prepare`` does for a
+    grid's): for benchmarks, tests and code that trains a cell outside a run."""
+    check_cell(params, algorithm, adapter)
+    model = initial_cell_model(params, data, adapter)
+    check_codecs(params, adapter, model, [codec])
+    return resolve_cell(
+        params, CellSpec(algorithm, adapter, codec), adapter_keys(params, adapter, model), base
+    )
+
+
+def build_simulation(
+    cell: ResolvedCell,
+    data: ExperimentData,
+    part: Partition,
     callbacks: Sequence[Callback] = (),
     model: nn.Module | None = None,
-    codec: str = "none",
 ) -> Cell:
-    """The Simulation of one (algorithm, adapter) cell on ``part``, configured from ``params``
-    (client optimiser, LR schedule at the cell's lr, federation, device, workers, engine,
-    cohort size, update codec); it is evaluated on data.evaluate's split. ``model``: the
-    cell's initial model when already built (``initial_cell_model``), else built here."""
-    method = params.grid.adapter(adapter)
-    base = require_base(params, base_path)
-    algo = params.grid.algorithm(algorithm)
+    """The Simulation of ``cell`` on ``part``, configured from its params (client optimiser,
+    LR schedule at the cell's lr, federation, device, workers, engine, cohort size, update
+    codec); it is evaluated on data.evaluate's split. ``model``: the cell's initial model
+    when already built (``initial_cell_model``), else built here."""
+    params = cell.params
+    method = params.grid.adapter(cell.adapter)
+    base = require_base(params, cell.base)  # written by now: the one check of it
+    algo = params.grid.algorithm(cell.algorithm)
     device = resolve_device(params.runtime.device)
     m = clients_per_round(params)
-    model_fn = model_factory(params, data, adapter, base)
+    model_fn = model_factory(params, data, cell.adapter, base)
     inp = model_input(params, data.train.info)
     federation = federation_config(params)
     # The cell's one model in this process: the Simulation's initial global model, its
     # in-process clients' model, and (trained state loaded) what registration logs. Given
     # (``model``): the one ``flows.plan.prepare`` built; it must be this cell's.
     adapted = initial_model(model_fn, federation) if model is None else model
-    whole = adapter == "full"  # the whole model travels: the engine's default path
     ray = ray_settings(params, device)
     engine = params.runtime.engine
     if ray is not None and engine == "auto":
@@ -224,6 +275,7 @@ def build_simulation(
     # A reproduction's verdict window (federation.whole_test_last) measures the whole test
     # split; the other evaluations its data.test_subset rows.
     whole_test = federation.whole_test_last > 0 and params.data.evaluate == "test"
+    trainable = None if cell.whole else cell.trainable_keys
     sim = Simulation(
         model_fn=model_fn,
         algorithm=algo,
@@ -233,25 +285,18 @@ def build_simulation(
         shards=shards_of(part),
         noise_var=part.noise_var,
         local=engine_config(params.client, LocalConfig),
-        lr_schedule=engine_config(
-            params.lr_schedule, LRSchedule, lr=cell_lr(params, algorithm, adapter)
-        ),
+        lr_schedule=engine_config(params.lr_schedule, LRSchedule, lr=cell.lr),
         federation=federation,
         model=adapted,
         workers=resolve_workers(params.runtime.workers, device, m),
         device=device,
         callbacks=list(callbacks),
-        payload_keys=None if whole else method.payload_keys(adapted),
-        trainable=None if whole else method.trainable_keys(adapted),
-        engine=resolve_engine(
-            engine,
-            device,
-            adapted,
-            None if whole else method.trainable_keys(adapted),
-            part.noise_var or (),
-        ),
+        payload_keys=cell.payload_keys,
+        trainable=trainable,
+        engine=resolve_engine(engine, device, adapted, trainable, part.noise_var or ()),
         cohort_size=None if params.runtime.cohort_size == "auto" else params.runtime.cohort_size,
         ray=ray,
-        codecs=params.grid.codec(codec),
+        codecs=params.grid.codec(cell.codec),
+        checked=True,  # by prepare (or cell_of), when it resolved the cell
     )
     return Cell(sim, method, model_fn, adapted, device)

@@ -29,7 +29,7 @@ from fedcore import numerics
 from fedcore.engine import Simulation
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, RoundRecord
-from tasks.config import Params
+from tasks.grid import ResolvedCell
 from tasks.io import atomic_write_bytes
 
 FORMAT = 1
@@ -64,16 +64,11 @@ def significant(flat: dict[str, Any], neutral: tuple[str, ...] = NEUTRAL) -> dic
     return {k: v for k, v in flat.items() if not k.startswith(neutral)}
 
 
-def fingerprint(
-    params: Params,
-    algorithm: str,
-    adapter: str,
-    partition_hash: str,
-    base_path: str | Path | None = None,
-    codec: str = "none",
-) -> dict[str, Any]:
-    """What determines the cell's numbers, as a flat JSON-able mapping."""
-    flat = params.flat()
+def fingerprint(cell: ResolvedCell, partition_hash: str) -> dict[str, Any]:
+    """What determines ``cell``'s numbers on the partition of ``partition_hash``, as a flat
+    JSON-able mapping (its pretrain base's hash too: read here, the base written by now)."""
+    algorithm, adapter, codec = cell.algorithm, cell.adapter, cell.codec
+    flat = cell.params.flat()
     if flat.get("runtime.numerics") == numerics.AUTO:  # the mode this process computes in
         flat["runtime.numerics"] = numerics.mode_in_force()
     fp = significant(flat, _CELL_NEUTRAL)
@@ -85,10 +80,10 @@ def fingerprint(
         prefix = f"grid.codec_options.{codec}"
         fp.update({k: v for k, v in flat.items() if k == prefix or k.startswith(prefix + ".")})
     # the lr the cell trains at: grid.client_lr's entry for it, else client.lr (the same key)
-    fp["client.lr"] = params.grid.lr(algorithm, adapter, params.client.lr)
+    fp["client.lr"] = cell.lr
     fp["partition.hash"] = partition_hash
-    if base_path is not None:
-        fp["pretrain.base_sha256"] = hashlib.sha256(Path(base_path).read_bytes()).hexdigest()
+    if cell.base is not None:
+        fp["pretrain.base_sha256"] = hashlib.sha256(Path(cell.base).read_bytes()).hexdigest()
     return json.loads(json.dumps(fp, sort_keys=True, default=str))  # plain JSON values
 
 
@@ -111,8 +106,11 @@ def read(path: str | Path, fp: dict[str, Any]) -> dict[str, Any] | None:
     fix = f"delete {path} or run with --set runtime.resume=false to start the cell over"
     try:
         blob = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a torn or foreign file: never half-used
-        raise ConfigError(f"checkpoint {path} cannot be read ({exc}); {fix}") from None
+    except Exception:  # a torn or foreign file: never half-used (torch's own message says
+        # nothing of use here: several lines, a weights_only advice that does not apply)
+        raise ConfigError(
+            f"checkpoint {path} cannot be read (torn, or not a checkpoint fedapt wrote); {fix}"
+        ) from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise ConfigError(f"checkpoint {path} is not a fedapt checkpoint (format {FORMAT}); {fix}")
     diff = _differences(blob["fingerprint"], fp)
@@ -166,30 +164,3 @@ class Checkpointer(Callback):
         atomic_write_bytes(self.path, buf.getvalue())
         self.written.append(len(self.sim.history.rounds) if self.sim.history else 0)
         self._last = time.monotonic()
-
-
-def check_cells(
-    params: Params,
-    partition_hash: str,
-    directory: str | Path,
-    base_path: str | Path | None = None,
-) -> list[str]:
-    """Preflight of a rerun: every cell checkpoint in ``directory`` must be for this
-    configuration (else the one-line ConfigError of :func:`read`, before anything runs).
-    Returns the cells that will resume. A pretrain base not written yet is checked later,
-    by the cell itself."""
-    if not params.runtime.resume:
-        return []
-    base = Path(base_path) if base_path is not None else None
-    if params.model.base == "pretrain" and (base is None or not base.is_file()):
-        return []
-    from tasks.cell import grid_cells
-
-    resuming = []
-    for spec in grid_cells(params):
-        path = Path(directory) / f"{spec.name}.pt"
-        if path.is_file():
-            fp = fingerprint(params, spec.algorithm, spec.adapter, partition_hash, base, spec.codec)
-            if read(path, fp) is not None:
-                resuming.append(spec.name)
-    return resuming

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from fedcore.errors import ConfigError
+from fedcore.files import atomic_write_bytes, atomic_write_text  # noqa: F401 (for the tasks)
 
 
 def pid_alive(pid: int) -> bool:
@@ -49,26 +49,6 @@ def check_writable(key: str, path: str | Path) -> None:
                 "folder or fix its permissions"
             )
         return
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)  # no partial output, whatever stopped the write
-        if isinstance(exc, OSError) and exc.errno and exc.filename is None:  # ENOSPC, EIO: name it
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-        raise
-    return path
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode())
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:

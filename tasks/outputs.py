@@ -18,9 +18,9 @@ from fedcore import numerics, payload
 from fedcore.engine import History
 from fedcore.partition import Partition
 from tasks import figures, modelfile
-from tasks.cell import cell_lr, clients_per_round
-from tasks.config import Params
+from tasks.cell import clients_per_round
 from tasks.data import ExperimentData
+from tasks.grid import ResolvedCell
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 _TIMING_KEYS = (
@@ -66,12 +66,17 @@ def write_cell_outputs(
 
 
 def scores(record: dict[str, Any]) -> dict[str, Any]:
-    """The cell's headline numbers (DVC's metrics file): accuracy, MiB transmitted, rounds.
-    Hashes, versions and options stay in metrics.json (DVC params, MLflow tags)."""
+    """The cell's headline numbers (DVC's metrics file): accuracy in % (the unit of every
+    table and of MLflow's metrics, named ``_pct`` as there), MiB transmitted, rounds. Hashes,
+    versions and options stay in metrics.json (DVC params, MLflow tags)."""
     up, down = payload.mib(record["upload_bytes"]), payload.mib(record["download_bytes"])
+
+    def pct(x: float | None) -> float | None:
+        return None if x is None else round(100.0 * float(x), 6)
+
     return {
-        "final_accuracy": record["final_accuracy"],
-        "mean_accuracy_last_L": record["mean_accuracy_last_L"],
+        "final_accuracy_pct": pct(record["final_accuracy"]),
+        "mean_accuracy_last_L_pct": pct(record["mean_accuracy_last_L"]),
         "rounds": record["rounds"],
         "upload_mib": round(up, 6),
         "download_mib": round(down, 6),
@@ -107,22 +112,19 @@ def exit_accuracies(h: History) -> list[float]:
 
 
 def summary_record(
-    params: Params,
-    algorithm: str,
-    adapter: str,
+    cell: ResolvedCell,
     part: Partition,
     h: History,
     device: str,
     data: ExperimentData | None = None,
-    codec: str = "none",
 ) -> dict[str, Any]:
     """The cell's record (metrics.json, summary.json); ``data``: the evaluated rows' count
-    under data.evaluate: validation. ``codec``: the cell's update codec (recorded when it has
-    one)."""
+    under data.evaluate: validation. The cell's update codec is recorded when it has one."""
+    params = cell.params
     record = {
-        "algorithm": algorithm,
-        "adapter": adapter,
-        **({} if codec == "none" else {"codec": codec}),
+        "algorithm": cell.algorithm,
+        "adapter": cell.adapter,
+        **({} if cell.codec == "none" else {"codec": cell.codec}),
         "partition": part.scheme,
         "partition_params": part.params,
         "partition_hash": part.content_hash(),
@@ -153,7 +155,7 @@ def summary_record(
     }
     # Keys only when their params are set: records of runs without them stay as they were.
     if params.grid.client_lr:  # every cell's own lr, named in grid.client_lr or client.lr
-        record["client_lr"] = cell_lr(params, algorithm, adapter)
+        record["client_lr"] = cell.lr
     if params.data.evaluate != "test":  # accuracies and losses are of this split
         record["evaluated_on"] = params.data.evaluate
         if data is not None:

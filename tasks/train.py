@@ -17,14 +17,12 @@ from rich.console import Console
 from torch import nn
 
 from fedcore import numerics
-from fedcore.engine import RayBackend
-from fedcore.engine.ray_pool import ClientNodes
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from tasks import artifacts, checkpoint, modelfile, tracking
-from tasks.cell import Cell, build_simulation, cell_lr, cell_name, record_cell, require_base
-from tasks.config import Params
+from tasks.cell import Cell, build_simulation
 from tasks.data import ExperimentData, load_experiment_data
+from tasks.grid import ResolvedCell, record_cell
 from tasks.origin import Origin
 from tasks.outputs import summary_record, write_cell_outputs
 from tasks.partitioning import load_partition
@@ -36,40 +34,29 @@ _err = Console(stderr=True)
 
 
 def train_cell(
-    params: Params,
+    cell: ResolvedCell,
     data: ExperimentData,
     part: Partition,
-    algorithm: str,
-    adapter: str,
     out_dir: str | Path,
     callbacks: Sequence[Callback] = (),
     timing_file: str | Path | None = None,
-    base_path: str | Path | None = None,
-    codec: str = "none",
 ) -> dict[str, Any]:
     """Simulate one grid cell; writes its outputs (see ``tasks.outputs.write_cell_outputs``),
     returns its record."""
-    record, _ = train_cell_model(
-        params, data, part, algorithm, adapter, out_dir, callbacks, timing_file, base_path,
-        codec=codec,
-    )  # fmt: skip
+    record, _ = train_cell_model(cell, data, part, out_dir, callbacks, timing_file)
     return record
 
 
 def train_cell_model(
-    params: Params,
+    cell: ResolvedCell,
     data: ExperimentData,
     part: Partition,
-    algorithm: str,
-    adapter: str,
     out_dir: str | Path,
     callbacks: Sequence[Callback] = (),
     timing_file: str | Path | None = None,
-    base_path: str | Path | None = None,
     checkpoint_file: str | Path | None = None,
     keep_checkpoint: bool = False,
     model: nn.Module | None = None,
-    codec: str = "none",
 ) -> tuple[dict[str, Any], nn.Module]:
     """``train_cell``, and the trained (adapted) model in memory: the cell's one model
     instance with the final global state loaded (what registration logs).
@@ -80,26 +67,27 @@ def train_cell_model(
     cells' final checkpoints until the whole grid is done, so a rerun skips finished cells).
     ``model``: the cell's initial model when already built (``tasks.cell.initial_cell_model``).
     """
+    params = cell.params
     timer = LocalTrainingTime()
-    cell = build_simulation(
-        params, data, part, algorithm, adapter, base_path, [*callbacks, timer], model, codec
-    )
+    built = build_simulation(cell, data, part, [*callbacks, timer], model)
     sim, method, model_fn, adapted, device = (
-        cell.sim, cell.method, cell.model_fn, cell.adapted, cell.device
+        built.sim, built.method, built.model_fn, built.adapted, built.device
     )  # fmt: skip
     sizes = method.counts(adapted)
-    saver = _checkpoints(params, cell, algorithm, adapter, part, base_path, checkpoint_file, codec)
+    saver = _checkpoints(cell, built, part, checkpoint_file)
     # clients on Ray actors: the node of each, recorded beside the times (timing.json)
-    nodes = ClientNodes(sim.backend) if isinstance(sim.backend, RayBackend) else None
+    nodes = sim.backend.nodes()
     if nodes is not None:
         sim.callbacks.append(nodes)
     history = sim.run()
-    record = summary_record(params, algorithm, adapter, part, history, device, data, codec)
+    record = summary_record(cell, part, history, device, data)
     if params.personalize.enabled:
+        label = f"{cell.algorithm}/{cell.adapter}"
+        if cell.codec != "none":
+            label += f"/{cell.codec}"
         record["personalization"] = personalize_cell(
-            params, sim, model_fn(), method.trainable_keys(adapted),
-            f"{algorithm}/{adapter}" + ("" if codec == "none" else f"/{codec}"),
-        )  # fmt: skip
+            params, sim, model_fn(), cell.trainable_keys, label
+        )
     record.update(
         {
             "total_params": sizes.total_params,
@@ -114,13 +102,8 @@ def train_cell_model(
     )
     # A frozen-base cell stores what it trained (what the engine transmits) and a reference to
     # its base; full fine-tuning stores the whole model (tasks/modelfile.py).
-    trained = None if sim.payload_keys is None else list(sim.payload_keys)
-    # (the pretrain file only where model.base is pretrain: the DVC stage always names one)
-    base = (
-        None
-        if trained is None
-        else modelfile.base_reference(params, adapter, require_base(params, base_path))
-    )
+    trained = None if cell.whole else list(cell.payload_keys or ())
+    base = None if trained is None else modelfile.base_reference(params, cell.adapter, cell.base)
     write_cell_outputs(
         Path(out_dir), record, history, sim.global_state, timing_file, trained, base,
         None if nodes is None else nodes.to_dict(),
@@ -132,34 +115,27 @@ def train_cell_model(
 
 
 def _checkpoints(
-    params: Params,
-    cell: Cell,
-    algorithm: str,
-    adapter: str,
-    part: Partition,
-    base_path: str | Path | None,
-    path: str | Path | None,
-    codec: str = "none",
+    cell: ResolvedCell, built: Cell, part: Partition, path: str | Path | None
 ) -> checkpoint.Checkpointer | None:
-    """Resume ``cell`` from the checkpoint at ``path`` (if there is one for this
+    """Resume ``built`` from the checkpoint at ``path`` (if there is one for this
     configuration and ``runtime.resume``) and subscribe the writer of its checkpoints."""
     if path is None:
         return None
-    base = require_base(params, base_path)
-    fp = checkpoint.fingerprint(params, algorithm, adapter, part.content_hash(), base, codec)
+    params = cell.params
+    fp = checkpoint.fingerprint(cell, part.content_hash())
     state = checkpoint.read(path, fp) if params.runtime.resume else None
     if state is not None:
-        cell.sim.load_state_dict(state)
+        built.sim.load_state_dict(state)
         _err.print(
-            f"{cell_name(algorithm, adapter, codec)}: resuming after round {state['round']} from {path}",
+            f"{cell.name}: resuming after round {state['round']} from {path}",
             highlight=False,
             markup=False,
             soft_wrap=True,
         )
     if params.runtime.checkpoint_every == 0:
         return None
-    saver = checkpoint.Checkpointer(cell.sim, path, params.runtime.checkpoint_every, fp)
-    cell.sim.callbacks.insert(0, saver)  # before tracking: a failing server loses no round
+    saver = checkpoint.Checkpointer(built.sim, path, params.runtime.checkpoint_every, fp)
+    built.sim.callbacks.insert(0, saver)  # before tracking: a failing server loses no round
     return saver
 
 
@@ -186,37 +162,33 @@ class LocalTrainingTime(Callback):
 
 
 def run_cell(
-    params: Params,
+    cell: ResolvedCell,
     partition_dir: str | Path,
-    algorithm: str,
-    adapter: str,
     cell_dir: str | Path,
     parent_run_id: str | None = None,
-    tags: dict[str, str] | None = None,
     timing_file: str | Path | None = None,
-    base_path: str | Path | None = None,
     checkpoint_file: str | Path | None = None,
     keep_checkpoint: bool = False,
-    label: str | None = None,
     run_origin: Origin | None = None,
     slot: GridSlot | None = None,
     data: ExperimentData | None = None,
     part: Partition | None = None,
     model: nn.Module | None = None,
-    codec: str = "none",
 ) -> dict[str, Any]:
     """Train one cell with progress output and, if ``runtime.tracking``, an MLflow run with
     per-round metrics and the final (merged) model registered. Returns the summary record.
-    ``checkpoint_file``: see ``train_cell_model``. ``label``: the progress lines' and the
-    MLflow run's name (default ``<algorithm>-<adapter>``). ``run_origin``: how the run was
-    started (MLflow tags; a smoke run is not registered under ``tracking.register: auto``).
-    ``slot``: the cell's place in its grid, shown as ``cell k of N`` with the grid's progress
-    (display only). ``data``, ``part``, ``model``: the run's plan's (``flows.plan``), when
-    this process has them; else read from disk (``partition_dir``) and built here."""
+    ``checkpoint_file``: see ``train_cell_model``. The progress lines and the MLflow run are
+    named by the cell's label (``<cell>``, ``<cell> seed <s>`` in a sweep, tagged ``seed``).
+    ``run_origin``: how the run was started (MLflow tags; a smoke run is not registered
+    under ``tracking.register: auto``). ``slot``: the cell's place in its grid, shown as
+    ``cell k of N`` with the grid's progress (display only). ``data``, ``part``, ``model``:
+    the run's plan's (``flows.plan``), when this process has them; else read from disk
+    (``partition_dir``) and built here."""
+    params = cell.params
     run_origin = run_origin or Origin()
     data = data or load_experiment_data(params)
     part = part or load_partition(partition_dir)
-    name = label or cell_name(algorithm, adapter, codec)
+    name = cell.label
     grid, shown = GridTracker(slot), labelled(name, slot)
     callbacks: list[Callback] = [
         grid,  # first: the others show what it just wrote
@@ -225,26 +197,26 @@ def run_cell(
     ]
     run_id = None
     if params.runtime.tracking:
-        flat = {**params.flat(), "algorithm": algorithm, "adapter": adapter}
-        if codec != "none":
-            flat["codec"] = codec
+        flat = {**params.flat(), "algorithm": cell.algorithm, "adapter": cell.adapter}
+        if cell.codec != "none":
+            flat["codec"] = cell.codec
         if params.grid.client_lr:  # the cell's own lr beside the grid's mapping
-            flat["client_lr"] = cell_lr(params, algorithm, adapter)
+            flat["client_lr"] = cell.lr
         tags = {
             "partition_hash": part.content_hash(),
-            "algorithm": algorithm,
-            "adapter": adapter,
-            **({} if codec == "none" else {"codec": codec}),
+            "algorithm": cell.algorithm,
+            "adapter": cell.adapter,
+            **({} if cell.codec == "none" else {"codec": cell.codec}),
             **run_origin.tags(),
-            **(tags or {}),
+            **({} if cell.seed is None else {"seed": str(cell.seed)}),
         }
         run_id = tracking.start_cell_run(params.experiment.name, parent_run_id, name, flat, tags)
         callbacks.append(tracking.MlflowRounds(run_id))
     started = time.perf_counter()
     try:
         record, model = train_cell_model(
-            params, data, part, algorithm, adapter, cell_dir, callbacks, timing_file, base_path,
-            checkpoint_file, keep_checkpoint, model, codec,
+            cell, data, part, cell_dir, callbacks, timing_file, checkpoint_file,
+            keep_checkpoint, model,
         )  # fmt: skip
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         warn_divergence(record)
@@ -252,7 +224,7 @@ def run_cell(
             tracking.log_final_metrics(run_id, record)
             artifacts.log_cell(run_id, cell_dir, partition_dir)  # files, figures, partition
             if registers(params, data, record, run_origin, label=name):
-                record.update(register_model(params, data, adapter, model, run_id, record))
+                record.update(register_model(params, data, cell.adapter, model, run_id, record))
             record["mlflow_run_id"] = run_id
             tracking.end_run(run_id)
     except BaseException as exc:
@@ -287,56 +259,43 @@ def diverged(records: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _run_name() -> str:
-    """The Prefect task run's name: train-<cell>."""
+    """The Prefect task run's name: ``train-<cell>`` (``-seed-<s>`` in a sweep)."""
     from prefect.runtime import task_run
 
-    p = task_run.parameters
-    return "train-" + cell_name(p["algorithm"], p["adapter"], p.get("codec", "none"))
+    cell = task_run.parameters["cell"]
+    return f"train-{cell.name}" + ("" if cell.seed is None else f"-seed-{cell.seed}")
 
 
 @task(name="train", task_run_name=_run_name, cache_policy=NO_CACHE)
 def train_task(
-    params: Params,
+    cell: ResolvedCell,
     partition_dir: str,
-    algorithm: str,
-    adapter: str,
     runs_dir: str,
     parent_run_id: str | None = None,
-    base_path: str | None = None,
     checkpoint_dir: str | None = None,
-    seed: int | None = None,
     run_origin: Origin | None = None,
     slot: GridSlot | None = None,
     data: ExperimentData | None = None,
     part: Partition | None = None,
     model: Callable[[], nn.Module | None] | None = None,
-    codec: str = "none",
 ) -> dict:
-    """Simulate one (algorithm, adapter) cell on the partition; returns its summary record.
-    Its round checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow
-    removes them when the grid is done). ``seed``: the cell's seed in a seed sweep (its
-    MLflow run is named ``<cell> seed <seed>`` and tagged ``seed``). In the flow's process,
-    ``data``, ``part`` and ``model`` (called when the cell starts: its initial model) come
-    from the run's plan."""
+    """Simulate ``cell`` on the partition; returns its summary record. Its round
+    checkpoints go to ``checkpoint_dir/<cell>.pt`` and stay there (the flow removes them
+    when the grid is done). In the flow's process, ``data``, ``part`` and ``model`` (called
+    when the cell starts: its initial model) come from the run's plan."""
     # A Dask or Ray worker is a process of its own: the run's numerics before it computes.
-    numerics.apply(numerics.resolve(params.runtime.numerics, "native"), params.runtime.threads)
-    name = cell_name(algorithm, adapter, codec)
+    rt = cell.params.runtime
+    numerics.apply(numerics.resolve(rt.numerics, "native"), rt.threads)
     return run_cell(
-        params,
+        cell,
         partition_dir,
-        algorithm,
-        adapter,
-        Path(runs_dir) / name,
+        Path(runs_dir) / cell.name,
         parent_run_id,
-        tags=None if seed is None else {"seed": str(seed)},
-        base_path=base_path,
-        checkpoint_file=Path(checkpoint_dir) / f"{name}.pt" if checkpoint_dir else None,
+        checkpoint_file=Path(checkpoint_dir) / f"{cell.name}.pt" if checkpoint_dir else None,
         keep_checkpoint=True,
-        label=None if seed is None else f"{name} seed {seed}",
         run_origin=run_origin,
         slot=slot,
         data=data,
         part=part,
         model=None if model is None else model(),
-        codec=codec,
     )

@@ -170,11 +170,13 @@ def independent_accuracy(model: nn.Module, state, data, rows=None) -> float:
 def personal_test_split(data, shard, client: int, severity: int, seed: int, tune_fraction):
     """A client's corrupted data and held-out rows, as fedcore.personalize documents them:
     corruption from derive_seed(seed, stream, c, 0), split from derive_seed(seed, stream, c, 1)."""
-    from fedcore.personalize import _STREAM, corrupt
+    from fedcore.personalize import PERSONALIZE_STREAM, corrupt
 
     shard = np.asarray(shard, dtype=np.int64)
-    own = corrupt(data, shard, severity, derive_seed(seed, _STREAM, client, 0))
-    order = np.random.default_rng(derive_seed(seed, _STREAM, client, 1)).permutation(len(shard))
+    own = corrupt(data, shard, severity, derive_seed(seed, PERSONALIZE_STREAM, client, 0))
+    order = np.random.default_rng(derive_seed(seed, PERSONALIZE_STREAM, client, 1)).permutation(
+        len(shard)
+    )
     n_tune = min(len(shard) - 1, max(1, round(tune_fraction * len(shard))))
     return own, np.sort(order[n_tune:])
 
@@ -242,3 +244,11 @@ class Records(Callback):
 
     def on_round_end(self, record: RoundRecord) -> None:
         self.rounds.append(record)
+
+
+def spec_cell(params, algorithm: str, adapter: str, codec: str = "none", base=None):
+    """A resolved cell whose model keys do not matter (its fingerprint, names, lr)."""
+    from tasks.cell import resolve_cell
+    from tasks.grid import CellSpec
+
+    return resolve_cell(params, CellSpec(algorithm, adapter, codec), (None, frozenset()), base)

@@ -35,6 +35,10 @@ from fedcore.options import FORBID_EXTRA
 from fedcore.payload import StateDict
 from fedcore.sampling import SamplingConfig, sample_clients
 
+# The keys of an algorithm's extras on the wire (``fedcore.wire`` puts them there):
+MESSAGE = "__message__."  # server -> client, inside a download payload (``ClientTask.message``)
+UPLOAD = "__upload__."  # client -> server, inside an upload (``client_upload``)
+
 
 @dataclass
 class ClientUpdate:

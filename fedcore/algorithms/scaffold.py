@@ -49,6 +49,7 @@ from annotated_types import Gt
 
 from fedcore.aggregate import sgd_normalizer, stacked, weighted_average
 from fedcore.algorithms.base import (
+    UPLOAD,
     ClientTask,
     ClientUpdate,
     ClientView,
@@ -60,7 +61,6 @@ from fedcore.client import LocalConfig, Objective, cross_entropy
 from fedcore.errors import ConfigError
 from fedcore.options import Float
 from fedcore.payload import StateDict
-from fedcore.wire import UPLOAD
 
 
 def corrected_loss(

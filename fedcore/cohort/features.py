@@ -13,7 +13,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedcore.client import split_state
-from fedcore.cohort.util import _common_module, _params, _unchanged, _under, available_memory
+from fedcore.cohort.util import available_memory, common_module, picked, unchanged, under
 from fedcore.payload import StateDict
 from fedcore.protocols import cls_index, exit_heads, exit_plan
 
@@ -79,14 +79,14 @@ class FeatureCaches:
         training forward pass computes them, else as evaluation (``model.eval()``) does."""
         if not train_keys or not hasattr(data, "labels") or not len(shards):
             return None
-        path = _common_module(train_keys)
+        path = common_module(train_keys)
         if not path:
             return None
         key = (id(data), tuple(train_keys), training)
         if key in self._caches and self._caches[key] is None:
             return None  # found not cacheable for this model, trained part and data
         cache = self._caches.get(key)
-        if cache is not None and _unchanged(frozen, cache.frozen_refs):
+        if cache is not None and unchanged(frozen, cache.frozen_refs):
             rows = torch.cat(list(shards)) if shards else torch.zeros(0, dtype=torch.int64)
             cache.ensure(rows)
             return cache
@@ -113,7 +113,7 @@ class FeatureCaches:
                 bufs = {k: v.clone() for k, v in buffers.items()}
                 with torch.no_grad():
                     out = functional_call(
-                        self.model, ({**frozen, **_params(work, train_keys)}, bufs), (x,)
+                        self.model, ({**frozen, **picked(work, train_keys)}, bufs), (x,)
                     )
             finally:
                 self.model.train(mode)
@@ -188,13 +188,13 @@ class FeatureCaches:
         if key in self._caches and self._caches[key] is None:
             return None
         cache = self._caches.get(key)
-        if cache is not None and _unchanged(frozen, cache.frozen_refs):
+        if cache is not None and unchanged(frozen, cache.frozen_refs):
             cache.ensure(torch.cat(list(shards)))
             return cache
         self._caches.pop(key, None)
         blocks = model.get_submodule(plan.blocks_path)
         cls = cls_index(model)
-        params = {**frozen, **_params(work, train_keys)}
+        params = {**frozen, **picked(work, train_keys)}
 
         def run(
             rows: torch.Tensor, exit_k: int, train_mode: bool = training
@@ -235,7 +235,7 @@ class FeatureCaches:
             for k in range(plan.num_exits) if ok else ():
                 z, out = run(probe_rows, k, True)  # the training forward pass at exit k
                 head = model.get_submodule(heads[k])
-                logits = functional_call(head, _under(params, heads[k] + "."), (z[:, k],))
+                logits = functional_call(head, under(params, heads[k] + "."), (z[:, k],))
                 ok = ok and torch.equal(out, logits) and torch.equal(z[:, k], trained[:, k])
         n = len(data.labels)
         row_bytes = feats[0].numel() * feats.element_size()
@@ -287,7 +287,7 @@ class FeatureCaches:
         mode = head.training
         head.eval()
         try:
-            own = _under(work, cache.prefix)
+            own = under(work, cache.prefix)
             correct, loss_sum = 0, 0.0
             for pos in idx.split(batch_size):
                 x, y = cache.batch(pos)
@@ -310,7 +310,7 @@ class FeatureCaches:
             z, y = cache.batch(pos)
             for k, path in enumerate(heads):
                 head = self.model.get_submodule(path)
-                logits = functional_call(head, _under(work, path + "."), (z[:, k],))
+                logits = functional_call(head, under(work, path + "."), (z[:, k],))
                 hits = logits.argmax(dim=1) == y
                 per_exit[k] += int(hits.sum())
                 if k == chosen:

@@ -10,7 +10,7 @@ import numpy as np
 from torch import nn
 
 from fedcore.client import Objective, ObjectiveFn
-from fedcore.cohort.util import _common_module
+from fedcore.cohort.util import common_module
 from fedcore.errors import ConfigError
 from fedcore.protocols import exit_heads, exit_plan
 
@@ -55,7 +55,7 @@ def resolve_engine(
         return "sequential"
     if exit_plan(model) is not None:  # cached CLS history: lw_linear, lw_mlp
         return "cohort" if exit_heads(model) is not None else "sequential"
-    return "cohort" if _common_module(sorted(trainable)) else "sequential"
+    return "cohort" if common_module(sorted(trainable)) else "sequential"
 
 
 def check_batchable(model: nn.Module) -> None:

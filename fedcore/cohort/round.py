@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fedcore import payload
-from fedcore.algorithms.base import ClientTask, ClientView, FederatedAlgorithm
+from fedcore.algorithms.base import UPLOAD, ClientTask, ClientView, FederatedAlgorithm
 from fedcore.client import ImageData, LocalConfig
 from fedcore.codecs import Codecs, apply_update, encode_update
 from fedcore.cohort.layout import CohortResult
@@ -18,7 +18,6 @@ from fedcore.cohort.plan import CohortClient, shared_objective
 from fedcore.cohort.trainer import CohortTrainer
 from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
-from fedcore.wire import UPLOAD
 
 
 def cohort_round(

@@ -30,7 +30,7 @@ from fedcore.cohort.layout import (
 )
 from fedcore.cohort.optim import adam_step, sgd_step
 from fedcore.cohort.plan import CohortClient
-from fedcore.cohort.util import _under, activation_bytes, available_memory
+from fedcore.cohort.util import activation_bytes, available_memory, under
 from fedcore.errors import ConfigError
 from fedcore.payload import StateDict
 from fedcore.protocols import exit_heads, exit_plan
@@ -114,10 +114,8 @@ class CohortTrainer:
             return probe
         params = {k: v.detach().clone().requires_grad_(True) for k, v in trainable.items()}
         bufs = {k: v.clone() for k, v in buffers.items()}
-        fixed = _under(frozen, prefix)
-        logits = functional_call(
-            target, (_under(params, prefix) | _under(bufs, prefix), fixed), (x,)
-        )
+        fixed = under(frozen, prefix)
+        logits = functional_call(target, (under(params, prefix) | under(bufs, prefix), fixed), (x,))
         loss = fn(logits, y, params, ctx)
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         used = tuple(k for k, g in zip(params, grads, strict=True) if g is not None)
@@ -358,10 +356,10 @@ class CohortTrainer:
 def _vmapped(target, prefix, fn, frozen, shared_bufs):  # type: ignore[no-untyped-def]
     """One local step of stacked clients: vmap over grad_and_value of the objective, built
     once per cohort and step configuration, reused every step."""
-    fixed = _under(frozen, prefix) | _under(shared_bufs, prefix)
+    fixed = under(frozen, prefix) | under(shared_bufs, prefix)
 
     def loss_of(p, idle_p, bufs, xb, yb, ctx):  # type: ignore[no-untyped-def]
-        own = _under(p, prefix) | _under(idle_p, prefix) | _under(bufs, prefix)
+        own = under(p, prefix) | under(idle_p, prefix) | under(bufs, prefix)
         logits = functional_call(target, (own, fixed), (xb,))
         return fn(logits, yb, {**p, **idle_p}, ctx)
 

@@ -48,7 +48,7 @@ def activation_bytes(model: nn.Module, state: StateDict, x: torch.Tensor) -> int
     return total
 
 
-def _under(d: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+def under(d: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The entries of ``d`` under module ``prefix`` ("fc3."), named relative to it."""
     if not prefix:
         return dict(d)
@@ -56,7 +56,7 @@ def _under(d: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor
     return {k[n:]: v for k, v in d.items() if k.startswith(prefix)}
 
 
-def _unchanged(frozen: Mapping[str, torch.Tensor], refs: Mapping[str, torch.Tensor]) -> bool:
+def unchanged(frozen: Mapping[str, torch.Tensor], refs: Mapping[str, torch.Tensor]) -> bool:
     """The frozen tensors still hold the values a cache was computed from."""
     return all(
         frozen[k] is ref
@@ -66,11 +66,12 @@ def _unchanged(frozen: Mapping[str, torch.Tensor], refs: Mapping[str, torch.Tens
     )
 
 
-def _params(work: StateDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+def picked(work: StateDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The entries of ``work`` at ``keys``, in that order."""
     return {k: work[k] for k in keys}
 
 
-def _common_module(keys: Sequence[str]) -> str:
+def common_module(keys: Sequence[str]) -> str:
     """The deepest module holding every key ("" when it is the model itself)."""
     parts = [k.split(".")[:-1] for k in keys]
     common: list[str] = []

@@ -29,30 +29,47 @@ The package, by job:
   :class:`ClientResult`; ``ray_cluster``: connecting to Ray (lazily imported).
 """
 
+from typing import Any
+
 from fedcore.engine.backends import (
+    BACKENDS,
     Backend,
     CohortBackend,
     Evaluation,
+    Placement,
     SequentialBackend,
     WireBackend,
     Workload,
 )
 from fedcore.engine.config import FederationConfig, initial_model
-from fedcore.engine.pool import PoolBackend
 from fedcore.engine.ray_cluster import RaySettings
-from fedcore.engine.ray_pool import RayBackend, RayCohortBackend
 from fedcore.engine.simulation import Simulation
 from fedcore.events import History
 from fedcore.jobs import ClientResult
 from fedcore.sampling import derive_seed, sample_clients
 
+
+def __getattr__(name: str) -> Any:
+    """The backends of other modules (``PoolBackend``, ``RayBackend``, ``RayCohortBackend``),
+    imported when first named: ``import fedcore.engine`` imports no backend a run may not use."""
+    for path in BACKENDS.values():
+        module, _, cls = path.partition(":")
+        if cls == name:
+            import importlib
+
+            return getattr(importlib.import_module(module), cls)
+    raise AttributeError(f"module 'fedcore.engine' has no attribute {name!r}")
+
+
 __all__ = [
+    "BACKENDS",
     "Backend",
     "ClientResult",
     "CohortBackend",
     "Evaluation",
     "FederationConfig",
     "History",
+    "Placement",
     "PoolBackend",
     "RayBackend",
     "RayCohortBackend",

@@ -16,6 +16,7 @@ subclass that says how it maps jobs (``_map``) and how it starts and stops.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -24,17 +25,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import nn
 
 from fedcore import payload
-from fedcore.algorithms.base import ClientTask, FederatedAlgorithm
-from fedcore.client import ImageData, LocalConfig
-from fedcore.codecs import Codecs
+from fedcore.algorithms.base import ClientTask
+from fedcore.client import ImageData
 from fedcore.cohort import CohortTrainer, check_batchable
 from fedcore.cohort.round import cohort_round
 from fedcore.jobs import (
     ClientResult,
-    Context,
+    Workload,
     client_job,
     eval_job,
     eval_state,
@@ -46,39 +45,6 @@ from fedcore.payload import StateDict
 
 # A client's download as ``fedcore.wire.downloads`` gives it: (download, held, download bytes).
 Download = tuple[bytes | None, bytes | None, int]
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What every backend trains and evaluates: the run's model and data, fixed for the run."""
-
-    model_fn: Callable[[], nn.Module]  # builds a worker process's own model
-    model: nn.Module  # the initial global model: the one model instance of this process
-    algorithm: FederatedAlgorithm
-    train: ImageData
-    test: ImageData
-    shards: Sequence[np.ndarray]
-    noise_var: Sequence[float]
-    local: LocalConfig
-    device: str
-    codecs: Codecs = Codecs()  # how uploads and downloads are encoded (none: float32)
-
-    def context_args(self) -> tuple[Any, ...]:
-        """``fedcore.jobs.Context``'s fields after the model."""
-        return (
-            self.algorithm,
-            self.train,
-            self.test,
-            self.shards,
-            self.noise_var,
-            self.local,
-            self.codecs,
-            self.device,
-        )
-
-    def context(self) -> Context:
-        """This process's clients' context: the initial model, on the device, trains them."""
-        return Context(self.model.to(self.device), *self.context_args())
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +67,47 @@ class Evaluation:
         )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a run's clients train, as ``Simulation`` resolved it: its worker
+    processes, clients per round, cohort size, the adapter's trainable keys and Ray's settings
+    (None: this machine). Every backend is made from a workload and one of these."""
+
+    workers: int = 0
+    clients_per_round: int = 1
+    cohort_size: int | None = None
+    trainable: frozenset[str] | None = None
+    ray: Any = None  # fedcore.engine.ray_cluster.RaySettings
+
+
+# Where the clients train, by name -> ``module:class``: a backend's module is imported when a
+# run uses it (the Ray backends' only by Ray runs).
+BACKENDS: dict[str, str] = {
+    "sequential": "fedcore.engine.backends:SequentialBackend",
+    "pool": "fedcore.engine.pool:PoolBackend",
+    "cohort": "fedcore.engine.backends:CohortBackend",
+    "ray": "fedcore.engine.ray_pool:RayBackend",
+    "ray_cohort": "fedcore.engine.ray_pool:RayCohortBackend",
+}
+
+
+def backend_name(engine: str, where: Placement) -> str:
+    """The backend of ``engine`` (cohort | sequential) at ``where``: the cohort engine, here
+    or on Ray actors; else Ray actors, worker processes, or this process."""
+    if engine == "cohort":
+        return "ray_cohort" if where.ray is not None else "cohort"
+    if where.ray is not None:
+        return "ray"
+    return "pool" if where.workers >= 1 else "sequential"
+
+
+def make_backend(name: str, work: Workload, where: Placement) -> Backend:
+    """Backend ``name`` of :data:`BACKENDS` for ``work`` at ``where``."""
+    module, _, cls = BACKENDS[name].partition(":")
+    backend: type[Backend] = getattr(importlib.import_module(module), cls)
+    return backend.create(work, where)
+
+
 class Backend(ABC):
     """Trains a round's clients and evaluates the global model for ``Simulation``.
 
@@ -113,6 +120,16 @@ class Backend(ABC):
     # The downloads are encoded for the clients to decode (the wire); False: the clients read
     # the global model in place and only the download bytes are counted (``wire.downloads``).
     encodes: ClassVar[bool] = True
+
+    @classmethod
+    @abstractmethod
+    def create(cls, work: Workload, where: Placement) -> Backend:
+        """This backend for ``work`` at ``where`` (what of it the backend uses)."""
+
+    def nodes(self) -> Any:
+        """A callback recording which node trained each client, for backends that place
+        clients on other machines (Ray); None: every client trains on this machine."""
+        return None
 
     def start(self, global_state: StateDict) -> StateDict:
         """Get ready to train; the global state where the backend keeps it for the run."""
@@ -195,10 +212,14 @@ class SequentialBackend(WireBackend):
 
     def __init__(self, work: Workload) -> None:
         self.work = work
-        self.ctx: Context | None = None
+        self.ctx: Workload | None = None
+
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> SequentialBackend:
+        return cls(work)
 
     def start(self, global_state: StateDict) -> StateDict:
-        self.ctx = self.work.context()  # the initial model trains the clients in turn
+        self.ctx = self.work.on_device()  # the initial model trains the clients in turn
         return global_state
 
     def _map(
@@ -238,14 +259,18 @@ class CohortBackend(Backend):
         self.work = work
         self.max_clients = max_clients  # clients per cohort (None: as many as memory allows)
         self.trainable = trainable  # the adapter's trainable keys (None: every parameter)
-        self.ctx: Context | None = None
+        self.ctx: Workload | None = None
         self.trainer: CohortTrainer | None = None
         self.train_data: ImageData = work.train
         self.test_data: ImageData = work.test
 
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> CohortBackend:
+        return cls(work, max_clients=where.cohort_size, trainable=where.trainable)
+
     def start(self, global_state: StateDict) -> StateDict:
         work = self.work
-        self.ctx = work.context()
+        self.ctx = work.on_device()
         self.trainer = CohortTrainer(
             self.ctx.model, device=work.device, max_clients=self.max_clients
         )

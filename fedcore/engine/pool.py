@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from fedcore.engine.backends import Retries, WireBackend, Workload
+from fedcore.engine.backends import Placement, Retries, WireBackend, Workload
 from fedcore.jobs import init_pool_worker
 from fedcore.payload import StateDict
 
@@ -27,13 +27,17 @@ class PoolBackend(WireBackend):
         self.pool: cf.ProcessPoolExecutor | None = None
         self.retries = Retries("worker process", "worker processes")
 
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> PoolBackend:
+        return cls(work, where.workers)
+
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         # Workers die with this process (jobs.die_with_parent), even when it is killed -9.
         return cf.ProcessPoolExecutor(
             max_workers=self.workers,
             mp_context=mp.get_context("spawn"),
             initializer=init_pool_worker,
-            initargs=(os.getpid(), self.work.model_fn, *self.work.context_args()),
+            initargs=(os.getpid(), self.work.shipped()),
         )
 
     def start(self, global_state: StateDict) -> StateDict:

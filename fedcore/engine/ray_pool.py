@@ -24,18 +24,22 @@ evaluation jobs. A slice is the unit of retry: lost twice, its clients are count
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from fedcore import payload
 from fedcore.algorithms.base import ClientTask
 from fedcore.cohort import check_batchable
-from fedcore.engine.backends import CohortBackend, Retries, WireBackend, Workload, job_clients
+from fedcore.engine.backends import (
+    Placement,
+    Retries,
+    WireBackend,
+    Workload,
+    job_clients,
+)
+from fedcore.engine.ray_actors import ClientActor, CohortActor, cohort_job
 from fedcore.engine.ray_cluster import (
     RaySettings,
     actor_count,
@@ -53,140 +57,19 @@ from fedcore.payload import StateDict
 START_SECONDS = 180.0  # how long the actors may take to start before it is one line
 
 
-class ClientActor:
-    """One Ray actor: one model replica, serving client and evaluation jobs in turn."""
-
-    def __init__(self, model_fn: Callable, context_args: tuple) -> None:
-        from fedcore import jobs, numerics
-        from fedcore.device import prepare_cuda
-
-        numerics.apply_inherited()  # the driver's numerics mode, before anything computes
-        # The object store hands arrays back read-only (zero copy): the shards (Workload.
-        # context_args()[3], small) are copied so torch.as_tensor can take them as they are.
-        args = list(context_args)
-        args[3] = [np.array(s) for s in args[3]]
-        self.device = str(args[-1])  # Workload.context_args() ends with the device
-        if self.device != "cpu":
-            prepare_cuda()  # before the first CUDA call, as in the driver
-        jobs.init_worker(model_fn, *args)
-        assert jobs.WORKER is not None
-        jobs.WORKER.model.to(self.device)  # as Workload.context() does in this process
-
-    def node(self) -> str:
-        """The id of the Ray node this actor runs on."""
-        import ray
-
-        return str(ray.get_runtime_context().get_node_id())
-
-    def run(self, fn: Callable, *job: Any) -> tuple[Any, str]:
-        """``fn(*job)`` (a ``fedcore.jobs`` worker job) and the node it ran on."""
-        from fedcore.device import deterministic
-
-        with deterministic(self.device):  # CUDA: the driver's deterministic settings
-            return fn(*(writable(a) for a in job)), self.node()
-
-
-def writable(arg: Any) -> Any:
-    """``arg`` with its read-only arrays copied: Ray hands arrays to an actor read-only (zero
-    copy), torch.as_tensor warns on them; a client task's indices, an evaluation's chunk, in
-    lists, tuples and dicts (a cohort's tasks and its keyword arguments) too."""
-    if isinstance(arg, np.ndarray):
-        return arg if arg.flags.writeable else arg.copy()
-    if type(arg) in (list, tuple):
-        return type(arg)(writable(a) for a in arg)
-    if type(arg) is dict:
-        return {k: writable(v) for k, v in arg.items()}
-    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
-        fields = {f.name: getattr(arg, f.name) for f in dataclasses.fields(arg)}
-        arrays = {k: writable(v) for k, v in fields.items() if isinstance(v, np.ndarray)}
-        changed = {k: v for k, v in arrays.items() if v is not fields[k]}
-        return dataclasses.replace(arg, **changed) if changed else arg
-    return arg
-
-
-COHORT: CohortBackend | None = None  # a cohort actor's backend (set in its own process)
-
-
-class CohortActor(ClientActor):
-    """A client actor that trains cohorts: a ``CohortBackend`` over its model replica (the
-    same model serves the evaluation jobs), single-threaded on the CPU as a client actor is."""
-
-    def __init__(
-        self,
-        model_fn: Callable,
-        context_args: tuple,
-        max_clients: int | None,
-        trainable: frozenset[str] | None,
-    ) -> None:
-        global COHORT
-        super().__init__(model_fn, context_args)
-        from fedcore import jobs
-
-        ctx = jobs.WORKER
-        assert ctx is not None
-        work = Workload(
-            model_fn, ctx.model, ctx.algorithm, ctx.train, ctx.test, ctx.shards,
-            ctx.noise_var, ctx.local, ctx.device, ctx.codecs,
-        )  # fmt: skip
-        COHORT = CohortBackend(work, max_clients=max_clients, trainable=trainable)
-        COHORT.start({})
-
-
-def cohort_job(
-    global_state: StateDict, tasks: list[ClientTask], kwargs: dict[str, Any]
-) -> list[ClientResult | None]:
-    """A cohort actor's job: ``tasks`` trained as cohorts from ``global_state``
-    (``CohortBackend.train`` with the round's keyword arguments for these tasks: a state
-    dict among them, such as a download codec's start state, comes as an ObjectRef, put once
-    per round), each result's tensors its own, on the host (:func:`materialised`)."""
-    import ray
-
-    assert COHORT is not None, "a CohortActor's job"
-    device = COHORT.work.device
-    kwargs = {
-        k: on_device(ray.get(v), device) if isinstance(v, ray.ObjectRef) else v
-        for k, v in kwargs.items()
-    }
-    results = COHORT.train(on_device(global_state, device), tasks, **kwargs)
-    return materialised(results)
-
-
-def on_device(state: StateDict, device: str) -> StateDict:
-    return {k: v.to(device) for k, v in state.items()}
-
-
-def materialised(results: list[ClientResult | None]) -> list[ClientResult | None]:
-    """``results`` with every upload and error-feedback memory copied to the host: a
-    cohort's uploads are rows (``payload.Row``) of its stacked states, views that would drag
-    the actor's device memory or a larger buffer along; each stack is copied once and its
-    rows kept, so the server still reduces a cohort's rows in one call per tensor
-    (``fedcore.aggregate.stacked``)."""
-    stacks: dict[int, dict[str, torch.Tensor]] = {}
-
-    def host(state: Any) -> Any:
-        if state is None:
-            return None
-        if isinstance(state, payload.Row):
-            if id(state.stack) not in stacks:
-                stacks[id(state.stack)] = {k: host_copy(v) for k, v in state.stack.items()}
-            return payload.Row(stacks[id(state.stack)], state.i)
-        return {k: host_copy(v) for k, v in state.items()}
-
-    return [
-        None if r is None else dataclasses.replace(r, upload=host(r.upload), memory=host(r.memory))
-        for r in results
-    ]
-
-
-def host_copy(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True)
-
-
 class RayBackend(WireBackend):
     """Ray actors, each serving clients one after another (``settings.actors`` of them, or
     what the cluster holds, at most ``clients`` the round's)."""
 
     actor_class: type = ClientActor
+
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> RayBackend:
+        assert where.ray is not None, "a Ray backend needs Ray's settings"
+        return cls(work, where.ray, where.clients_per_round)
+
+    def nodes(self) -> ClientNodes:
+        return ClientNodes(self)
 
     def __init__(self, work: Workload, settings: RaySettings, clients: int) -> None:
         self.work = work
@@ -217,7 +100,7 @@ class RayBackend(WireBackend):
             )
             check_gpus(self.settings, self.work.device, nodes)
             count = actor_count(self.settings, self.clients, nodes)
-            self._context = ray.put(self.work.context_args())
+            self._context = ray.put(self.work.shipped())
             self._remote = ray.remote(self.actor_class).options(
                 num_cpus=self.settings.actor_cpus,
                 num_gpus=self.settings.actor_gpus,
@@ -233,7 +116,7 @@ class RayBackend(WireBackend):
         return global_state
 
     def _new_actor(self) -> Any:
-        return self._remote.remote(self.work.model_fn, self._context)
+        return self._remote.remote(self._context)
 
     def _probe(self) -> None:
         """Every actor up (its model built) before training: one line where one cannot start
@@ -401,6 +284,11 @@ class RayCohortBackend(RayBackend):
     encodes = False  # as the local cohort engine: the clients read the global state
     actor_class = CohortActor
 
+    @classmethod
+    def create(cls, work: Workload, where: Placement) -> RayCohortBackend:
+        assert where.ray is not None, "a Ray backend needs Ray's settings"
+        return cls(work, where.ray, where.clients_per_round, where.cohort_size, where.trainable)
+
     def __init__(
         self,
         work: Workload,
@@ -415,9 +303,7 @@ class RayCohortBackend(RayBackend):
         self.trainable = trainable
 
     def _new_actor(self) -> Any:
-        return self._remote.remote(
-            self.work.model_fn, self._context, self.cohort_size, self.trainable
-        )
+        return self._remote.remote(self._context, self.cohort_size, self.trainable)
 
     def slices(self, n: int, actors: int) -> list[slice]:
         """The round's ``n`` training tasks cut into contiguous slices, in sampling order:

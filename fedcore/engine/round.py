@@ -12,50 +12,84 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from fedcore import payload
 from fedcore.algorithms.base import ClientTask, ClientUpdate, FederatedAlgorithm
 from fedcore.client import LocalConfig
-from fedcore.codecs import download_state
+from fedcore.codecs import Codecs, download_state
 from fedcore.engine.backends import Backend, Download
+from fedcore.engine.config import FederationConfig
 from fedcore.events import ClientRecord, RoundRecord
 from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
 from fedcore.sampling import CLIENT_STREAM, Outcome, derive_seed, dropout_active, round_outcomes
+from fedcore.schedules import LRSchedule
 from fedcore.wire import downloads, received, restrict
 
-if TYPE_CHECKING:
-    from fedcore.engine.simulation import Simulation
+
+@dataclass(frozen=True)
+class RoundSetup:
+    """What every round of a run reads, fixed for the run (``Simulation`` makes it once):
+    the federation, the lr schedule, local training, the algorithm, the client shards, the
+    adapter's payload and trainable keys (None: the whole model), the codecs, the backend, the
+    frozen base's encodings (filled once), the events and the evaluation (accuracy, loss and
+    the accuracy at each early exit)."""
+
+    cfg: FederationConfig
+    schedule: LRSchedule
+    local: LocalConfig
+    algorithm: FederatedAlgorithm
+    shards: Sequence[np.ndarray]
+    payload_keys: tuple[str, ...] | None
+    trainable: frozenset[str] | None
+    codecs: Codecs
+    backend: Backend
+    base_cache: dict[tuple[str, ...], bytes]
+    emit: Callable[..., None]
+    evaluate: Callable[[bool], tuple[float, float, list[float]]]
 
 
-def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundRecord:
-    """Round ``r`` of ``sim``: its global model and server state move on; its record back
+@dataclass
+class ServerState:
+    """What the server keeps from round to round (checkpointed): the global model, the
+    clients that hold the frozen base, and each client's error-feedback memory."""
+
+    global_state: StateDict
+    base_holders: set[int] = field(default_factory=set)
+    codec_memory: dict[int, StateDict] = field(default_factory=dict)
+
+
+def play_round(
+    run: RoundSetup, server: ServerState, r: int, cum_down: int, cum_up: int
+) -> RoundRecord:
+    """Round ``r``: ``server``'s global model and memory move on; its record back
     (``cum_down``, ``cum_up``: the bytes of the rounds before it)."""
     t0 = time.perf_counter()
-    cfg = sim.cfg
-    lr = sim.schedule.at(r)
-    clients = sim.algorithm.select_clients(cfg, [len(s) for s in sim.shards], r)
-    sim.emit("on_round_start", r, clients, lr)
+    cfg = run.cfg
+    lr = run.schedule.at(r)
+    clients = run.algorithm.select_clients(cfg, [len(s) for s in run.shards], r)
+    run.emit("on_round_start", r, clients, lr)
     tasks = [
-        restrict(t, sim.payload_keys, sim.trainable)
-        for t in sim.algorithm.plan_round(r, clients, sim.shards, cfg.seed)
+        restrict(t, run.payload_keys, run.trainable)
+        for t in run.algorithm.plan_round(r, clients, run.shards, cfg.seed)
     ]
-    if sim.payload_keys is not None:
-        sim.base_holders.update(t.client_id for t in tasks)  # first time: base download
-    codecs = sim.codecs
+    if run.payload_keys is not None:
+        server.base_holders.update(t.client_id for t in tasks)  # first time: base download
+    codecs = run.codecs
     # Through a download codec the clients start from the global model as they decode it.
     start = None
     if codecs.download is not None:
-        start = download_state(codecs.download, sim.global_state, codecs.raw)[1]
+        start = download_state(codecs.download, server.global_state, codecs.raw)[1]
     payloads = downloads(
-        sim.global_state,
+        server.global_state,
         tasks,
-        encode=sim.backend.encodes,
+        encode=run.backend.encodes,
         # the frozen base of an adapter never changes: encoded once per run
-        base_cache=sim.base_cache if sim.payload_keys is not None else None,
+        base_cache=run.base_cache if run.payload_keys is not None else None,
         codec=codecs.download,
         start=start,
         raw=codecs.raw,
@@ -63,22 +97,22 @@ def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundReco
     # Who reports (fedcore.sampling.round_outcomes), decided before anything trains from
     # (seed, round, client, slot): a client that does not report still downloaded.
     outcomes = round_outcomes(
-        cfg, r, [t.client_id for t in tasks], [planned_steps(sim.local, t) for t in tasks]
+        cfg, r, [t.client_id for t in tasks], [planned_steps(run.local, t) for t in tasks]
     )
     seeds = [
         derive_seed(cfg.seed, CLIENT_STREAM, r, t.client_id, slot) for slot, t in enumerate(tasks)
     ]
     memories = None
     if codecs.upload is not None and codecs.upload.uses_memory:
-        memories = [sim.codec_memory.get(t.client_id) for t in tasks]
+        memories = [server.codec_memory.get(t.client_id) for t in tasks]
     results = dispatch(
-        sim.backend, sim.global_state, received(codecs.download, tasks), outcomes, lr, seeds,
+        run.backend, server.global_state, received(codecs.download, tasks), outcomes, lr, seeds,
         payloads, start=start, memories=memories,
     )  # fmt: skip
-    updates, rejected, up = receive_uploads(sim.emit, r, tasks, outcomes, results, payloads)
+    updates, rejected, up = receive_uploads(run.emit, r, tasks, outcomes, results, payloads)
     for res in results:  # the clients' error-feedback memory, kept where the server accepted
         if res is not None and res.memory is not None and res.finite:
-            sim.codec_memory[res.client_id] = res.memory
+            server.codec_memory[res.client_id] = res.memory
     dropped = tuple(t.client_id for t, res in zip(tasks, results, strict=True) if res is None)
     extra: dict[str, float] = {}
     if dropout_active(cfg) or dropped:
@@ -88,21 +122,21 @@ def play_round(sim: Simulation, r: int, cum_down: int, cum_up: int) -> RoundReco
         if len(dropped) == len(tasks):
             extra["no_client_reported"] = 1.0  # the model and server state are unchanged
     if updates:  # else the model and any server optimiser state stay as they were
-        merged = server_step(sim.algorithm, sim.global_state, updates, r)
+        merged = server_step(run.algorithm, server.global_state, updates, r)
         if merged is not None:
-            sim.global_state = merged
+            server.global_state = merged
         else:
             extra["nonfinite_global_rejected"] = 1.0
-    extra.update(sim.algorithm.round_extra(r, updates))
+    extra.update(run.algorithm.round_extra(r, updates))
     if memories is not None:  # client memory, not traffic: what error feedback holds
         extra["codec_memory_bytes"] = float(
-            sum(payload.tensor_nbytes(m) for m in sim.codec_memory.values())
+            sum(payload.tensor_nbytes(m) for m in server.codec_memory.values())
         )
     down = sum(p[2] for p in payloads)  # every sampled client downloaded
     acc = test_loss = None
     if cfg.eval_every and (r % cfg.eval_every == 0 or r == cfg.rounds):
-        acc, test_loss = sim.evaluate(whole=r in cfg.whole_test_rounds())
-        extra.update({f"test_accuracy_exit_{k}": a for k, a in enumerate(sim.exit_accuracy)})
+        acc, test_loss, exits = run.evaluate(r in cfg.whole_test_rounds())
+        extra.update({f"test_accuracy_exit_{k}": a for k, a in enumerate(exits)})
     weights = [u.num_samples for u in updates]
     train_loss = (
         float(np.average([u.train_loss for u in updates], weights=weights))

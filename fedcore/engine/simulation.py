@@ -20,12 +20,10 @@ from fedcore.algorithms.base import FederatedAlgorithm, FederationSetup, RunSpec
 from fedcore.client import ImageData, LocalConfig
 from fedcore.codecs import Codecs, check_sizes, encode_state
 from fedcore.device import deterministic
-from fedcore.engine.backends import Backend, CohortBackend, SequentialBackend, Workload
+from fedcore.engine.backends import Backend, Placement, Workload, backend_name, make_backend
 from fedcore.engine.config import FederationConfig, initial_model
-from fedcore.engine.pool import PoolBackend
 from fedcore.engine.ray_cluster import RaySettings
-from fedcore.engine.ray_pool import RayBackend, RayCohortBackend
-from fedcore.engine.round import play_round
+from fedcore.engine.round import RoundSetup, ServerState, play_round
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, History, RoundRecord
 from fedcore.schedules import LRSchedule
@@ -58,6 +56,7 @@ class Simulation:
         model: nn.Module | None = None,
         ray: RaySettings | None = None,
         codecs: Codecs | None = None,
+        checked: bool = False,
     ) -> None:
         """``model``: the initial global model from :func:`initial_model` (None: built here);
         it is the one model instance of this process's clients (worker processes build their
@@ -65,14 +64,15 @@ class Simulation:
         (``fedcore.engine.ray_pool``) instead of this machine's worker processes.
         ``codecs``: how uploads and downloads are encoded (``fedcore.codecs``; None: as the
         model holds them). ``test_rows``: the rows of ``test`` an evaluation measures outside
-        the last ``federation.whole_test_last`` evaluations (None: every row, always)."""
+        the last ``federation.whole_test_last`` evaluations (None: every row, always).
+        ``checked``: the caller checked the algorithm's rules against this run and the upload
+        codec against the payload (``tasks``: once per run, when it resolves the cell);
+        False: they are checked here."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
         self.ray = ray
         # the model's float buffers (BatchNorm's running statistics) travel as they are
         self.codecs = codecs or Codecs()
-        # per client, its error-feedback memory (client state: checkpointed, never counted)
-        self.codec_memory: dict[int, dict[str, torch.Tensor]] = {}
         self.engine = engine
         self.cohort_size = cohort_size  # clients per cohort (None: as many as memory allows)
         self.model_fn = model_fn
@@ -103,9 +103,10 @@ class Simulation:
             self.codecs,
         )  # fmt: skip
         self.backend: Backend = self._backend(work)
-        self.global_state: dict[str, torch.Tensor] = {
-            k: v.detach().clone() for k, v in model.state_dict().items()
-        }
+        # What the server keeps from round to round: the global model, the clients holding the
+        # frozen base, and per client its error-feedback memory (client state: checkpointed,
+        # never counted).
+        self.server = ServerState({k: v.detach().clone() for k, v in model.state_dict().items()})
         algorithm.setup(
             FederationSetup(
                 model=model,
@@ -117,11 +118,11 @@ class Simulation:
         # The adapter's payload (None: the whole model); the frozen base never changes.
         self.payload_keys = None if payload_keys is None else tuple(payload_keys)
         self.base_bytes = 0
-        self.base_holders: set[int] = set()  # clients that downloaded the frozen base
         self.base_cache: dict[tuple[str, ...], bytes] = {}  # its encodings (fedcore.wire)
         # The algorithm's own rules (FedNILO: the whole model only; FedNova: SGD only).
         adapter = "full" if self.payload_keys is None else "adapter"
-        algorithm.check(RunSpec(adapter=adapter, optimizer=local.optimizer))
+        if not checked:
+            algorithm.check(RunSpec(adapter=adapter, optimizer=local.optimizer))
         if self.payload_keys is not None:
             missing = sorted(set(self.payload_keys) - set(self.global_state))
             if missing:
@@ -133,10 +134,11 @@ class Simulation:
                     self.codecs.download, base, upload=False, gen=None, raw=self.codecs.raw
                 )
             self.base_bytes = len(payload.encode(base)) if base else 0
-        uploaded = self.global_state
-        if self.payload_keys is not None:
-            uploaded = {k: self.global_state[k] for k in self.payload_keys}
-        check_sizes(self.codecs.upload, uploaded)  # a top-k k above a tensor's size
+        if not checked:  # a top-k k above a tensor's size
+            uploaded = self.global_state
+            if self.payload_keys is not None:
+                uploaded = {k: self.global_state[k] for k in self.payload_keys}
+            check_sizes(self.codecs.upload, uploaded)
         self.history: History | None = None  # the run's records (set by run())
         self._resume: dict[str, Any] | None = None  # a checkpoint to continue from
 
@@ -148,19 +150,12 @@ class Simulation:
         return counts / max(1, counts.sum())
 
     def _backend(self, work: Workload) -> Backend:
-        """Where the clients train: the cohort engine, Ray actors, worker processes, or
-        this process."""
-        if self.engine == "cohort" and self.ray is not None:
-            return RayCohortBackend(
-                work, self.ray, self.cfg.clients_per_round, self.cohort_size, self.trainable
-            )
-        if self.engine == "cohort":
-            return CohortBackend(work, max_clients=self.cohort_size, trainable=self.trainable)
-        if self.ray is not None:
-            return RayBackend(work, self.ray, self.cfg.clients_per_round)
-        if self.workers >= 1:
-            return PoolBackend(work, self.workers)
-        return SequentialBackend(work)
+        """Where the clients train (``fedcore.engine.backends.BACKENDS``): the cohort
+        engine, Ray actors, worker processes, or this process."""
+        where = Placement(
+            self.workers, self.cfg.clients_per_round, self.cohort_size, self.trainable, self.ray
+        )
+        return make_backend(backend_name(self.engine, where), work, where)
 
     def close(self) -> None:
         self.backend.close()
@@ -286,9 +281,38 @@ class Simulation:
         self.codec_memory = {int(c): m for c, m in state.get("codec_memory", {}).items()}
         history.base_download_bytes = self.base_bytes * len(self.base_holders)
 
+    # ---- the server's state, and one round -------------------------------------------------
+    @property
+    def global_state(self) -> dict[str, torch.Tensor]:
+        return self.server.global_state
+
+    @global_state.setter
+    def global_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.server.global_state = state
+
+    @property
+    def base_holders(self) -> set[int]:
+        """The clients that downloaded the frozen base."""
+        return self.server.base_holders
+
+    @property
+    def codec_memory(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Per client, its error-feedback memory."""
+        return self.server.codec_memory
+
+    @codec_memory.setter
+    def codec_memory(self, memory: dict[int, dict[str, torch.Tensor]]) -> None:
+        self.server.codec_memory = memory
+
     def _round(self, r: int, cum_down: int, cum_up: int) -> RoundRecord:
-        """Round ``r`` (``fedcore.engine.round.play_round``)."""
-        return play_round(self, r, cum_down, cum_up)
+        """Round ``r`` (``fedcore.engine.round.play_round``) of this run's setup on its server
+        state."""
+        run = RoundSetup(
+            self.cfg, self.schedule, self.local, self.algorithm, self.shards, self.payload_keys,
+            self.trainable, self.codecs, self.backend, self.base_cache, self.emit,
+            lambda whole: (*self.evaluate(whole=whole), list(self.exit_accuracy)),
+        )  # fmt: skip
+        return play_round(run, self.server, r, cum_down, cum_up)
 
     def emit(self, event: str, *args: Any) -> None:
         """Call ``event`` on every callback, in order."""

@@ -21,14 +21,14 @@ A dataset with natural clients (Shakespeare's speaking roles) gives each sample 
 ``natural`` puts each group on a client of its own (the other schemes ignore groups).
 
 A scheme's options are its keyword-only parameters, their annotations the allowed values
-(``beta: Annotated[Float, Gt(0)] = 0.5``); ``registry.register`` derives ``<scheme>.Options``
+(``beta: Annotated[Float, Gt(0)] = 0.5``); ``core.scheme`` derives ``<scheme>.Options``
 from them and wraps the scheme so that options, given directly or through
 :func:`make_partition`, pass :func:`fedcore.options.parse`. Only data-dependent bounds
 (``min_size <= n // num_clients``, ``m <=`` the number of classes) are checked in the scheme.
 
 By job: ``core`` (the :class:`Partition` type, the checks every scheme shares and client
-sizes), ``registry`` (``PARTITIONERS``, each scheme's options type, :func:`make_partition`)
-and ``schemes`` (the schemes themselves, registered when this package is imported).
+sizes, the ``scheme`` wrapper), ``schemes`` (the schemes themselves) and ``registry`` (the
+table ``PARTITIONERS`` of them, each scheme's options type, :func:`make_partition`).
 """
 
 from __future__ import annotations

@@ -6,15 +6,19 @@ the bound it breaks.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 import numpy as np
 from numpy.random import Generator
 
 from fedcore.errors import ConfigError
+from fedcore.options import dump, parse, signature_options
 
 MANIFEST_HEADER = "client_id,sample_index,label"
 MAX_TRIES = 1000  # redraws allowed for a min_size constraint before giving up
@@ -151,3 +155,27 @@ def client_sizes(
         f"{key}.min_size: no Dir({spread:g}) draw gave all {num_clients} clients >= {min_size} "
         f"samples in {MAX_TRIES} tries; lower min_size or raise the Dirichlet concentration"
     )
+
+
+_NOT_OPTIONS = ("labels", "num_clients", "seed", "groups")
+_F = TypeVar("_F", bound=Callable[..., Partition])
+
+
+def scheme(fn: _F) -> _F:
+    """``fn`` wrapped so that its keyword options pass :func:`fedcore.options.parse` against
+    its options dataclass, derived here from ``fn``'s signature and annotations (``wraps``
+    keeps both visible) and set as ``<scheme>.Options`` on the wrapper, where pickle finds
+    it. Nothing is registered: ``registry.PARTITIONERS`` names the scheme."""
+    name = fn.__name__
+    takes_groups = "groups" in inspect.signature(fn).parameters
+
+    @functools.wraps(fn)
+    def wrapped(
+        labels: Any, num_clients: Any, seed: Any, groups: Any = None, **options: Any
+    ) -> Partition:
+        valid = parse(wrapped.Options, options, f"partition.{name}")  # type: ignore[attr-defined]
+        extra = {"groups": groups} if takes_groups else {}  # the others split by labels
+        return fn(labels, num_clients, seed, **extra, **dump(valid))
+
+    signature_options(wrapped, f"{name}_options", skip=_NOT_OPTIONS)  # wrapped.Options
+    return cast(_F, wrapped)

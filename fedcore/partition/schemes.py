@@ -1,5 +1,5 @@
-"""The partition schemes, each registered (``fedcore.partition.registry.register``) with
-the options its keyword-only parameters declare; see the package's docstring for what each
+"""The partition schemes, each wrapped by ``fedcore.partition.core.scheme`` with the
+options its keyword-only parameters declare (``registry.PARTITIONERS`` names them); see the package's docstring for what each
 one draws."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from fedcore.partition.core import (
     check_min_size,
     client_sizes,
     finish,
+    scheme,
     setup,
 )
-from fedcore.partition.registry import register
 
 
-@register
+@scheme
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> Partition:
     """Homogeneous split (seed 004 §6.1.3 "random uniform allocation"; NIID-Bench
     ``homo``): shuffle all indices, then ``np.array_split`` into equal parts."""
@@ -34,7 +34,7 @@ def iid(labels: np.ndarray, num_clients: int, seed: int) -> Partition:
     return finish("iid", {"num_clients": num_clients, "seed": seed}, parts)
 
 
-@register
+@scheme
 def dirichlet_classwise(
     labels: np.ndarray,
     num_clients: int,
@@ -77,7 +77,7 @@ def dirichlet_classwise(
     )
 
 
-@register
+@scheme
 def dirichlet_clientwise(
     labels: np.ndarray,
     num_clients: int,
@@ -125,7 +125,7 @@ def dirichlet_clientwise(
     return finish(scheme, params, [np.concatenate(p) for p in parts])
 
 
-@register
+@scheme
 def labels_per_client(
     labels: np.ndarray, num_clients: int, seed: int, *, m: Annotated[Int, Ge(1)] = 2
 ) -> Partition:
@@ -161,7 +161,7 @@ def labels_per_client(
     return finish(scheme, params, [np.concatenate(p) for p in parts])
 
 
-@register
+@scheme
 def gaussian_noise(
     labels: np.ndarray, num_clients: int, seed: int, *, sigma: Annotated[Float, Ge(0)] = 0.1
 ) -> Partition:
@@ -188,7 +188,7 @@ def _quantity(
     return finish(scheme, params, parts)
 
 
-@register
+@scheme
 def quantity_normal(
     labels: np.ndarray,
     num_clients: int,
@@ -202,7 +202,7 @@ def quantity_normal(
     return _quantity("quantity_normal", labels, num_clients, seed, "rel_std", rel_std, min_size)
 
 
-@register
+@scheme
 def quantity_dirichlet(
     labels: np.ndarray,
     num_clients: int,
@@ -216,7 +216,7 @@ def quantity_dirichlet(
     return _quantity("quantity_dirichlet", labels, num_clients, seed, "beta", beta, min_size)
 
 
-@register
+@scheme
 def natural(
     labels: np.ndarray,
     num_clients: int,

@@ -91,9 +91,7 @@ def run(
             # every input checked, the data read, the partition drawn (or read and checked
             # row by row), the models built; another run's results, another configuration's
             # checkpoints or another model's -> one line, before any server starts
-            plan = prepare(
-                p, partition_dir, storage=False, models=in_process(p), names_checked=True
-            )
+            plan = prepare(p, partition_dir, storage=False, models=in_process(p), checked=True)
             # temporary servers (S3; Prefect once the inputs are checked) are tied to this
             # process: they die with it, kill -9 included
             stack.enter_context(services.run_environment(need_s3=bool(p.storage.bucket)))
@@ -115,7 +113,7 @@ def run(
                     partition_dir=str(partition_dir) if partition_dir else None,
                     plan=plan,
                 )
-        where = _where_results(p, plan.data or plan.seeds[0].data, records)
+        where = where_results(p, plan.data or plan.seeds[0].data, records)
     if p.experiment.seeds is not None:  # mean ± std over the seeds
         from tasks.sweep import cell_stats
 
@@ -169,7 +167,7 @@ def _note_stale_runs(run_ids: list[str], params: Any) -> None:
         )
 
 
-def _where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> list[str]:
+def where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> list[str]:
     import os
 
     from fedcore.errors import mask_credentials

@@ -169,6 +169,7 @@ def _run(
         from flows.plan import check_names, check_storage, prepare
         from flows.reproduce import reproduce_flow
         from tasks import tracking
+        from tasks.config import experiment_dir
         from tasks.io import check_writable
         from tasks.reproduce import runs
 
@@ -176,6 +177,7 @@ def _run(
         todo = [it for it in items if runs.status(it) not in ("done", "finished")]
         for it in todo:
             check_names(it.params)
+            check_writable("experiment.reports_dir", experiment_dir(it.params))
         check_writable("experiment.reports_dir", root)
         check_writable("--out", runs.out_root(profile, where))
         base = items[0].params if items else None
@@ -184,7 +186,7 @@ def _run(
             stack.enter_context(services.run_lock(root, "fedapt reproduce"))
             for it in todo:  # every input checked before the first experiment starts (and
                 # before any server: the buckets once S3 is up)
-                prepare(it.params, storage=False, results=False, models=False, names_checked=True)
+                prepare(it.params, storage=False, results=False, models=False, checked=True)
             stack.enter_context(services.run_environment(need_s3=need_s3))
             stack.enter_context(tracking.ended_on_error())
             for it in todo:

@@ -135,9 +135,9 @@ def train(
 
     from flows.localray import local_ray
     from flows.plan import prepare
-    from tasks.cell import CellSpec, grid_cells, require_base
+    from tasks.cell import require_base
     from tasks.config import load_params
-    from tasks.grid import cell_folder
+    from tasks.grid import CellSpec, cell_folder, grid_cells
     from tasks.io import check_writable
     from tasks.origin import origin
     from tasks.progress import GridSlot
@@ -163,26 +163,22 @@ def train(
     cell_dir = out_dir or Path("artifacts/runs") / cell_folder(spec)
     for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
         check_writable(key, folder)  # a path below a file: one line now, not after training
-    cell = spec.name
+    cell = plan.cell(spec)
     with local_ray(p):  # a Ray of the cell's own: token authentication, on 127.0.0.1
         record = run_cell(
-            p,
+            cell,
             partition_dir,
-            algorithm,
-            adapter,
             cell_dir,
             # entry dvc; inside `dvc exp run`, a smoke run (not registered under auto)
             run_origin=origin("dvc", p, params, set_ or ()),
-            timing_file=timing_dir / f"{cell}.json",
-            base_path=base_dir / "base.pt",
+            timing_file=timing_dir / f"{cell.name}.json",
             # outside the stage's output (DVC removes that before it runs): a killed
             # `dvc repro` resumes the cell; deleted when the cell's outputs are written
-            checkpoint_file=ckpts / f"{cell}.pt",
+            checkpoint_file=ckpts / f"{cell.name}.pt",
             slot=slot,
             data=plan.data,  # read once, by prepare
             part=plan.partition,
-            model=plan.take_model(spec),
-            codec=codec,
+            model=plan.take_model(cell),
         )
     metrics = cell_dir / "metrics.json"
     out.print(results_table([{**record, "rounds": json.loads(metrics.read_text())["rounds"]}]))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from fedcore.files import atomic_write_bytes
 from flows.services.config import STATE_FILE, state_dir
 
 STATE_LOCK = "services.lock"
@@ -40,18 +40,9 @@ def write_state(sd: str | os.PathLike[str] | None, services: Mapping[str, Any]) 
     sd = state_dir(sd)
     prepare_dir(sd)
     path = state_path(sd)
-    fd, tmp = tempfile.mkstemp(prefix=".services.", suffix=".tmp", dir=sd)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"version": 1, "services": dict(services)}, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    text = json.dumps({"version": 1, "services": dict(services)}, indent=2, sort_keys=True)
+    # owner-only, as mkstemp made it before: it names the services' processes and ports
+    atomic_write_bytes(path, (text + "\n").encode(), mode=0o600, fsync=True)
     return path
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from fedcore.errors import ConfigError
 from fedcore.options import Float, Int
 from fedcore.protocols import cls_blocks, cls_index
-from models.adapters.exits import _ACTIVE, ExitMethod, ExitOptions
+from models.adapters.exits import ExitMethod, ExitOptions, active_model
 
 
 class Accumulator(nn.Module):
@@ -113,6 +113,6 @@ class AccumulatorMethod(ExitMethod):
 def _record_embedding_cls(block: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook on ``blocks[0]``: append z^0 (B, H) to the running model's history.
     Module-level (picklable; a deep copy of the model uses its own plan, as in ``exits``)."""
-    model = _ACTIVE[-1]
+    model = active_model()
     hidden = args[0] if args else kwargs["hidden_states"]  # (B, T, H)
     model.exit_plan._cls.append(hidden[:, cls_index(model)])  # type: ignore[operator, union-attr]

@@ -201,6 +201,11 @@ class ExitMethod(AdapterMethod):
 _ACTIVE: list[nn.Module] = []
 
 
+def active_model() -> nn.Module:
+    """The model whose blocks are running (the top of the stack of models in a forward)."""
+    return _ACTIVE[-1]
+
+
 def _begin(model: nn.Module, args: Any) -> None:
     plan: ExitPlan = model.exit_plan  # type: ignore[assignment]
     plan._stop = plan.stop_exit(model.training)

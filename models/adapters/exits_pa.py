@@ -21,7 +21,7 @@ Options: the exit method's (``grid.adapter_options.<method>``) plus the adapters
 * ``scaling`` (default 4.0): He et al.'s s for the FFN's parallel adapter.
 
 With the adapters in the encoder, the CLS state after block ``k`` depends on trained parameters,
-so these methods do not declare ``exit_head_path`` (``fedcore.protocols.ExitHeads``): the cohort
+so these methods do not declare ``exit_head_path`` (``fedcore.protocols.exit_heads``): the cohort
 engine recomputes the encoder every step instead of caching its CLS history, and
 ``runtime.engine: auto`` runs them on the sequential engine, as it does ``accumulator``.
 """

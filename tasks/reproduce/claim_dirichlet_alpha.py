@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tasks.reproduce import plots
-from tasks.reproduce.claim_server_opt import _SEED002
+from tasks.reproduce.claim_server_opt import SEED002
 from tasks.reproduce.measures import (
     convergence_round,
     end_level,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # 0.01 momentum 0.9, LeNet5, equal client sizes, q ~ Dir(alpha p) per client; 100 rounds
 # assumed (the figures' round count is not in the text); FashionMNIST for CIFAR-10.
 FEDAVG002 = (
-    *(s for s in _SEED002 if not s.startswith("grid.algorithm")),
+    *(s for s in SEED002 if not s.startswith("grid.algorithm")),
     "model.options.norm=none",
     "grid.algorithms=[fedavg]",
 )

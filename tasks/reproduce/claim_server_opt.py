@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # eps 1e-3; LeNet5+BN: lr 0.01, lr decay 0.01), Adam (lr 0.0005, betas 0.9/0.99, eps 1e-3),
 # as seed 002 Algorithms 3-4 (fedapt's `form: seed002`). The figures' round count is not in
 # the text: 100 rounds assumed. CIFAR-10 is not available offline: FashionMNIST stands in.
-_SEED002 = (
+SEED002 = (
     "data.dataset=fashion_mnist",
     "data.train_subset=null",
     "data.test_subset=null",
@@ -87,7 +87,7 @@ _CI = (
 LENET5 = Experiment(
     "server-opt-lenet5",
     protocol=(
-        *_SEED002,
+        *SEED002,
         "model.options.norm=none",
         "grid.algorithm_options.fedadagrad.server_lr=0.001",
     ),
@@ -97,7 +97,7 @@ LENET5 = Experiment(
 LENET5_BN = Experiment(  # Fig. 9: LeNet5 + BatchNorm, Adagrad lr 0.01 with decay 0.01
     "server-opt-lenet5bn",
     protocol=(
-        *_SEED002,
+        *SEED002,
         "model.options.norm=batch",
         "grid.algorithm_options.fedadagrad.server_lr=0.01",
         "grid.algorithm_options.fedadagrad.lr_decay=0.01",

@@ -147,10 +147,6 @@ def mib_per_round(cell: Cell) -> float:
     return (int(r["upload_bytes_per_round"]) + int(r["download_bytes_per_round"])) / MIB
 
 
-def total_mib(cell: Cell) -> float:
-    return (int(cell.record["upload_bytes"]) + int(cell.record["download_bytes"])) / MIB
-
-
 def pct(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}"
 

@@ -174,11 +174,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-@functools.cache
 def checkout() -> dict[str, Any]:
     """The commit of this checkout and whether its tree was clean, read once, at the first call
     (the start of a run): no tracked file changed and no untracked file, outside the
-    reproduction's own outputs (``reproduce/``). Not a git checkout: commit None, clean False."""
+    reproduction's own outputs (``reproduce/``). Not a git checkout: commit None, clean False.
+    A copy of its own per call."""
+    where = _checkout()
+    return {**where, "changed": list(where["changed"])}
+
+
+@functools.cache
+def _checkout() -> dict[str, Any]:
     head = _git("rev-parse", "HEAD")
     if head is None:
         return {"commit": None, "clean": False, "changed": ["not a git checkout"]}

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fedcore import jobs, payload
+from fedcore.algorithms.base import UPLOAD
 from fedcore.codecs import (
     Codecs,
     apply_update,
@@ -24,7 +25,6 @@ from fedcore.codecs import (
     make_codec,
 )
 from fedcore.errors import ConfigError
-from fedcore.wire import UPLOAD
 from tests.fedcore.cohort.support import TOL, assert_same, simulate
 
 
@@ -240,13 +240,18 @@ def test_error_feedback_memory_survives_dropout_and_resume():
 def test_bad_codecs_are_one_line():
     cases = [
         ("zip", None, "unknown; built-in codecs: none, fp16, bf16, int8, int4, topk"),
-        ("q", {"kind": "quantize", "bits": 3}, r"bits: 3 is not supported; allowed: 2, 4, 8"),
-        ("topk", {"k": 0}, "k: 0 must be a whole number of entries above 0"),
-        ("topk", {"fraction": 1.5}, r"fraction: 1.5 must be in \(0, 1\]"),
+        ("q", {"kind": "quantize", "bits": 3}, r"q.bits: must be 2, 4 or 8 \(got 3\)"),
+        ("topk", {"k": 0}, r"topk.k: must be greater than 0 \(got 0\)"),
+        ("topk", {"k": True}, r"topk.k: must be a valid integer \(got True\)"),
+        ("topk", {"fraction": 1.5}, r"fraction: must be less than or equal to 1 \(got 1.5\)"),
+        ("topk", {"k": 3, "fraction": 0.1}, "topk: give fraction or k, not both"),
         ("topk", {"directions": ["download"]}, "topk cannot serve download"),
-        ("int8", {"granularity": "row"}, "granularity: 'row' is not one of tensor, channel"),
+        ("topk", {"error_feedback": "yes"}, "error_feedback: must be a valid boolean"),
+        ("int8", {"granularity": "row"}, "granularity: must be 'tensor' or 'channel'"),
         ("int8", {"frac": 1}, "unknown option 'frac' for kind quantize"),
-        ("fp16", {"directions": ["sideways"]}, "'sideways' is not one of upload, download"),
+        ("fp16", {"directions": ["sideways"]}, "must be 'upload' or 'download' \\(got 'sideways'"),
+        ("fp16", {"directions": "upload"}, "fp16.directions: a list of upload, download"),
+        ("fp16", {"directions": []}, "fp16.directions: a list of upload, download"),
     ]
     for name, options, message in cases:
         with pytest.raises(ConfigError, match=message):

@@ -114,11 +114,11 @@ def test_minilm_loads_offline_with_its_parameter_count(monkeypatch):
     assert len(payload.encode(state)) == pytest.approx(86.12 * 2**20, rel=1e-3)  # full, MiB
     assert not any(k.startswith("bert.pooler") for k in state)
     # The packaged encoder, not a random one: an embedding row equals the checkpoint's.
-    from models.minilm import _minilm_state
+    from models.minilm import minilm_state
 
     assert torch.equal(
         state["bert.embeddings.word_embeddings.weight"][101],
-        _minilm_state()["embeddings.word_embeddings.weight"][101],
+        minilm_state()["embeddings.word_embeddings.weight"][101],
     )
 
 
@@ -148,7 +148,7 @@ def test_minilm_outputs_deterministic_and_padding_invariant():
 class TinyViT(torch.nn.Module):
     """timm's ViT layout in miniature: patch tokens + a class token at 0, ``blocks`` as
     nn.Sequential (B, T, H) -> (B, T, H), a final norm and a head on the class token; it
-    declares the CLS-encoder interface (fedcore.protocols.ClsEncoder) as models/timm_vit.py does."""
+    declares the CLS-encoder interface (fedcore.protocols.cls_blocks) as models/timm_vit.py does."""
 
     cls_index = 0
 

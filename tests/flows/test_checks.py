@@ -237,6 +237,7 @@ def _ckpt_params(reports: Path):
 def checkpoints(tmp_path_factory) -> dict[str, bytes]:
     """The final checkpoints of one round of fedavg-full, fedadam-full (its moments) and
     scaffold-full (its controls), file bytes."""
+    from tasks.cell import cell_of
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
@@ -249,7 +250,7 @@ def checkpoints(tmp_path_factory) -> dict[str, bytes]:
     for algorithm in ("fedavg", "fedadam", "scaffold"):
         ckpt = tmp / f"{algorithm}-full.pt"
         train_cell_model(
-            p, data, part, algorithm, "full", tmp / algorithm, checkpoint_file=ckpt,
+            cell_of(p, data, algorithm), data, part, tmp / algorithm, checkpoint_file=ckpt,
             keep_checkpoint=True,
         )  # fmt: skip
         out[algorithm] = ckpt.read_bytes()

@@ -12,7 +12,7 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
 
     from fedcore.errors import mask_credentials
     from flows.cli import logs
-    from flows.cli.experiment import _where_results
+    from flows.cli.experiment import where_results
     from tasks import artifacts, tracking
     from tasks.config import load_params
     from tasks.data import load_experiment_data
@@ -29,7 +29,7 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     uri = "https://fed:secret@mlflow.example:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     p = load_params(REPO / "params.yaml", ["storage.bucket=null"])
-    lines = _where_results(p, load_experiment_data(p), [])  # (no cell tracked: no table)
+    lines = where_results(p, load_experiment_data(p), [])  # (no cell tracked: no table)
     assert "MLflow: https://fed:***@mlflow.example:5000" in lines, lines
 
     class Run:  # a unit test: the MLflow client is a stand-in

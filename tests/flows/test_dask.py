@@ -19,6 +19,7 @@ def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.experiment import experiment_flow, grid_task_runner
+    from tasks.cell import cell_of
     from tasks.config import experiment_dir
     from tasks.data import load_experiment_data
     from tasks.partitioning import load_partition
@@ -51,7 +52,7 @@ def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
     out = experiment_dir(p)
     data = load_experiment_data(p)
     direct = train_cell(
-        p, data, load_partition(out / "partition"), "fedavg", "full", tmp_path / "direct"
+        cell_of(p, data), data, load_partition(out / "partition"), tmp_path / "direct"
     )
     for key in ("final_accuracy", "mean_accuracy_last_L", "upload_bytes", "download_bytes"):
         assert records[0][key] == direct[key], key

@@ -53,11 +53,8 @@ class FlowSpy:
                 spy.runner = task_runner
                 return self
 
-            def __call__(
-                self, spec, part_dir, runs_dir, parent, base, checkpoints=None, origin=None,
-                plan=None,
-            ):  # fmt: skip
-                spy.grid_spec = _typed(spec)
+            def __call__(self, plan, part_dir, runs_dir, parent, checkpoints=None, origin=None):
+                spy.grid_spec = _typed(plan.params)
                 return [{"algorithm": a} for a in spy.grid_spec["grid"]["algorithms"]]
 
         def summary_task(spec, records, path, runs_dir, origin=None):

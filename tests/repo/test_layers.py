@@ -9,7 +9,7 @@ import ast
 
 import pytest
 
-from tests.repo.support import GRAPH, LAYERS, type_checking_only
+from tests.repo.support import GRAPH, LAYERS, modules, type_checking_only
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -51,6 +51,37 @@ def test_no_import_cycles():
     assert cycles(GRAPH) == []
 
 
+def folders(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """``graph`` with each sub-package collapsed to one node (``fedcore.engine``,
+    ``tasks.config``, ...); a module at a layer's top stays a node of its own."""
+
+    def node(m: str) -> str:
+        parts = m.split(".")
+        return next(
+            (
+                ".".join(parts[:k])
+                for k in range(len(parts), 1, -1)
+                if ".".join(parts[:k]) in packages
+            ),
+            m,
+        )
+
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        out.setdefault(node(m), set()).update(node(d) for d in deps if node(d) != node(m))
+    for deps in list(out.values()):
+        for d in deps:
+            out.setdefault(d, set())
+    return out
+
+
+def test_no_import_cycles_between_folders():
+    """A folder (a sub-package) and the modules around it import one way: no loop such as
+    a module importing a package whose modules import it back."""
+    packages = {m for m, p in modules().items() if p.name == "__init__.py"}
+    assert cycles(folders(GRAPH, packages)) == []
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_layers_import_downwards_only(layer):
     allowed = set(LAYERS[: LAYERS.index(layer) + 1])
@@ -68,6 +99,9 @@ def test_the_checker_sees_cycles_and_upward_imports(tmp_path):
     """The check itself: a planted cycle and a planted upward import are found."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+    # a folder loop: p.a.x and p.a.y import nothing of each other, yet p.a <-> p.b
+    loop = {"p.a.x": {"p.b"}, "p.a.y": set(), "p.b": {"p.a.y"}}
+    assert cycles(loop) == [] and cycles(folders(loop, {"p", "p.a"})) == [["p.a", "p.b"]]
     src = tmp_path / "m.py"
     src.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x.y\nimport x\n"

@@ -14,6 +14,7 @@ import torch
 from fedcore import payload
 from models.adapters import ResidualConv2d, adapted_model, get_adapter
 from tasks import modelfile
+from tasks.cell import cell_of
 from tasks.config import load_params
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def test_cell_traffic_is_the_payload(tmp_path, adapter):
     p = small_params(tmp_path)
     data = load_experiment_data(p)
     part = build_partition(p, data)
-    record = train_cell(p, data, part, "fedprox", adapter, tmp_path / "cell")
+    record = train_cell(cell_of(p, data, "fedprox", adapter), data, part, tmp_path / "cell")
     model = adapted_model("resnet26", adapter, num_classes=10, in_channels=1, width=0.125)
     method = get_adapter(adapter)
     wire = len(payload.encode(method.payload(model)))
@@ -106,7 +107,7 @@ def test_cell_personalization(tmp_path):
     )
     data = load_experiment_data(p)
     part = build_partition(p, data)
-    record = train_cell(p, data, part, "fedavg", "residual", tmp_path / "cell")
+    record = train_cell(cell_of(p, data, "fedavg", "residual"), data, part, tmp_path / "cell")
     personal = record["personalization"]
     assert list(personal) == ["payload"]  # client_token: no Accumulator in a ResNet, skipped
     clients = personal["payload"]["clients"]
@@ -157,7 +158,8 @@ def test_registered_model_is_the_merged_plain_model(tmp_path, monkeypatch):
     )
     data = load_experiment_data(p)
     write_partition(p, data, build_partition(p, data), tmp_path / "partition")
-    record = run_cell(p, tmp_path / "partition", "fedavg", "residual", tmp_path / "cell")
+    cell = cell_of(p, data, "fedavg", "residual")
+    record = run_cell(cell, tmp_path / "partition", tmp_path / "cell")
     loaded = mlflow.pytorch.load_model(f"models:/{record['registered_model']}@champion")
     names = [n for n, _ in loaded.named_parameters()] + list(loaded.state_dict())
     assert names and not any("adapter" in n for n in names)

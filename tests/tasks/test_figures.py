@@ -69,6 +69,7 @@ def test_a_cell_run_has_its_files_figures_and_partition_in_mlflow(tmp_path, monk
 
     from mlflow import MlflowClient
 
+    from tasks.cell import cell_of
     from tasks.config import load_params
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition, write_partition
@@ -95,7 +96,7 @@ def test_a_cell_run_has_its_files_figures_and_partition_in_mlflow(tmp_path, monk
     )
     data = load_experiment_data(p)
     write_partition(p, data, build_partition(p, data), tmp_path / "partition")
-    record = run_cell(p, tmp_path / "partition", "fedavg", "full", tmp_path / "cell")
+    record = run_cell(cell_of(p, data), tmp_path / "partition", tmp_path / "cell")
     client = MlflowClient(uri)
 
     def listing(path=None):

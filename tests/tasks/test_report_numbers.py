@@ -29,8 +29,8 @@ def _scores(record: dict[str, Any]) -> dict[str, Any]:
     """scores.json as tasks/outputs.py writes it (DVC's metrics file), its numbers only."""
     up, down = record["upload_bytes"] / MIB, record["download_bytes"] / MIB
     return {
-        "final_accuracy": record["final_accuracy"],
-        "mean_accuracy_last_L": record["mean_accuracy_last_L"],
+        "final_accuracy_pct": round(100 * record["final_accuracy"], 6),
+        "mean_accuracy_last_L_pct": round(100 * record["mean_accuracy_last_L"], 6),
         "rounds": len(record["rounds"]),
         "upload_mib": round(up, 6),
         "download_mib": round(down, 6),
@@ -92,8 +92,9 @@ def check_agree(runs: Path, report: Path, saved: list[Any] | None = None) -> Non
         name = record_cell(run)
         record = json.loads((runs / name / "metrics.json").read_text())
         scores = json.loads((runs / name / "scores.json").read_text())
-        for k in names:  # DVC metrics, summary.json and metrics.json: one number each
-            assert run[k] == scores[k] == record[k], (name, k)
+        for k in names:  # DVC metrics (in %), summary.json and metrics.json: one number each
+            assert run[k] == record[k], (name, k)
+            assert scores[f"{k}_pct"] == round(100 * record[k], 6), (name, k)
         evaluated = sum(r["accuracy"] is not None for r in record["rounds"])
         cells[name] = (record, scores, min(record["last_rounds_L"], evaluated))
 

@@ -109,6 +109,7 @@ def cell_files(cell_dir: Path) -> dict[str, bytes]:
 
 
 def test_cell_resumes_from_its_checkpoint_file(tmp_path):
+    from tasks.cell import cell_of
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
@@ -116,7 +117,7 @@ def test_cell_resumes_from_its_checkpoint_file(tmp_path):
     p = cell_params(tmp_path)
     data = load_experiment_data(p)
     part = build_partition(p, data)
-    train_cell_model(p, data, part, "fedadam", "full", tmp_path / "ref")
+    train_cell_model(cell_of(p, data, "fedadam", "full"), data, part, tmp_path / "ref")
     want = cell_files(tmp_path / "ref")
 
     ckpt = tmp_path / "ckpt" / "fedadam-full.pt"
@@ -128,11 +129,16 @@ def test_cell_resumes_from_its_checkpoint_file(tmp_path):
 
     with pytest.raises(Crash):
         train_cell_model(
-            p, data, part, "fedadam", "full", tmp_path / "cell", [Die()], checkpoint_file=ckpt
+            cell_of(p, data, "fedadam", "full"),
+            data,
+            part,
+            tmp_path / "cell",
+            [Die()],
+            checkpoint_file=ckpt,
         )
     assert ckpt.is_file() and not (tmp_path / "cell" / "metrics.json").exists()
     record, _ = train_cell_model(
-        p, data, part, "fedadam", "full", tmp_path / "cell", checkpoint_file=ckpt
+        cell_of(p, data, "fedadam", "full"), data, part, tmp_path / "cell", checkpoint_file=ckpt
     )
     assert cell_files(tmp_path / "cell") == want
     assert not ckpt.exists()  # removed once the outputs are written
@@ -140,9 +146,13 @@ def test_cell_resumes_from_its_checkpoint_file(tmp_path):
 
     # the final checkpoint kept (the flow's rule): a rerun trains nothing and writes the same
     train_cell_model(
-        p, data, part, "fedadam", "full", tmp_path / "kept", checkpoint_file=ckpt,
+        cell_of(p, data, "fedadam", "full"),
+        data,
+        part,
+        tmp_path / "kept",
+        checkpoint_file=ckpt,
         keep_checkpoint=True,
-    )  # fmt: skip
+    )
     assert ckpt.is_file()
 
     class NoRound(Callback):
@@ -150,12 +160,18 @@ def test_cell_resumes_from_its_checkpoint_file(tmp_path):
             raise AssertionError("a finished cell trained again")
 
     train_cell_model(
-        p, data, part, "fedadam", "full", tmp_path / "again", [NoRound()], checkpoint_file=ckpt
+        cell_of(p, data, "fedadam", "full"),
+        data,
+        part,
+        tmp_path / "again",
+        [NoRound()],
+        checkpoint_file=ckpt,
     )
     assert cell_files(tmp_path / "again") == want
 
 
 def test_checkpoint_of_another_configuration_is_refused_naming_the_keys(tmp_path):
+    from tasks.cell import cell_of
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
@@ -165,12 +181,18 @@ def test_checkpoint_of_another_configuration_is_refused_naming_the_keys(tmp_path
     part = build_partition(p, data)
     ckpt = tmp_path / "fedavg-full.pt"
     train_cell_model(
-        p, data, part, "fedavg", "full", tmp_path / "a", checkpoint_file=ckpt,
+        cell_of(p, data, "fedavg", "full"),
+        data,
+        part,
+        tmp_path / "a",
+        checkpoint_file=ckpt,
         keep_checkpoint=True,
-    )  # fmt: skip
+    )
     other = cell_params(tmp_path, "federation.rounds=1", "client.lr=0.5", "runtime.workers=1")
     with pytest.raises(ConfigError) as err:
-        train_cell_model(other, data, part, "fedavg", "full", tmp_path / "b", checkpoint_file=ckpt)
+        train_cell_model(
+            cell_of(other, data, "fedavg", "full"), data, part, tmp_path / "b", checkpoint_file=ckpt
+        )
     line = str(err.value)
     assert "\n" not in line and "client.lr (0.05 -> 0.5)" in line and str(ckpt) in line
     assert "runtime.workers" not in line  # cannot change the numbers: not a difference
@@ -178,15 +200,33 @@ def test_checkpoint_of_another_configuration_is_refused_naming_the_keys(tmp_path
     assert not (tmp_path / "b").exists()
     # runtime.resume: false starts over (and replaces the checkpoint)
     fresh = other.model_copy(update={"runtime": other.runtime.model_copy(update={"resume": False})})
-    train_cell_model(fresh, data, part, "fedavg", "full", tmp_path / "b", checkpoint_file=ckpt)
+    train_cell_model(
+        cell_of(fresh, data, "fedavg", "full"), data, part, tmp_path / "b", checkpoint_file=ckpt
+    )
     assert (tmp_path / "b" / "metrics.json").is_file()
 
-    ckpt.write_bytes(b"torn")
-    with pytest.raises(ConfigError, match="cannot be read"):
-        train_cell_model(p, data, part, "fedavg", "full", tmp_path / "c", checkpoint_file=ckpt)
+    for torn in (b"torn", _torn_zip(tmp_path)):  # not a zip; a zip cut short
+        ckpt.write_bytes(torn)
+        with pytest.raises(ConfigError, match="cannot be read") as err:
+            train_cell_model(
+                cell_of(p, data, "fedavg", "full"), data, part, tmp_path / "c", checkpoint_file=ckpt
+            )
+        line = str(err.value)
+        assert "\n" not in line and "weights_only" not in line and str(ckpt) in line, line
+
+
+def _torn_zip(tmp_path: Path) -> bytes:
+    """A zip archive cut in the middle (a checkpoint written by something else, or torn)."""
+    import zipfile
+
+    path = tmp_path / "whole.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"x" * 4096)
+    return path.read_bytes()[:-30]
 
 
 def test_diverged_cell_is_recorded(tmp_path):
+    from tasks.cell import cell_of
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
     from tasks.train import train_cell_model
@@ -194,7 +234,7 @@ def test_diverged_cell_is_recorded(tmp_path):
     p = cell_params(tmp_path, "federation.rounds=2", "client.lr=1e30")
     data = load_experiment_data(p)
     part = build_partition(p, data)
-    record, _ = train_cell_model(p, data, part, "fedavg", "full", tmp_path / "cell")
+    record, _ = train_cell_model(cell_of(p, data, "fedavg", "full"), data, part, tmp_path / "cell")
     assert record["diverged_at_round"] == 1
     metrics = json.loads((tmp_path / "cell" / "metrics.json").read_text())
     assert metrics["diverged_at_round"] == 1
@@ -208,6 +248,7 @@ from pathlib import Path
 from tasks.config import load_params
 from tasks.data import load_experiment_data
 from tasks.partitioning import build_partition
+from tasks.cell import cell_of
 from tasks.train import train_cell_model
 tmp, out, ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, {repo!r})
@@ -215,7 +256,7 @@ from tests.tasks.support import cell_params
 p = cell_params(Path(tmp), "federation.rounds={rounds}")
 data = load_experiment_data(p)
 part = build_partition(p, data)
-train_cell_model(p, data, part, "fedadam", "full", Path(out), checkpoint_file=ckpt)
+train_cell_model(cell_of(p, data, "fedadam", "full"), data, part, Path(out), checkpoint_file=ckpt)
 """
 
 
@@ -280,6 +321,7 @@ def _checkpoint_round(path: Path) -> int:
 
 def test_preflight_refuses_a_foreign_checkpoint_before_anything_runs(tmp_path):
     from flows.plan import prepare
+    from tasks.cell import cell_of
     from tasks.config import experiment_dir
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition
@@ -290,9 +332,13 @@ def test_preflight_refuses_a_foreign_checkpoint_before_anything_runs(tmp_path):
     part = build_partition(p, data)
     ckpt = experiment_dir(p) / "checkpoints" / "fedavg-full.pt"
     train_cell_model(
-        p, data, part, "fedavg", "full", tmp_path / "a", checkpoint_file=ckpt,
+        cell_of(p, data, "fedavg", "full"),
+        data,
+        part,
+        tmp_path / "a",
+        checkpoint_file=ckpt,
         keep_checkpoint=True,
-    )  # fmt: skip
+    )
     assert prepare(p, results=False).resuming == ["fedavg-full"]
     other = cell_params(tmp_path, "federation.rounds=1", "experiment.seed=5")
     with pytest.raises(ConfigError, match=r"experiment.seed \(0 -> 5\)"):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fedcore.errors import ConfigError
-from tasks.cell import build_simulation
+from tasks.cell import build_simulation, cell_of
 from tasks.config import load_params
 from tasks.data import dataset_card, dataset_num_classes, load_experiment_data
 from tasks.partitioning import build_partition, write_partition
@@ -34,7 +34,7 @@ def test_tiny_federation_gives_next_token_accuracy(tmp_path):
     assert len(dataset_card(p, data)["train"]["label_counts"]) == 512
     uploads = {}
     for adapter in ("full", "houlsby", "lora"):
-        history = build_simulation(p, data, part, "fedavg", adapter).sim.run()
+        history = build_simulation(cell_of(p, data, "fedavg", adapter), data, part).sim.run()
         assert len(history.rounds) == 1
         assert all(0.0 <= r.accuracy <= 1.0 for r in history.rounds), adapter
         uploads[adapter] = history.rounds[-1].upload_bytes
@@ -51,7 +51,7 @@ def test_pretrained_base_on_held_out_plays_starts_the_federation(tmp_path):
     data = load_experiment_data(p)
     part = build_partition(p, data)
     base = str(tmp_path / "pretrain" / "base.pt")
-    cell = build_simulation(p, data, part, "fedavg", "houlsby", base_path=base)
+    cell = build_simulation(cell_of(p, data, "fedavg", "houlsby", base=base), data, part)
     history = cell.sim.run()
     assert 0.0 <= history.rounds[0].accuracy <= 1.0
     assert run_pretrain(p, tmp_path / "pretrain", reuse=True)["cached"] is True

@@ -190,11 +190,12 @@ def test_resume_is_per_seed_and_cell(tmp_path, run_flow, monkeypatch):
     real = tt.run_cell
     trained: list[int] = []
 
-    def dies_in_seed_1(params, *args, **kwargs):
-        trained.append(params.experiment.seed)
-        if params.experiment.seed == 1 and trained.count(1) == 1:
+    def dies_in_seed_1(cell, *args, **kwargs):
+        trained.append(cell.seed)
+        assert cell.seed == cell.params.experiment.seed
+        if cell.seed == 1 and trained.count(1) == 1:
             raise KeyboardInterrupt
-        return real(params, *args, **kwargs)
+        return real(cell, *args, **kwargs)
 
     monkeypatch.setattr(tt, "run_cell", dies_in_seed_1)
     extra = ("experiment.seeds=[0,1]", "runtime.checkpoint_every=1")

@@ -162,12 +162,12 @@ def test_runs_table_link_opens_the_training_view_with_the_result_columns(tmp_pat
         f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{cell}?workflowType=machine_learning"
     )
     # `fedapt run`'s last line on a database of one's own: `mlflow ui` on it, then the link
-    from flows.cli.experiment import _where_results
+    from flows.cli.experiment import where_results
     from tasks.config import load_params
 
     p = load_params(REPO / "params.yaml", ["storage.bucket=null"])
     no_files = types.SimpleNamespace(train=None, test=None)  # (data read from no file)
-    (line,) = [x for x in _where_results(p, no_files, [{"mlflow_run_id": cell}]) if "MLflow" in x]
+    (line,) = [x for x in where_results(p, no_files, [{"mlflow_run_id": cell}]) if "MLflow" in x]
     assert line == (
         f"MLflow: {tracking.tracking_uri()} (see it with `mlflow ui --backend-store-uri "
         f"{tracking.tracking_uri()}`, then http://127.0.0.1:5000/#/experiments/{exp}/runs?"

@@ -13,7 +13,7 @@ import torch
 
 from fedcore.errors import ConfigError
 from tasks import checkpoint
-from tasks.cell import build_simulation, cell_lr
+from tasks.cell import build_simulation, cell_of
 from tasks.config import load_params
 from tasks.data import dataset_card, load_experiment_data, subset_indices, validation_split
 from tasks.partitioning import (
@@ -22,6 +22,7 @@ from tasks.partitioning import (
     data_selection,
     write_partition,
 )
+from tests.helpers import spec_cell
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -130,10 +131,10 @@ def test_evaluation_measures_the_validation_rows(tmp_path):
     p = params(*VAL, "data.evaluate=validation")
     data = load_experiment_data(p)
     part = build_partition(p, data)
-    cell = build_simulation(p, data, part)
+    cell = build_simulation(cell_of(p, data), data, part)
     assert len(cell.sim.test.labels) == 120
     assert torch.equal(cell.sim.test.labels, data.train.labels[torch.as_tensor(data.val_idx)])
-    record = train_cell(p, data, part, "fedavg", "full", tmp_path)
+    record = train_cell(cell_of(p, data), data, part, tmp_path)
     assert record["evaluated_on"] == "validation" and record["evaluated_rows"] == 120
     # the final accuracy is the final model's on the validation rows of the train split
     from tasks.backbone import model_input
@@ -147,7 +148,8 @@ def test_evaluation_measures_the_validation_rows(tmp_path):
     test_p = params(*VAL)
     assert eval_set_sha256(p, data) != eval_set_sha256(test_p, load_experiment_data(test_p))
     # evaluate: test keeps the test rows
-    plain = build_simulation(test_p, load_experiment_data(test_p), part)
+    test_data = load_experiment_data(test_p)
+    plain = build_simulation(cell_of(test_p, test_data), test_data, part)
     assert len(plain.sim.test.labels) == 300
 
 
@@ -184,12 +186,13 @@ def test_client_lr_reaches_the_cell_and_only_it():
     p = params(*GRID, "grid.client_lr={fedprox-full: 0.01}")
     data = load_experiment_data(p)
     part = build_partition(p, data)
-    assert build_simulation(p, data, part, "fedprox").sim.schedule.lr == 0.01
-    assert build_simulation(p, data, part, "fedavg").sim.schedule.lr == 0.05  # client.lr
-    assert cell_lr(p, "fedprox", "full") == 0.01 and cell_lr(p, "fedavg", "full") == 0.05
+    prox, avg = cell_of(p, data, "fedprox"), cell_of(p, data, "fedavg")
+    assert build_simulation(prox, data, part).sim.schedule.lr == 0.01
+    assert build_simulation(avg, data, part).sim.schedule.lr == 0.05  # client.lr
+    assert prox.lr == 0.01 and avg.lr == 0.05
     # the schedule applies to it as to client.lr
     step = params(*GRID, "grid.client_lr={fedprox-full: 0.01}", "lr_schedule.kind=step")
-    sim = build_simulation(step, data, part, "fedprox").sim
+    sim = build_simulation(cell_of(step, data, "fedprox"), data, part).sim
     assert sim.schedule.kind == "step" and sim.schedule.lr == 0.01
 
 
@@ -201,7 +204,8 @@ def test_client_lr_trains_as_client_lr_would(tmp_path):
     def run(name: str, *extra: str) -> tuple[dict, bytes]:
         p = params(*GRID, *extra)
         data = load_experiment_data(p)
-        record = train_cell(p, data, build_partition(p, data), "fedprox", "full", tmp_path / name)
+        cell = cell_of(p, data, "fedprox")
+        record = train_cell(cell, data, build_partition(p, data), tmp_path / name)
         return record, (tmp_path / name / "model.pt").read_bytes()
 
     named, named_model = run("named", "grid.client_lr={fedprox-full: 0.001}")
@@ -217,13 +221,13 @@ def test_client_lr_trains_as_client_lr_would(tmp_path):
 def test_client_lr_in_the_checkpoint_fingerprint():
     base = params(*GRID)
     tuned = params(*GRID, "grid.client_lr={fedprox-full: 0.01}")
-    fp = checkpoint.fingerprint(base, "fedprox", "full", "h")
+    fp = checkpoint.fingerprint(spec_cell(base, "fedprox", "full"), "h")
     assert fp["client.lr"] == 0.05
-    assert checkpoint.fingerprint(tuned, "fedprox", "full", "h")["client.lr"] == 0.01
+    assert checkpoint.fingerprint(spec_cell(tuned, "fedprox", "full"), "h")["client.lr"] == 0.01
     # a cell not named keeps its fingerprint (and so its checkpoint)
-    assert checkpoint.fingerprint(tuned, "fedavg", "full", "h") == checkpoint.fingerprint(
-        base, "fedavg", "full", "h"
-    )
+    assert checkpoint.fingerprint(
+        spec_cell(tuned, "fedavg", "full"), "h"
+    ) == checkpoint.fingerprint(spec_cell(base, "fedavg", "full"), "h")
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,12 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms import RunSpec, build_algorithm
+from fedcore.algorithms.base import MESSAGE, UPLOAD
 from fedcore.client import LocalConfig
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, ClientRecord
 from fedcore.schedules import LRSchedule
-from fedcore.wire import MESSAGE, UPLOAD
 from tests.helpers import Float64Images, tiny_cnn, toy_data
 
 KEY = "1.weight"  # the linear layer's weight (2 classes x 2 features)

@@ -431,6 +431,45 @@ def test_the_watchdog_alone_ends_an_orphan():
             os.kill(pid, signal.SIGKILL)
 
 
+def _ignores(pid: int, sig: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        mask = int(f.read().split("SigIgn:")[1].split()[0], 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_stop_signal_to_the_group_leaves_the_workers_to_their_parent(capfd):
+    """SIGINT/SIGTERM sent to the run's process group (Ctrl-C, kill -TERM -pgid) reach the
+    pool's workers too: they ignore them, so the parent's training thread never takes them
+    for crashed workers (no "a worker process died", no job retried) while it stops."""
+    sim = Simulation(
+        model_fn=tiny_cnn, algorithm=FedAvg(), train=toy_data(), test=toy_data(100, seed=1),
+        shards=[np.arange(200), np.arange(200, 400)], local=LocalConfig(batch_size=16),
+        lr_schedule=LRSchedule(lr=0.05),
+        federation=FederationConfig(rounds=1, clients_per_round=2), workers=2, eval_chunk=25,
+    )  # fmt: skip
+    sim.backend.start(sim.global_state)
+    try:
+        before = sim.evaluate()  # the pool starts its workers
+        pids = list(sim.backend.pool._processes)
+        assert len(pids) == 2
+        deadline = time.monotonic() + 60  # a worker may still be starting (one served all)
+        while not all(_ignores(p, signal.SIGTERM) for p in pids):
+            assert time.monotonic() < deadline, "the workers never set their signals"
+            time.sleep(0.1)
+        assert all(_ignores(p, signal.SIGINT) for p in pids)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert not any(_gone(p) for p in pids)
+        assert sim.evaluate() == before  # the same workers answer
+        assert list(sim.backend.pool._processes) == pids
+        assert "died" not in capfd.readouterr().err
+    finally:
+        sim.backend.close()
+
+
 # ---- the cohort engine -------------------------------------------------------------------
 @pytest.mark.parametrize("stragglers", ["drop", "partial"])
 def test_cohort_equals_sequential_with_dropout(stragglers):

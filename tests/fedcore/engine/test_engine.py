@@ -157,8 +157,12 @@ class ReversedBackend(WireBackend):
     def __init__(self, work):
         self.work, self.ctx, self.jobs = work, None, 0
 
+    @classmethod
+    def create(cls, work, where):
+        return cls(work)
+
     def start(self, global_state):
-        self.ctx = self.work.context()
+        self.ctx = self.work.on_device()
         return global_state
 
     def _map(self, fn_local, fn_worker, jobs, *, what="job"):

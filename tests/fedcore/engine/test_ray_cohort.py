@@ -193,7 +193,7 @@ def test_the_slices_follow_cohort_size_else_the_actor_count():
 
 
 def test_uploads_are_materialised_once_per_stack():
-    from fedcore.engine.ray_pool import materialised
+    from fedcore.engine.ray_actors import materialised
     from fedcore.jobs import ClientResult
 
     big = torch.arange(24, dtype=torch.float64).reshape(2, 3, 4)

@@ -44,7 +44,7 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch,
 
     import typer
 
-    from fedcore.manifest import _atomic_write_text
+    from fedcore.files import atomic_write_text
     from flows.cli.guards import guard
     from tasks.io import atomic_write_bytes
 
@@ -72,7 +72,7 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch,
         if writer == "checkpoint":  # tasks/checkpoint.py writes through atomic_write_bytes
             atomic_write_bytes(target, b"x" * 4096)
         else:
-            _atomic_write_text(target, "client_id,sample_index,label\n" * 100)
+            atomic_write_text(target, "client_id,sample_index,label\n" * 100)
 
     with pytest.raises(typer.Exit) as code:
         guard(body)

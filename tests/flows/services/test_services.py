@@ -15,7 +15,7 @@ import pytest
 
 from fedcore.errors import FedaptError
 from flows import services as S
-from flows.services import clients, config, embedded, process, state, supervisor
+from flows.services import clients, config, embedded, process, supervisor
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -137,11 +137,12 @@ def test_state_file_is_written_atomically(sd, monkeypatch):
     before = path.read_text()
     assert json.loads(before)["services"]["s3"]["pid"] == 123
 
-    def broken_dump(obj, fh, **kw):
-        fh.write('{"services": {"s3": ')  # half written, then the writer dies
+    from fedcore import files
+
+    def broken_fsync(fd):  # written to the temporary file, then the disk fills
         raise OSError("disk full")
 
-    monkeypatch.setattr(state.json, "dump", broken_dump)
+    monkeypatch.setattr(files.os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
         S.write_state(sd, {"s3": _record("s3", 456)})
     monkeypatch.undo()

@@ -191,6 +191,7 @@ def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
 
     from models.adapters import adapted_model
     from tasks.backbone import model_input
+    from tasks.cell import cell_of
     from tasks.config import load_params
     from tasks.data import load_experiment_data
     from tasks.partitioning import build_partition, write_partition
@@ -219,7 +220,8 @@ def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
     )
     data = load_experiment_data(p)
     write_partition(p, data, build_partition(p, data), tmp_path / "partition")
-    record = run_cell(p, tmp_path / "partition", "fedavg", "lora", tmp_path / "cell")
+    cell = cell_of(p, data, "fedavg", "lora")
+    record = run_cell(cell, tmp_path / "partition", tmp_path / "cell")
     kw = {"num_classes": 10, "in_channels": 1, "input_size": 16, "pretrained": True}
     adapted = adapted_model("efficientnet_lite0", "lora", {"r": 4}, **kw)
     wire = len(payload.encode(get_adapter("lora").payload(adapted)))

@@ -13,11 +13,11 @@ from torch import nn
 
 from fedcore import payload
 from fedcore.algorithms import build_algorithm, list_algorithms
+from fedcore.algorithms.base import UPLOAD
 from fedcore.client import LocalConfig, train_locally
 from fedcore.engine import FederationConfig, Simulation
 from fedcore.errors import ConfigError, UnknownNameError
 from fedcore.schedules import LRSchedule
-from fedcore.wire import UPLOAD
 from models import get_model
 from models.adapters import (
     ResidualConv2d,
