@@ -30,8 +30,8 @@ from collections.abc import Iterator, Mapping
 from fedcore.errors import ConfigError
 from flows.services.embedded import patched_environ
 from flows.services.rayhead import AUTH_VAR, ensure_token
-from tasks.cell import ray_address
 from tasks.config import Params
+from tasks.training.cell import ray_address
 
 LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # 0: a single-machine Ray, on 127.0.0.1
 

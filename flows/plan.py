@@ -29,7 +29,17 @@ from fedcore.partition import Partition
 from flows.checks import check_checkpoints, check_drawn_partition, check_given_partition
 from flows.localray import check_local_ray
 from flows.runners import check_gpus
-from tasks.cell import (
+from tasks.config import Params, experiment_dir
+from tasks.data.experiment import ExperimentData, load_experiment_data
+from tasks.data.partitioning import build_partition, check_partition_data, load_partition
+from tasks.data.pretrain import check_source
+from tasks.grid import CellSpec, ResolvedCell, grid_cells
+from tasks.io import check_writable
+from tasks.results.origin import check_results
+from tasks.results.report import report_baseline
+from tasks.results.storage import ensure_bucket
+from tasks.tracking import check_tracking_server
+from tasks.training.cell import (
     adapter_keys,
     check_cell,
     check_codecs,
@@ -37,17 +47,7 @@ from tasks.cell import (
     initial_cell_model,
     resolve_cell,
 )
-from tasks.config import Params, experiment_dir
-from tasks.data import ExperimentData, load_experiment_data
-from tasks.grid import CellSpec, ResolvedCell, grid_cells
-from tasks.io import check_writable
-from tasks.origin import check_results
-from tasks.partitioning import build_partition, check_partition_data, load_partition
-from tasks.pretrain import check_source
-from tasks.report import report_baseline
-from tasks.storage import ensure_bucket
-from tasks.sweep import seed_dir, seed_params
-from tasks.tracking import check_tracking_server
+from tasks.training.sweep import seed_dir, seed_params
 
 
 class RunPlan:

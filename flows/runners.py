@@ -21,8 +21,8 @@ from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcore.errors import ConfigError
-from tasks.cell import check_ray_address, ray_address
 from tasks.config import Params
+from tasks.training.cell import check_ray_address, ray_address
 
 
 def grid_task_runner(params: Params) -> Any:
@@ -82,7 +82,7 @@ class _NoDashboardLine(logging.Filter):
 
 def ray_task_runner(params: Params) -> Any:
     """prefect-ray's runner: the cluster at ``runtime.ray_address`` (else ``RAY_ADDRESS``:
-    ``tasks.cell.ray_address``), or a local Ray instance of
+    ``tasks.training.cell.ray_address``), or a local Ray instance of
     ``runtime.ray_workers`` CPUs on 127.0.0.1 (no dashboard, no usage stats; with token
     authentication and on 127.0.0.1 alone where ``flows.localray.local_ray`` is in force, as
     around every run: ``_node_ip_address`` alone is not enough on Ray 2.60); each training

@@ -48,7 +48,7 @@ def test_no_tracked_file_is_weights_or_large():
         ("data/big.csv", 2_000_000, True),
         ("vendor/vega/dvc-plots.html", 2_000_000, False),
         ("docs/results/codecs-pareto.png", 2_000_000, False),
-        ("tasks/report.py", 50_000, False),
+        ("tasks/results/report.py", 50_000, False),
     ],
 )
 def test_the_hygiene_check_flags_weights_and_large_files(path, size, flagged):
