@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,7 @@ from fedcore.client import LocalConfig
 from fedcore.codecs import check_sizes
 from fedcore.cohort import resolve_engine
 from fedcore.device import resolve_device, resolve_workers
-from fedcore.engine import FederationConfig, RaySettings, Simulation, initial_model
-from fedcore.engine.ray_cluster import check_gpus, check_reachable
+from fedcore.engine import FederationConfig, Simulation, initial_model
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
@@ -32,13 +30,9 @@ from tasks.data.backbone import backbone_options, build_backbone, model_input
 from tasks.data.experiment import ExperimentData
 from tasks.data.partitioning import shards_of
 from tasks.grid import CellSpec, ResolvedCell
+from tasks.training.runtime import clients_per_round, ray_settings
 
 T = TypeVar("T")
-
-
-def clients_per_round(params: Params) -> int:
-    f = params.federation
-    return max(1, round(f.participation * params.partition.num_clients))
 
 
 def model_factory(
@@ -116,73 +110,6 @@ def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn
     seed), without a pretrain base: built ahead by ``flows.plan.prepare``, which checks the
     adapter with it and hands it to the cell (``model.base`` other than pretrain)."""
     return initial_model(model_factory(params, data, adapter), federation_config(params))
-
-
-RAY_ADDRESS_VAR = "RAY_ADDRESS"  # Ray's own variable; `fedapt env` exports it (fedapt up ray)
-
-
-def ray_address(params: Params) -> str | None:
-    """The Ray cluster a run that uses Ray (``runtime.clients`` or ``runtime.task_runner``
-    ray) connects to: ``runtime.ray_address``; where that is null, ``RAY_ADDRESS`` from the
-    environment (what ``ray.init()`` itself connects to; ``eval "$(fedapt env)"`` sets it to
-    the head of ``fedapt up ray``); None where neither is set: a local Ray of the run's own."""
-    return params.runtime.ray_address or os.environ.get(RAY_ADDRESS_VAR) or None
-
-
-def check_ray_address(params: Params) -> None:
-    """One line where nothing answers at the address of ``ray_address`` (before Ray spends
-    minutes retrying), naming where it came from; never a fallback to a local Ray."""
-    address = ray_address(params)
-    if not address:
-        return
-    if params.runtime.ray_address:
-        check_reachable(address)
-        return
-    try:
-        check_reachable(address)
-    except ConfigError as err:
-        raise ConfigError(
-            f"{RAY_ADDRESS_VAR}={address} (runtime.ray_address is null, so the run uses the "
-            f"environment's RAY_ADDRESS): nothing answers there; start it (fedapt up ray) or "
-            f'unset RAY_ADDRESS for a local Ray (eval "$(fedapt env)" does after fedapt down '
-            f"ray)"
-        ) from err
-
-
-def ray_settings(params: Params, device: str) -> RaySettings | None:
-    """Where the clients train on Ray (``runtime.clients: ray``; the cluster of
-    ``ray_address``); None: on this machine."""
-    rt = params.runtime
-    if rt.clients != "ray":
-        return None
-    actors = None if rt.ray_actors == "auto" else rt.ray_actors
-    if rt.ray_actor_gpus == "auto":
-        gpus = 0.0 if device == "cpu" else 1.0
-    else:
-        gpus = float(rt.ray_actor_gpus)
-    # A local Ray: the CPUs of the actors asked, else those runtime.workers would use.
-    local_cpus = actors or max(1, resolve_workers(rt.workers, "cpu", clients_per_round(params)))
-    local_gpus = 0
-    if device != "cpu":
-        import torch
-
-        local_gpus = torch.cuda.device_count()
-    return RaySettings(ray_address(params), actors, 1.0, gpus, local_cpus, local_gpus)
-
-
-def check_ray_clients(params: Params) -> None:
-    """Preflight of ``runtime.clients: ray``, one line before anything runs: a cluster
-    address nothing answers at, or a local Ray without the GPUs the actors would request (a
-    cluster's GPUs are checked when the cell's actors start)."""
-    if params.runtime.clients != "ray":
-        return
-    device = resolve_device(params.runtime.device)
-    settings = ray_settings(params, device)
-    assert settings is not None
-    if settings.address:
-        check_ray_address(params)
-    else:
-        check_gpus(settings, device, [{"GPU": float(settings.local_gpus)}])
 
 
 CellKeys = tuple[tuple[str, ...] | None, frozenset[str]]  # (payload keys, trainable keys)

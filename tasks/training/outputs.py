@@ -22,7 +22,7 @@ from tasks.grid import ResolvedCell
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.results import figures
 from tasks.training import modelfile
-from tasks.training.cell import clients_per_round
+from tasks.training.runtime import clients_per_round
 
 _TIMING_KEYS = (
     "provenance",
