@@ -3,7 +3,7 @@
 The README's text experiment (all-MiniLM-L6-v2, 400 tweets over 4 clients by Dir(0.5), 500
 test tweets, FedAvg, E=1, B=32, SGD 0.01/0.9) with ``lw_linear`` (a linear head after every
 block, seed 001) and ``accumulator`` (seed 001's Accumulator), 4 rounds, evaluation every
-round, through ``tasks.train.train_cell`` as ``fedapt run`` calls it (tracking off). Each
+round, through ``tasks.training.train.train_cell`` as ``fedapt run`` calls it (tracking off). Each
 (adapter, engine) runs in a fresh process, in turn; reported: every round's seconds and the
 total wall (imports, tokenization and model loading included).
 
@@ -38,11 +38,11 @@ SETTINGS = [
 
 def child(adapter: str, engine: str) -> None:
     from benchmarks.engine_throughput import RoundClock
-    from tasks.cell import cell_of
     from tasks.config import load_params
-    from tasks.data import load_experiment_data
-    from tasks.partitioning import build_partition
-    from tasks.train import train_cell
+    from tasks.data.experiment import load_experiment_data
+    from tasks.data.partitioning import build_partition
+    from tasks.training.cell import cell_of
+    from tasks.training.train import train_cell
 
     params = load_params(
         ROOT / "params.yaml",

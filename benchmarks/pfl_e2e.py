@@ -45,7 +45,6 @@ Writes OUT/pfl_e2e.json (and OUT/run1.json, OUT/run2.json from the children).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -58,41 +57,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.pfl_parts import compare, state_sha256, sync, synthetic  # noqa: E402
+
 CHECKPOINTS = (1, 10, 100, 300, 500, 1000)  # rounds whose global model is hashed (+ the last)
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def state_sha256(state) -> str:  # type: ignore[no-untyped-def]
-    """sha256 over the state_dict: per key in sorted order, its name, dtype, shape and bytes."""
-    import torch
-
-    h = hashlib.sha256()
-    for k in sorted(state):
-        t = state[k].detach().to("cpu").contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def synthetic(n: int, templates, seed: int):  # type: ignore[no-untyped-def]
-    """n uint8 images 3x32x32: (15 * uniform noise + template[label]) / 16, and the labels."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (n,), generator=g)
-    images = torch.empty((n, 3, 32, 32), dtype=torch.uint8)
-    for s in range(0, n, 10_000):  # chunks: int16 working memory stays small
-        e = min(n, s + 10_000)
-        noise = torch.randint(0, 256, (e - s, 3, 32, 32), generator=g, dtype=torch.int16)
-        mixed = (noise * 15 + templates[labels[s:e]]) // 16
-        images[s:e] = mixed.to(torch.uint8)
-    return images, labels
 
 
 def child(a: argparse.Namespace) -> dict:
@@ -110,7 +77,7 @@ def child(a: argparse.Namespace) -> dict:
     if device.startswith("cuda"):
         torch.cuda.init()
         torch.zeros(1, device=device)  # the CUDA context before the build clock starts
-        _sync(device)
+        sync(device)
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(1234)
     templates = torch.randint(0, 256, (10, 3, 32, 32), generator=g, dtype=torch.int16)
@@ -176,11 +143,11 @@ def child(a: argparse.Namespace) -> dict:
     )
     probe.sim = sim
     init_sha = state_sha256(sim.global_state)
-    _sync(device)
+    sync(device)
     build_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     hist = sim.run()
-    _sync(device)
+    sync(device)
     run_s = time.perf_counter() - t1
     probe.hashes[last] = state_sha256(sim.global_state)  # on the host after run()
     n = len(hist.rounds)
@@ -281,29 +248,6 @@ def spawn(a: argparse.Namespace, tag: str, stop_after: int | None, timeout: floa
         flush=True,
     )
     return res
-
-
-def compare(r1: dict, r2: dict) -> dict:
-    """At the last round both ran (a hashed round when the second stopped early)."""
-    at = min(r1["rounds_run"], r2["rounds_run"])
-    h1, h2 = r1["sha256"].get(str(at)), r2["sha256"].get(str(at))
-    acc1 = {r: v for r, v in r1["accuracy"].items() if int(r) <= at}
-    acc2 = {r: v for r, v in r2["accuracy"].items() if int(r) <= at}
-    # the second run's last round is evaluated even off the 10-round grid (stop_after)
-    common = sorted(set(acc1) & set(acc2), key=int)
-    diff = [r for r in common if acc1[r] != acc2[r]]
-    shared_hashes = sorted(set(r1["sha256"]) & set(r2["sha256"]), key=int)
-    return {
-        "compared_at_round": at,
-        "sha256_run1": h1,
-        "sha256_run2": h2,
-        "identical_model": h1 is not None and h1 == h2,
-        "identical_init": r1["init_sha256"] == r2["init_sha256"],
-        "accuracies_compared": len(common),
-        "accuracy_rounds_differing": diff[:20],
-        "identical_accuracies": bool(common) and not diff,
-        "hash_rounds_differing": [r for r in shared_hashes if r1["sha256"][r] != r2["sha256"][r]],
-    }
 
 
 def main() -> None:

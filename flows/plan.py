@@ -23,31 +23,28 @@ from pathlib import Path
 from torch import nn
 
 from fedcore.datasets import get_dataset_info
-from fedcore.device import resolve_device
 from fedcore.errors import ConfigError
 from fedcore.partition import Partition
 from flows.checks import check_checkpoints, check_drawn_partition, check_given_partition
-from flows.localray import check_local_ray
-from flows.runners import check_gpus
-from tasks.cell import (
+from tasks.config import Params, experiment_dir
+from tasks.data.experiment import ExperimentData, load_experiment_data
+from tasks.data.partitioning import build_partition, check_partition_data, load_partition
+from tasks.data.pretrain import check_source
+from tasks.grid import CellSpec, ResolvedCell, grid_cells
+from tasks.io import check_writable
+from tasks.results.origin import check_results
+from tasks.results.report import report_baseline
+from tasks.results.storage import ensure_bucket
+from tasks.tracking import check_tracking_server
+from tasks.training.cell import (
     adapter_keys,
     check_cell,
     check_codecs,
-    check_ray_clients,
     initial_cell_model,
     resolve_cell,
 )
-from tasks.config import Params, experiment_dir
-from tasks.data import ExperimentData, load_experiment_data
-from tasks.grid import CellSpec, ResolvedCell, grid_cells
-from tasks.io import check_writable
-from tasks.origin import check_results
-from tasks.partitioning import build_partition, check_partition_data, load_partition
-from tasks.pretrain import check_source
-from tasks.report import report_baseline
-from tasks.storage import ensure_bucket
-from tasks.sweep import seed_dir, seed_params
-from tasks.tracking import check_tracking_server
+from tasks.training.runtime import check_runtime
+from tasks.training.sweep import seed_dir, seed_params
 
 
 class RunPlan:
@@ -108,10 +105,7 @@ def check_names(params: Params) -> None:
     get_dataset_info(params.data.dataset)
     for spec in grid_cells(params):
         check_cell(params, spec.algorithm, spec.adapter)  # the algorithm's own rules
-    resolve_device(params.runtime.device)
-    check_gpus(params)  # a local Ray without the GPUs the cells would request
-    check_ray_clients(params)  # runtime.clients: ray: the cluster answers, the GPUs exist
-    check_local_ray(params)  # a run's own Ray: RAY_AUTH_MODE unset or token
+    check_runtime(params)  # the device, Ray's address and GPUs, a run's own Ray
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
 
 

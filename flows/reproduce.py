@@ -27,9 +27,9 @@ from fedcore import numerics
 from flows import services
 from flows.experiment import experiment_flow
 from tasks import tracking
-from tasks.progress import clock
 from tasks.reproduce import recording, records, report, revalidate, runs
 from tasks.reproduce.registry import select
+from tasks.results.progress import clock
 
 if TYPE_CHECKING:
     from tasks.reproduce.spec import Claim

@@ -13,16 +13,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedcore.errors import ConfigError
-from tasks.cell import check_ray_address, ray_address
 from tasks.config import Params
+from tasks.training.runtime import ray_address, ray_gpus, visible_gpus
 
 
 def grid_task_runner(params: Params) -> Any:
@@ -63,18 +62,6 @@ def grid_task_runner(params: Params) -> Any:
     return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs)
 
 
-def visible_gpus() -> list[str]:
-    """The CUDA devices this process can use, named as ``CUDA_VISIBLE_DEVICES`` names them
-    (its entries when it is set, else 0..n-1); empty without CUDA."""
-    import torch
-
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if given is None:
-        return [str(i) for i in range(n)]
-    return [d.strip() for d in given.split(",") if d.strip()][:n]
-
-
 class _NoDashboardLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "dashboard is available" not in record.getMessage()
@@ -82,7 +69,7 @@ class _NoDashboardLine(logging.Filter):
 
 def ray_task_runner(params: Params) -> Any:
     """prefect-ray's runner: the cluster at ``runtime.ray_address`` (else ``RAY_ADDRESS``:
-    ``tasks.cell.ray_address``), or a local Ray instance of
+    ``tasks.training.runtime.ray_address``), or a local Ray instance of
     ``runtime.ray_workers`` CPUs on 127.0.0.1 (no dashboard, no usage stats; with token
     authentication and on 127.0.0.1 alone where ``flows.localray.local_ray`` is in force, as
     around every run: ``_node_ip_address`` alone is not enough on Ray 2.60); each training
@@ -167,54 +154,6 @@ def cell_params(params: Params) -> Params:
         runtime = rt.model_copy(update={"workers": share if share > 1 else 0})
         return params.model_copy(update={"runtime": runtime})
     return params
-
-
-def ray_gpus(params: Params, node_gpus: Sequence[float]) -> float:
-    """The GPUs each training task requests on Ray (``runtime.ray_gpus``; auto: one when the
-    cells may use a GPU, ``device`` cuda or auto, and some node of the cluster has one).
-    ``node_gpus``: the GPUs of each node. A request no node can meet, or ``device: cuda``
-    with none requested (Ray would hide every GPU from the task), is one line."""
-    rt = params.runtime
-    most = max(node_gpus, default=0.0)
-    if rt.ray_gpus == "auto":
-        asked = 1.0 if rt.device != "cpu" and most > 0 else 0.0
-        if rt.device == "cuda" and most == 0:
-            asked = 1.0  # refused just below, naming the device setting
-    else:
-        asked = float(rt.ray_gpus)
-    address = ray_address(params)
-    where = f"the Ray cluster at {address}" if address else "the local Ray"
-    if asked > most:
-        setting = "runtime.device: cuda" if rt.ray_gpus == "auto" else "runtime.ray_gpus"
-        raise ConfigError(
-            f"{setting}: {asked:g} GPU per cell asked, but no node of {where} has "
-            f"{'any' if most == 0 else f'more than {most:g}'}; set runtime.device: cpu "
-            f"(or runtime.ray_gpus at most {most:g})"
-        )
-    if rt.device == "cuda" and asked == 0:
-        raise ConfigError(
-            "runtime.ray_gpus: 0 with runtime.device: cuda: Ray hides the GPUs from a task "
-            "that requests none; set runtime.ray_gpus to auto, 1 or a fraction such as 0.5"
-        )
-    return asked
-
-
-def local_node_gpus(params: Params) -> list[float]:
-    """The local Ray's GPUs (the one node ``ray_task_runner`` starts): known before it starts."""
-    return [0.0 if params.runtime.device == "cpu" else float(len(visible_gpus()))]
-
-
-def check_gpus(params: Params) -> None:
-    """Preflight: a local Ray that cannot meet the cells' GPU request, or an environment's
-    ``RAY_ADDRESS`` nothing answers at -> one line, before anything runs (a cluster's GPUs
-    are asked when the grid starts)."""
-    rt = params.runtime
-    if rt.task_runner != "ray":
-        return
-    if not rt.ray_address and ray_address(params):  # RAY_ADDRESS (fedapt env)
-        check_ray_address(params)
-    elif not rt.ray_address:
-        ray_gpus(params, local_node_gpus(params))
 
 
 @contextlib.contextmanager

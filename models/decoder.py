@@ -8,7 +8,7 @@ cross-entropy on the next token, accuracy = next-token accuracy.
 * ``gpt2_small`` (offline): a GPT-2 of ``layers`` blocks, ``hidden`` wide (default 4 x 128,
   4 heads, 1,321,728 parameters with its 4,096-token vocabulary), built with transformers'
   ``GPT2Model`` from random weights; ``model.base: pretrain`` trains it first on the plays held
-  out of the federation (``tasks/pretrain_lm.py``). Its tokenizer is a byte-level BPE (GPT-2's
+  out of the federation (``tasks/data/pretrain_lm.py``). Its tokenizer is a byte-level BPE (GPT-2's
   scheme) of ``vocab_size`` tokens trained by ``tokenizers`` on the same held-out plays, so it
   never saw the federation's text either; the training is deterministic (the same merges
   every time: ``tests/test_decoder.py`` pins its hash) and takes about 2 s, once per process.

@@ -2,7 +2,7 @@
 the flow starts), then the experiment flow with its plan, in this process (a temporary
 Prefect server; tracking and S3 off), for a two-cell grid (full, head).
 
-Counts backbone builds (``get_model`` from tasks.backbone), partition draws, dataset splits
+Counts backbone builds (``get_model`` from tasks.data.backbone), partition draws, dataset splits
 read from disk, cells built and the checks (each cell against its algorithm, the results
 and checkpoints of the experiment folder, the seed-sweep rule). Worker processes build
 their own model copy; run with ``runtime.workers=0`` (set below) so that every build is
@@ -26,10 +26,10 @@ os.chdir(ROOT)
 os.environ.pop("PREFECT_API_URL", None)
 
 import flows.plan as fp  # noqa: E402
-import tasks.backbone as tb  # noqa: E402
-import tasks.cell as tc  # noqa: E402
-import tasks.data as td  # noqa: E402
-import tasks.partitioning as tp  # noqa: E402
+import tasks.data.backbone as tb  # noqa: E402
+import tasks.data.experiment as td  # noqa: E402
+import tasks.data.partitioning as tp  # noqa: E402
+import tasks.training.cell as tc  # noqa: E402
 
 COUNTS: collections.Counter[str] = collections.Counter()
 
@@ -84,7 +84,9 @@ def main() -> None:
         for name, value in vars(module).items()
         if hasattr(value, "cache_info") or (name.isupper() and isinstance(value, dict) and value)
     ]
-    print(f"process-level caches in tasks.data, partitioning, cell, backbone: {caches or 'none'}")
+    print(
+        f"process-level caches in tasks.data.experiment, partitioning, cell, backbone: {caches or 'none'}"
+    )
 
 
 if __name__ == "__main__":

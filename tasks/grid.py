@@ -38,7 +38,7 @@ class CellSpec:
 
 @dataclass(frozen=True)
 class ResolvedCell:
-    """One grid cell resolved once, by ``flows.plan.prepare`` (``tasks.cell.resolve_cell``):
+    """One grid cell resolved once, by ``flows.plan.prepare`` (``tasks.training.cell.resolve_cell``):
     the only thing about the cell that travels below the flow, to a thread, a Dask or Ray
     worker or a DVC stage (picklable: no tensors, no model). Nothing below re-derives what it
     holds: its params (a sweep's seed's, shared with the runner: ``flows.runners.cell_params``),

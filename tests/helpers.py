@@ -248,7 +248,7 @@ class Records(Callback):
 
 def spec_cell(params, algorithm: str, adapter: str, codec: str = "none", base=None):
     """A resolved cell whose model keys do not matter (its fingerprint, names, lr)."""
-    from tasks.cell import resolve_cell
     from tasks.grid import CellSpec
+    from tasks.training.cell import resolve_cell
 
     return resolve_cell(params, CellSpec(algorithm, adapter, codec), (None, frozenset()), base)

@@ -154,8 +154,8 @@ def _versioned(p: Any, new_version: bool) -> list[str]:
     (here, and on S3 when the services of `fedapt up` or AWS_* variables name an endpoint;
     each run checks again before it writes)."""
     from flows import services
-    from tasks import storage
-    from tasks.origin import check_results, version
+    from tasks.results import storage
+    from tasks.results.origin import check_results, version
 
     with services.patched_environ(services.env_for_clients()):
         s3 = bool(p.storage.bucket) and storage.endpoint_url() is not None

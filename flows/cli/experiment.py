@@ -68,7 +68,7 @@ def run(
         from tasks import tracking
         from tasks.config import experiment_dir
         from tasks.io import check_writable
-        from tasks.origin import version
+        from tasks.results.origin import version
 
         check_names(p)  # bad names stop here, before any server starts
         check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
@@ -115,11 +115,11 @@ def run(
                 )
         where = where_results(p, plan.data or plan.seeds[0].data, records)
     if p.experiment.seeds is not None:  # mean ± std over the seeds
-        from tasks.sweep import cell_stats
+        from tasks.training.sweep import cell_stats
 
         out.print(sweep_table(cell_stats(p, records), list(p.experiment.seeds)))
     else:
-        from tasks.report import with_rounds
+        from tasks.results.report import with_rounds
 
         out.print(results_table(with_rounds(records, experiment_dir(p) / "runs")))
     out.print(f"summary: {experiment_dir(p) / 'summary.json'}")
@@ -171,7 +171,7 @@ def where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> list
     import os
 
     from fedcore.errors import mask_credentials
-    from tasks.data import data_sources
+    from tasks.data.experiment import data_sources
 
     lines = [f"data: {src}"] if (src := data_sources(data)) else []
     uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -194,7 +194,7 @@ def where_results(params: Any, data: Any, records: list[dict[str, Any]]) -> list
                 f"--backend-store-uri sqlite:///mlruns/mlflow.db`{then})"
             )
     if params.storage.bucket:
-        from tasks.storage import experiment_prefix
+        from tasks.results.storage import experiment_prefix
 
         prefix = experiment_prefix(params.storage.prefix, params.experiment.name)
         lines.append(f"outputs: s3://{params.storage.bucket}/{prefix}/")
@@ -220,9 +220,9 @@ def partition(
     """Partition the dataset; write manifest.csv + stats.json and print a label histogram."""
 
     from tasks.config import experiment_dir
-    from tasks.data import data_sources, load_experiment_data
+    from tasks.data.experiment import data_sources, load_experiment_data
+    from tasks.data.partitioning import build_partition, write_partition
     from tasks.io import check_writable
-    from tasks.partitioning import build_partition, write_partition
 
     p = load(params, set_, numerics="portable")  # a DVC stage (numpy draws, no kernels)
     target = out_dir or experiment_dir(p) / "partition"

@@ -63,7 +63,7 @@ EXIT_DIVERGED = 3  # the outputs were written, but training diverged (runtime.al
 def exit_if_diverged(params: Any, records: list[dict[str, Any]]) -> None:
     """Exit with EXIT_DIVERGED when a cell diverged, unless ``runtime.allow_divergence``
     (each cell printed its warning line as it ended)."""
-    from tasks.train import diverged
+    from tasks.training.train import diverged
 
     cells = diverged(records)
     if cells and not params.runtime.allow_divergence:

@@ -31,7 +31,7 @@ def prepare(
 ) -> None:
     """Load the dataset and write dataset.json: the rows used, label counts and sha256."""
 
-    from tasks.data import dataset_card, load_experiment_data
+    from tasks.data.experiment import dataset_card, load_experiment_data
     from tasks.io import atomic_write_json
 
     p = load(params, set_, numerics="portable")
@@ -58,9 +58,9 @@ def validate(
 ) -> None:
     """Check the client shards (pandera + great-expectations); exit 2 with the report on failure."""
 
-    from tasks.data import dataset_num_classes
-    from tasks.partitioning import load_partition
-    from tasks.validate import validate_partition
+    from tasks.data.experiment import dataset_num_classes
+    from tasks.data.partitioning import load_partition
+    from tasks.data.validate import validate_partition
 
     p = load(params, set_, numerics="portable")
     load_partition(partition_dir)  # a missing or altered manifest -> one line
@@ -84,8 +84,8 @@ def pretrain(
     base.pt + base.json; with another model.base, only a card saying it is unused."""
 
     from flows.plan import check_names
+    from tasks.data.pretrain import check_source, run_pretrain
     from tasks.io import check_writable
-    from tasks.pretrain import check_source, run_pretrain
 
     p = load(params, set_, numerics="portable")
     check_names(p)
@@ -135,13 +135,13 @@ def train(
 
     from flows.localray import local_ray
     from flows.plan import prepare
-    from tasks.cell import require_base
     from tasks.config import load_params
     from tasks.grid import CellSpec, cell_folder, grid_cells
     from tasks.io import check_writable
-    from tasks.origin import origin
-    from tasks.progress import GridSlot
-    from tasks.train import run_cell
+    from tasks.results.origin import origin
+    from tasks.results.progress import GridSlot
+    from tasks.training.cell import require_base
+    from tasks.training.train import run_cell
 
     # the whole grid: where this cell stands in it
     cells = list(grid_cells(load_params(params, set_)))
@@ -211,7 +211,7 @@ def report(
 ) -> None:
     """Collect the grid's metrics.json files into summary.json (and the comparison report)."""
 
-    from tasks.report import write_report
+    from tasks.results.report import write_report
 
     p = load(params, set_, numerics="portable")
     records = collect_records(p, runs_dir, timing_dir)

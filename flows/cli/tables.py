@@ -12,11 +12,11 @@ def results_table(records: list[dict[str, Any]]) -> Table:
     """One row per grid cell: accuracy in %, traffic in MiB (2**20 bytes) per round and in
     total, the round it diverged at. A record read from metrics.json (the report stage)
     carries its per-round list in ``rounds``: the table shows its length, never the list,
-    and caps L by the rounds it evaluated (``tasks.figures.last_l``: a run's records need
-    theirs, ``tasks.report.with_rounds``)."""
+    and caps L by the rounds it evaluated (``tasks.results.figures.last_l``: a run's records need
+    theirs, ``tasks.results.report.with_rounds``)."""
     from fedcore.payload import mib
-    from tasks.figures import last_l
     from tasks.grid import record_cell
+    from tasks.results.figures import last_l
 
     t = Table(
         title="fedapt results (traffic in MiB = 2^20 bytes; acc last L: mean over the last L "
@@ -75,9 +75,9 @@ def rounds_run(record: dict[str, Any]) -> int:
 
 
 def sweep_table(cells: list[dict[str, Any]], seeds: list[int]) -> Table:
-    """A seed sweep's table (``tasks.sweep.cell_stats``): one row per cell, mean ± sample
+    """A seed sweep's table (``tasks.training.sweep.cell_stats``): one row per cell, mean ± sample
     std over the seeds (n seeds) of the accuracies in %, of the traffic in MiB."""
-    from tasks.sweep import diverged_text, mean_std, rounds_text, with_n
+    from tasks.training.sweep import diverged_text, mean_std, rounds_text, with_n
 
     t = Table(
         title=f"fedapt results, mean ± std over seeds {', '.join(map(str, seeds))} "

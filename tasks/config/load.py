@@ -20,7 +20,7 @@ from fedcore.options import describe, fields_at, location
 from models.registry import list_models, model_options_type
 from tasks.config.params import Params
 from tasks.config.registered import ModelSection
-from tasks.yamlfile import apply_overrides, read_mapping, where
+from tasks.config.yamlfile import apply_overrides, read_mapping, where
 
 DEFAULT_PARAMS = Path("params.yaml")
 _SHOWN = 80  # characters of a refused value the error line shows

@@ -98,7 +98,7 @@ class RuntimeSection(Section):
     # GPUs each client actor requests (Ray shows an actor only the GPUs it requested);
     # auto: 1 when the clients train on CUDA (runtime.device), else 0.
     ray_actor_gpus: float | Literal["auto"] = "auto"
-    # Round checkpoints (tasks/checkpoint.py): every N rounds, 0 never, auto: after any round
+    # Round checkpoints (tasks/training/checkpoint.py): every N rounds, 0 never, auto: after any round
     # that ends 5 s or more after the last checkpoint (so every round of a slow run).
     checkpoint_every: int | Literal["auto"] = "auto"
     resume: bool = True  # a rerun continues from the cell's checkpoint (false: start over)

@@ -129,3 +129,29 @@ def resolved(params: Params, default: str) -> Params:
         return params
     runtime = params.runtime.model_copy(update={"numerics": mode})
     return params.model_copy(update={"runtime": runtime})
+
+
+# Parameters that cannot change a run's numbers: where outputs go, tracking, storage,
+# validation, the report, scale-out and checkpointing itself. Everything else counts.
+NEUTRAL = (
+    "experiment.name",
+    "experiment.reports_dir",
+    "runtime.workers",
+    "runtime.tracking",
+    "runtime.task_runner",
+    "runtime.dask_",
+    "runtime.ray_",
+    "runtime.clients",  # Ray actors or local workers: the same bytes (tests/test_ray_clients.py)
+    "runtime.checkpoint_every",
+    "runtime.resume",
+    "runtime.allow_divergence",
+    "storage.",
+    "report.",
+    "tracking.",
+    "validation.",
+)
+
+
+def significant(flat: dict[str, Any], neutral: tuple[str, ...] = NEUTRAL) -> dict[str, Any]:
+    """The flat params whose keys start with none of ``neutral``."""
+    return {k: v for k, v in flat.items() if not k.startswith(neutral)}

@@ -34,7 +34,7 @@ class ExperimentSection(Section):
     name: str = AUTO_NAME
     seed: int = Field(0, ge=0, le=MAX_SEED)
     reports_dir: str = "reports"
-    # A seed sweep (tasks/sweep.py): every grid cell once per seed, reported as mean +- std;
+    # A seed sweep (tasks/training/sweep.py): every grid cell once per seed, reported as mean +- std;
     # null: experiment.seed alone. In a sweep, seed (absent: the smallest of seeds) is the one
     # `fedapt partition` and the DVC stages use, so it must be one of them.
     seeds: tuple[int, ...] | None = None
@@ -102,7 +102,7 @@ class DataSection(Section):
     train_subset: int | None = Field(None, ge=1)  # a seeded random subset of the train split
     test_subset: int | None = Field(None, ge=1)
     download: bool = True
-    # Fair tuning (tasks/data.py, validation_split): a seeded fraction of the train_subset
+    # Fair tuning (tasks/data/experiment.py, validation_split): a seeded fraction of the train_subset
     # rows held out of every client shard; evaluate: which split the run is evaluated on.
     validation: float = Field(0.0, ge=0.0, lt=0.5)
     evaluate: Literal["test", "validation"] = "test"

@@ -9,7 +9,7 @@ clearly above the pretrained base's own test accuracy (a guard). Without that, e
 ties at the base and the rule would hold vacuously.
 
 Offline there are no gpt2 weights: fedapt's ``gpt2_small`` is pretrained on the seven plays
-held out of the federation (``tasks/pretrain_lm.py``). That base already knows the
+held out of the federation (``tasks/data/pretrain_lm.py``). That base already knows the
 federation's domain (the same author, the same verse layout), which gpt2-base (WebText) does
 not, so fine-tuning on one next-token label per window has little left to teach it (see
 ``scaled``): the guard is what reports that, as "cannot say".

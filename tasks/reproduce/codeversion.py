@@ -34,16 +34,10 @@ CODE = ("fedcore", "models", "tasks")
 NOT_NUMBERS = (
     "tasks/config/",
     "tasks/reproduce/",
-    "tasks/report.py",
-    "tasks/figures.py",
-    "tasks/progress.py",
+    "tasks/results/",
     "tasks/tracking/",
-    "tasks/storage.py",
-    "tasks/origin.py",
-    "tasks/artifacts.py",
-    "tasks/modelfile.py",
-    "tasks/yamlfile.py",
-    "tasks/validate.py",
+    "tasks/training/modelfile.py",
+    "tasks/data/validate.py",
 )
 PINS = ("numpy==", "peft==", "timm==", "torch==", "torchvision==", "transformers==")
 # Packages of plug-ins: a top-level class there with a ``name = "..."`` attribute is the

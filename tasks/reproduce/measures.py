@@ -46,8 +46,8 @@ def start_level(result: ExperimentResult) -> float | None:
 def base_in_domain(params: Mapping[str, Any]) -> bool:
     """Whether a pretrained base's test accuracy (its card) was measured on the federation's
     task: a base of ``pretrain.classes`` or of another ``pretrain.dataset`` was tested on its
-    own source classes (``tasks/pretrain.py``), and the federated model copies everything but
-    its classifier (``tasks.backbone.load_base``), so on the federation's task it starts about
+    own source classes (``tasks/data/pretrain.py``), and the federated model copies everything but
+    its classifier (``tasks.data.backbone.load_base``), so on the federation's task it starts about
     at the class prior."""
     source = params.get("pretrain.dataset")
     same = source is None or source == params.get("data.dataset")

@@ -1,4 +1,4 @@
-"""The figures of the reproduction report, in tasks/figures.py's style: matplotlib (Agg),
+"""The figures of the reproduction report, in tasks/results/figures.py's style: matplotlib (Agg),
 one ``Figure`` per claim drawn from the finished records, saved by ``figures.save_png`` (same
 records, same bytes)."""
 
@@ -9,9 +9,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from tasks import figures  # noqa: F401  (selects the Agg backend before any drawing)
 from tasks.reproduce.measures import MIB
 from tasks.reproduce.spec import Results
+from tasks.results import figures  # noqa: F401  (selects the Agg backend before any drawing)
 
 Line = tuple[str, str, str]  # (experiment, cell, label)
 

@@ -23,9 +23,9 @@ def share_base(item: Planned, root: Path) -> Path | None:
     train it once; in a seed sweep each seed's base (``seed-<s>/pretrain``, the seed's own
     subset and init) from the same seed's folder of another experiment. Returns the first
     folder copied from, or None."""
-    from tasks.backbone import BASE_FILE
-    from tasks.pretrain import CARD_FILE, cached_card
-    from tasks.sweep import seed_params
+    from tasks.data.backbone import BASE_FILE
+    from tasks.data.pretrain import CARD_FILE, cached_card
+    from tasks.training.sweep import seed_params
 
     if item.params.model.base != "pretrain":
         return None

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from fedcore import numerics
-from tasks.figures import save_png
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tasks.reproduce import records
 from tasks.reproduce.registry import unmet
 from tasks.reproduce.runs import FIGURES, REPORT, Planned, status
 from tasks.reproduce.spec import Claim, ExperimentResult, Results, Verdict
 from tasks.reproduce.verdict import decide
+from tasks.results.figures import save_png
 
 RECORDS_HINT = "records/<experiment>.json"
 SMOKE = (

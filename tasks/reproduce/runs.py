@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.errors import ConfigError
-from tasks.checkpoint import significant
 from tasks.config import Params, experiment_dir, load_params, resolved
+from tasks.config.params import significant
 from tasks.reproduce import records
 from tasks.reproduce.registry import CLAIMS, check_profile, unmet
 from tasks.reproduce.spec import Claim, Experiment, ExperimentResult, Results, dedupe
@@ -365,7 +365,7 @@ def eta_text(done: int, seconds: float, left: int) -> str:
     """The reproduction's ETA at this session's pace: ``seconds`` for the ``done``
     cell-rounds of the experiments run so far, times the ``left`` ones (their models and
     data differ, so it is a rough guide; a resumed experiment makes it optimistic)."""
-    from tasks.progress import clock
+    from tasks.results.progress import clock
 
     if left <= 0:
         return "nothing left"

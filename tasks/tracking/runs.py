@@ -87,7 +87,7 @@ def start_experiment_run(
 ) -> str:
     """Create the parent run of an experiment; returns its run id. Named
     :func:`parent_run_name` (time, and the Prefect deployment when one runs it) unless
-    ``run_name`` is given; ``tags``: e.g. its origin (``tasks.origin``)."""
+    ``run_name`` is given; ``tags``: e.g. its origin (``tasks.results.origin``)."""
     client = store.client()
     run = client.create_run(
         store.experiment_id(client, experiment),

@@ -21,7 +21,7 @@ from flows.cli import results_table
 from models.adapters import adapt, get_adapter
 from models.adapters.accumulator import AccumulatorOptions
 from models.adapters.exits import ExitOptions, ExitPlan
-from tasks.outputs import exit_accuracies
+from tasks.training.outputs import exit_accuracies
 from tests.fedcore.support import DEPTH, assert_exit_accuracies
 from tests.helpers import tiny_bert, tiny_vit, toy_data
 

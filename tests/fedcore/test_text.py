@@ -208,7 +208,7 @@ def test_mismatches_are_one_line():
     assert text_tokenizer("minilm", model_options_type("minilm")(max_length=8)).max_length == 8
     assert text_tokenizer("minilm", {"max_length": 8}, max_length=9).max_length == 9
     from tasks.config import Params
-    from tasks.data import text_tokenizer_for
+    from tasks.data.experiment import text_tokenizer_for
 
     tweets = load_dataset("tweet_sentiment", "unused", "test")
     p = Params.model_validate({"data": {"dataset": "tweet_sentiment"}})
@@ -341,7 +341,7 @@ def test_fedapt_run_on_tweets_registers_the_model(tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 
     from tasks.config import load_params
-    from tasks.data import load_experiment_data
+    from tasks.data.experiment import load_experiment_data
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     small = [*TWEETS, "--set", "data.train_subset=24", "--set", "data.test_subset=24"]
@@ -375,7 +375,7 @@ def test_fedapt_run_on_tweets_registers_the_model(tmp_path, monkeypatch):
 
 def test_pretrain_on_text_is_one_line(tmp_path):
     from tasks.config import load_params
-    from tasks.pretrain import train_base
+    from tasks.data.pretrain import train_base
 
     p = load_params(
         REPO / "params.yaml",

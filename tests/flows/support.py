@@ -161,7 +161,7 @@ def host(way: str, ray_first: bool) -> None:
         import ray  # noqa: F401
     from flows.localray import local_ray
     from flows.runners import ray_task_runner
-    from tasks.cell import ray_settings
+    from tasks.training.runtime import ray_settings
 
     p = cpu_params(f"runtime.{way}=ray", "runtime.ray_workers=1", "runtime.ray_actors=1")
     with local_ray(p):

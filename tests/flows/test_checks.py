@@ -199,7 +199,7 @@ def test_bad_partition_is_refused_before_the_flow(tmp_path, partitions, name):
     res = invoke(tmp_path, "run", *args)
     assert_refused(res, needles, before, roots)
     if flow:  # the flow's validation would have stopped the run too (after writing)
-        from tasks.validate import ShardValidationError, validate_partition
+        from tasks.data.validate import ShardValidationError, validate_partition
 
         min_size = 100000 if "validation.min_shard_size=100000" in args else 10
         with pytest.raises(ShardValidationError):
@@ -237,10 +237,10 @@ def _ckpt_params(reports: Path):
 def checkpoints(tmp_path_factory) -> dict[str, bytes]:
     """The final checkpoints of one round of fedavg-full, fedadam-full (its moments) and
     scaffold-full (its controls), file bytes."""
-    from tasks.cell import cell_of
-    from tasks.data import load_experiment_data
-    from tasks.partitioning import build_partition
-    from tasks.train import train_cell_model
+    from tasks.data.experiment import load_experiment_data
+    from tasks.data.partitioning import build_partition
+    from tasks.training.cell import cell_of
+    from tasks.training.train import train_cell_model
 
     tmp = tmp_path_factory.mktemp("ckpt")
     p = _ckpt_params(tmp / "reports")
@@ -372,7 +372,7 @@ def test_storage_prefix_leaving_its_folder_is_refused(tmp_path, prefix, needle):
 
 def test_storage_prefix_is_normalised():
     from tasks.config import load_params
-    from tasks.storage import experiment_prefix
+    from tasks.results.storage import experiment_prefix
 
     for given, want in [("runs", "runs"), ("runs//a/./", "runs/a"), ("./runs", "runs")]:
         p = load_params(REPO / "params.yaml", [f"storage.prefix={json.dumps(given)}"])

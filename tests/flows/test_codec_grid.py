@@ -11,9 +11,9 @@ import yaml
 
 from fedcore import payload
 from fedcore.codecs import encode_state
-from tasks import modelfile
 from tasks.config import load_params
 from tasks.grid import cell_name
+from tasks.training import modelfile
 from tests.flows.support import invoke
 from tests.repo.support import DVC, sh
 

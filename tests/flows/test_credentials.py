@@ -13,9 +13,10 @@ def test_credentials_are_masked_wherever_printed_or_stored(monkeypatch, caplog):
     from fedcore.errors import mask_credentials
     from flows.cli import logs
     from flows.cli.experiment import where_results
-    from tasks import artifacts, tracking
+    from tasks import tracking
     from tasks.config import load_params
-    from tasks.data import load_experiment_data
+    from tasks.data.experiment import load_experiment_data
+    from tasks.results import artifacts
 
     assert (
         mask_credentials("at http://u:p@h:5000/x and s3://b/k")

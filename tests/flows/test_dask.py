@@ -19,11 +19,11 @@ def test_dask_task_runner_matches_direct_training(tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.experiment import experiment_flow, grid_task_runner
-    from tasks.cell import cell_of
     from tasks.config import experiment_dir
-    from tasks.data import load_experiment_data
-    from tasks.partitioning import load_partition
-    from tasks.train import train_cell
+    from tasks.data.experiment import load_experiment_data
+    from tasks.data.partitioning import load_partition
+    from tasks.training.cell import cell_of
+    from tasks.training.train import train_cell
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     p = load_params(

@@ -166,7 +166,7 @@ def test_fedapt_run_refused_before_anything_when_the_experiment_is_running(tmp_p
 
 
 def test_upload_skips_the_lock_file(tmp_path, s3_env):
-    from tasks import storage
+    from tasks.results import storage
 
     root = tmp_path / "exp"
     with S.run_lock(root):

@@ -158,7 +158,8 @@ def test_local_ray_is_only_for_a_runs_own_ray(monkeypatch):
     """Where the run starts no Ray of its own (no Ray, or a cluster's address), the
     environment stays as it is and RAY_AUTH_MODE is the user's; where it does, a
     RAY_AUTH_MODE other than token is refused (tests/flows/cli/test_environment.py: the CLI's line)."""
-    from flows.localray import check_local_ray, local_ray, starts_local_ray
+    from flows.localray import local_ray
+    from tasks.training.runtime import check_local_ray, starts_local_ray
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")

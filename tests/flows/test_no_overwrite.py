@@ -47,7 +47,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 def _s3_objects(prefix: str) -> dict[str, str]:
-    from tasks.storage import s3_client
+    from tasks.results.storage import s3_client
 
     pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket="fedapt", Prefix=prefix)
     return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}

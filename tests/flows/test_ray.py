@@ -50,8 +50,8 @@ def test_ray_tasks_request_gpus_a_node_has():
     """runtime.ray_gpus: auto asks one GPU per cell where a node has one (a task that asks none
     sees no GPU under Ray); a request no node meets, or device cuda with none, is one line."""
     from fedcore.errors import ConfigError
-    from flows.runners import ray_gpus
     from tasks.config import load_params
+    from tasks.training.runtime import ray_gpus
 
     def params(*sets: str):
         return load_params(REPO / "params.yaml", ["runtime.task_runner=ray", *sets])

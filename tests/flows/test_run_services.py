@@ -590,7 +590,7 @@ def test_no_password_is_printed_or_logged_by_anyone(tmp_path):
 # run that fails inside the flow prints, in a real process.
 _FAILING_RUN = """
 import errno, os, sys
-import tasks.partitioning as tp
+import tasks.data.partitioning as tp
 from fedcore.errors import ConfigError
 
 def fail(params, data, part, out_dir):

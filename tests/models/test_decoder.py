@@ -17,7 +17,7 @@ from models import get_model
 from models.adapters import adapt, applicable_adapters, get_adapter
 from models.decoder import DecoderLM, bpe
 from models.text import is_next_token_model, text_tokenizer
-from tasks.backbone import load_base
+from tasks.data.backbone import load_base
 
 VOCAB, HIDDEN, LAYERS, CONTEXT = 300, 32, 2, 6
 TINY = {"vocab_size": VOCAB, "layers": LAYERS, "hidden": HIDDEN, "heads": 2, "context": CONTEXT}

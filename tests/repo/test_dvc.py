@@ -92,9 +92,9 @@ def test_one_train_stage_per_grid_cell_named_as_the_cell():
 
 
 def test_the_deps_check_sees_missing_code():
-    assert "tasks/train.py" in code_of("train")
+    assert "tasks/training/train.py" in code_of("train")
     assert "fedcore/engine/round.py" in code_of("train")
-    assert "tasks/report.py" in code_of("report")
+    assert "tasks/results/report.py" in code_of("report")
     assert "fedcore/engine/round.py" not in code_of("report")
 
 

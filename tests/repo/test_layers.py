@@ -109,3 +109,40 @@ def test_the_checker_sees_cycles_and_upward_imports(tmp_path):
     tree = ast.parse(src.read_text())
     assert len(type_checking_only(tree)) > 0
     assert "models.adapters.exits" not in GRAPH["fedcore.exits"]
+
+
+# tasks/ by room, top to bottom (tasks/__init__.py says what each holds): a room imports
+# only the rooms below it
+TASKS_ROOMS = (
+    "tasks.reproduce",
+    "tasks.training",
+    "tasks.data",
+    "tasks.results",
+    "tasks.tracking",
+    "tasks.grid",
+    "tasks.config",
+    "tasks.io",
+)
+
+
+def room_of(module: str) -> str | None:
+    return next((r for r in TASKS_ROOMS if module == r or module.startswith(r + ".")), None)
+
+
+def upward_between_rooms(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if room_of(m)
+        for d in deps
+        if room_of(d) and TASKS_ROOMS.index(room_of(d)) < TASKS_ROOMS.index(room_of(m))
+    )
+
+
+def test_tasks_is_cut_into_rooms_that_import_downwards():
+    """Every module of tasks/ sits in a room, and rooms import only the rooms below."""
+    assert [m for m in GRAPH if m.startswith("tasks.") and room_of(m) is None] == []
+    assert upward_between_rooms(GRAPH) == []
+    # the check itself: an upward import is found
+    planted = {"tasks.results.origin": {"tasks.training.checkpoint"}}
+    assert upward_between_rooms(planted) == ["tasks.results.origin -> tasks.training.checkpoint"]

@@ -34,7 +34,7 @@ def cell_params(tmp_path: Path, *extra: str):
     )
 
 
-# the tiny Shakespeare federation (tests/tasks/test_shakespeare_run.py)
+# the tiny Shakespeare federation (tests/tasks/training/test_shakespeare_run.py)
 TINY = "{vocab_size: 512, layers: 1, hidden: 16, heads: 2, context: 8, stride: 8}"
 SETS = [
     "data.dataset=shakespeare",

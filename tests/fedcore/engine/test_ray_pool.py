@@ -112,8 +112,8 @@ def test_fedcore_imports_without_ray():
 def test_where_the_clients_train_is_no_part_of_a_runs_fingerprint():
     """runtime.clients and runtime.ray_* place the clients, never change their bytes: a run
     checkpointed with local workers resumes on Ray actors and the other way round."""
-    from tasks.checkpoint import fingerprint
     from tasks.config import load_params
+    from tasks.training.checkpoint import fingerprint
 
     local = load_params(REPO / "params.yaml", [])
     on_ray = load_params(

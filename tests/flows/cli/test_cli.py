@@ -41,7 +41,7 @@ def test_run_writes_summary_with_bytes(tmp_path, prefect_server, monkeypatch, s3
     register = ["--set", "tracking.register=always"]
     res = invoke(tmp_path, "run", *SMALL, *register, "--set", "storage.bucket=fedapt-test")
     assert res.exit_code == 0, res.output
-    from tasks.storage import s3_client
+    from tasks.results.storage import s3_client
 
     listed = s3_client().list_objects_v2(Bucket="fedapt-test", Prefix="runs/fmnist-dir05-fedavg/")
     keys = [o["Key"] for o in listed["Contents"]]

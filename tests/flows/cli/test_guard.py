@@ -69,7 +69,7 @@ def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch,
     target.parent.mkdir()
 
     def body() -> None:
-        if writer == "checkpoint":  # tasks/checkpoint.py writes through atomic_write_bytes
+        if writer == "checkpoint":  # tasks/training/checkpoint.py writes through atomic_write_bytes
             atomic_write_bytes(target, b"x" * 4096)
         else:
             atomic_write_text(target, "client_id,sample_index,label\n" * 100)

@@ -119,7 +119,7 @@ def _params(*sets: str):  # type: ignore[no-untyped-def]
 
 def test_a_run_on_ray_uses_ray_address_only_where_runtime_ray_address_is_null(monkeypatch):
     from flows.runners import cells_share_ray, grid_parallelism, grid_task_runner
-    from tasks.cell import ray_address, ray_settings
+    from tasks.training.runtime import ray_address, ray_settings
 
     both = ("runtime.task_runner=ray", "runtime.clients=ray", "runtime.device=cpu")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

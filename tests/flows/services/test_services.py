@@ -353,7 +353,7 @@ def test_embedded_s3_round_trip_and_cleanup(sd, monkeypatch):
             pid = s3.pid
             assert s3.started and s3.endpoint.startswith("http://127.0.0.1:")
             assert os.environ["AWS_ENDPOINT_URL"] == s3.endpoint
-            from tasks import storage
+            from tasks.results import storage
 
             keys = storage.upload_tree(_tree(sd.parent), S.DEFAULT_BUCKET, "run1")
             assert keys == ["run1/a.txt"]

@@ -20,7 +20,7 @@ from fedcore.schedules import LRSchedule
 from models import get_model
 from models.adapters import adapt, get_adapter
 from models.adapters.lora import lora_delta, lora_layers
-from tasks import modelfile
+from tasks.training import modelfile
 from tests.helpers import H
 from tests.models.adapters.support import BUILDERS, build, data, effnet, inputs, one_step_changes
 
@@ -190,12 +190,12 @@ def test_lora_cell_registers_the_merged_efficientnet(tmp_path, monkeypatch):
     import mlflow.pytorch
 
     from models.adapters import adapted_model
-    from tasks.backbone import model_input
-    from tasks.cell import cell_of
     from tasks.config import load_params
-    from tasks.data import load_experiment_data
-    from tasks.partitioning import build_partition, write_partition
-    from tasks.train import run_cell
+    from tasks.data.backbone import model_input
+    from tasks.data.experiment import load_experiment_data
+    from tasks.data.partitioning import build_partition, write_partition
+    from tasks.training.cell import cell_of
+    from tasks.training.train import run_cell
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     p = load_params(

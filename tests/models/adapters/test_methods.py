@@ -327,8 +327,8 @@ def test_every_algorithm_runs_on_the_residual_payload(algorithm):
 
 
 def test_fednilo_with_an_adapter_is_a_config_error_before_training():
-    from tasks.cell import check_cell
     from tasks.config import Params
+    from tasks.training.cell import check_cell
 
     p = Params()
     check_cell(p, "fednilo", "full")

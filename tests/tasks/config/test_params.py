@@ -125,7 +125,7 @@ def test_missing_params_file(tmp_path):
 
 
 def test_report_baseline_is_a_grid_cell():
-    from tasks.report import report_baseline
+    from tasks.results.report import report_baseline
 
     grid = ["grid.algorithms=[fedprox,fedavg]", "grid.adapters=[full]"]
     assert report_baseline(load_params(REPO / "params.yaml", grid)) == "fedavg-full"

@@ -147,15 +147,17 @@ def test_status_from_records_and_the_experiment_folder(tmp_path):
 
 
 def test_code_version_follows_the_number_code_only(tmp_path):
-    for rel in ("fedcore/a.py", "models/b.py", "tasks/c.py", "tasks/report.py"):
+    for rel in ("fedcore/a.py", "models/b.py", "tasks/c.py", "tasks/results/report.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x = 1\n")
     (tmp_path / "tasks" / "reproduce").mkdir()
     (tmp_path / "tasks" / "reproduce" / "claim_x.py").write_text("y = 1\n")
     (tmp_path / "flows").mkdir()  # a driver that runs them all
-    (tmp_path / "flows" / "run.py").write_text("import fedcore.a, models.b, tasks.c\n")
+    (tmp_path / "flows" / "run.py").write_text(
+        "import fedcore.a, models.b, tasks.c, tasks.results.report\n"
+    )
     v = records.code_version(tmp_path)
-    (tmp_path / "tasks" / "report.py").write_text("x = 2\n")  # writes reports: no number
+    (tmp_path / "tasks" / "results" / "report.py").write_text("x = 2\n")  # no number
     (tmp_path / "tasks" / "reproduce" / "claim_x.py").write_text("y = 2\n")
     assert records.code_version(tmp_path) == v
     (tmp_path / "fedcore" / "a.py").write_text("x = 2\n")
@@ -192,8 +194,8 @@ def test_experiments_with_the_same_base_share_it(tmp_path):
     init) with the same seed of another experiment of the same data, model and pretrain."""
     import hashlib
 
-    from tasks.pretrain import fingerprint
-    from tasks.sweep import seed_params
+    from tasks.data.pretrain import fingerprint
+    from tasks.training.sweep import seed_params
 
     m1, m3 = runs.plan(
         registry.select(["label-skew"]),
