@@ -124,24 +124,41 @@ def _bound_sockets() -> set[str] | None:
         return None
 
 
+def is_leftover(path: Path) -> bool:
+    """Whether ``path`` has the shape of something ``weed_leftovers`` names: a scratch folder
+    (``<state>/run/s3-<port>``) or one of SeaweedFS's sockets in /tmp. A state file is
+    text anyone with the folder could edit: nothing else is ever removed on its word."""
+    if path.parent == Path("/tmp"):
+        return path.name.startswith("seaweedfs-") and path.suffix == ".sock"
+    name = path.name
+    return (
+        path.is_absolute()
+        and path.parent.name == "run"
+        and name.startswith("s3-")
+        and name[3:].isdigit()
+    )
+
+
 def remove_leftovers(paths: Iterable[str]) -> None:
-    """Remove what ``weed_leftovers`` named (call it once the server is gone). A socket in /tmp
-    that a process listens on is left alone: its port may be another SeaweedFS's by now."""
+    """Remove what ``weed_leftovers`` named (call it once the server is gone); a path of
+    another shape (``is_leftover``) is left alone. A socket in /tmp that a process listens on
+    is left alone too: its port may be another SeaweedFS's by now."""
     import shutil
 
     bound = None
     for path in paths:
         p = Path(path)
+        if not is_leftover(p):
+            continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
             continue
         if p.parent == Path("/tmp"):
-            if not p.name.startswith("seaweedfs-") or p.suffix != ".sock":
-                continue  # only what weed_leftovers names
             bound = _bound_sockets() if bound is None else bound
             if bound is None or str(p) in bound:
                 continue
-        p.unlink(missing_ok=True)
+        if not p.is_dir():
+            p.unlink(missing_ok=True)
 
 
 def sweep_scratch(sd: Path) -> None:

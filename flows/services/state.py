@@ -14,6 +14,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from fedcore.errors import ConfigError
 from fedcore.files import atomic_write_bytes
 from flows.services.config import STATE_FILE, state_dir
 
@@ -25,14 +26,46 @@ def state_path(sd: Path) -> Path:
 
 
 def read_state(sd: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any]]:
-    """The recorded services (name -> record); empty when there is no or a corrupt state file."""
+    """The recorded services (name -> record); empty when there is no state file. A state
+    file fedapt did not write (not JSON, another shape, a pid or port that is not a whole
+    number) is one line naming it: never read as "no services" (their processes would be
+    reported stopped and left running)."""
     path = state_path(state_dir(sd))
     try:
-        data = json.loads(path.read_text())
-        services = data.get("services", {})
-        return {k: v for k, v in services.items() if isinstance(v, dict)}
-    except (OSError, ValueError, AttributeError):
-        return {}
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError):  # (a state "folder" that is a file:
+        return {}  # its own check names FEDAPT_STATE_DIR)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the services' state file ({exc})") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    why = _not_state(data)
+    if why:
+        raise ConfigError(
+            f"{path} is not a services state file fedapt wrote ({why}); stop what it started "
+            "by hand if anything runs, then move the file away (FEDAPT_STATE_DIR: its folder)"
+        )
+    return dict(data["services"])
+
+
+def _not_state(data: Any) -> str | None:
+    """Why ``data`` is not the content of a state file (None: it is)."""
+    if not isinstance(data, dict) or not isinstance(data.get("services", {}), dict):
+        return "not a JSON object with a services mapping"
+    data.setdefault("services", {})
+    for name, rec in data["services"].items():
+        if not isinstance(rec, dict):
+            return f"service {name!r} is not a record"
+        for key in ("pid", "port"):
+            value = rec.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                return f"service {name!r}: {key} {value!r} is not a whole number"
+        leftovers = rec.get("leftovers", [])
+        if not isinstance(leftovers, list) or not all(isinstance(x, str) for x in leftovers):
+            return f"service {name!r}: leftovers is not a list of paths"
+    return None
 
 
 def write_state(sd: str | os.PathLike[str] | None, services: Mapping[str, Any]) -> Path:

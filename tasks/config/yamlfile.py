@@ -28,12 +28,27 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (YAML allows the last to win)."""
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+INT_TAG = "tag:yaml.org,2002:int"
+FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
 def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    """The mapping, once no key of its own is given twice and every key is a plain value (a
+    merge key's ``<<: *anchor`` entries may be overridden, as YAML says)."""
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == MERGE_TAG:
+            continue
         key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
         line = key_node.start_mark.line + 1
-        if key in seen:
+        try:
+            again = key in seen
+        except TypeError:  # a list or mapping as a key (`? [a, b]`, `{[a]: 1}`)
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a name, not a list or mapping", key_node.start_mark
+            ) from None
+        if again:
             raise yaml.constructor.ConstructorError(
                 None,
                 None,
@@ -44,12 +59,33 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
     return loader.construct_mapping(node, deep=deep)
 
 
+def _int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    """A YAML 1.2 integer: decimal (``010`` is ten), ``0o17`` or ``0x1f``; PyYAML's YAML 1.1
+    read ``010`` as octal 8 and ``1:30`` as 90."""
+    text = loader.construct_scalar(node)  # type: ignore[no-untyped-call]
+    digits = str(text).lstrip("+-")
+    return int(text, 0) if digits[:2] in ("0o", "0x") else int(text, 10)
+
+
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-# YAML 1.2's floats without a point (1e-3, 5E+2), as YAML 1.1 (PyYAML) does not read them
+_StrictLoader.add_constructor(INT_TAG, _int)
+# Numbers as YAML 1.2's core schema reads them, not YAML 1.1's (PyYAML): no sexagesimal
+# 1:30, no octal 010, no 0b101 or 1_000 (strings, refused where a number is expected);
+# floats without a point (1e-3, 5E+2) are floats
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _StrictLoader.add_implicit_resolver(  # type: ignore[no-untyped-call]
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)$"),
-    list("-+0123456789"),
+    INT_TAG, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+_StrictLoader.add_implicit_resolver(  # type: ignore[no-untyped-call]
+    FLOAT_TAG,
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
 )
 
 MAX_FILE_BYTES = 1 << 20  # a params file is a few KiB; this is not one
@@ -82,9 +118,9 @@ def check_limits(text: str, source: str, *, lines: bool = True) -> None:
             elif isinstance(event, yaml.ScalarEvent):
                 anchor, size = event.anchor, 1
                 if (
-                    event.style is None
+                    (event.style is None or event.tag in (INT_TAG, "!!int"))
                     and len(event.value) > MAX_INT_CHARS
-                    and _INT.fullmatch(event.value)
+                    and _INT.fullmatch(event.value.strip())
                 ):
                     raise ConfigError(
                         f"{at}: an integer of {len(event.value)} characters; every "

@@ -149,8 +149,60 @@ def test_state_file_is_written_atomically(sd, monkeypatch):
     assert path.read_text() == before  # the old state is intact
     assert sorted(p.name for p in sd.iterdir()) == [".gitignore", S.STATE_FILE]  # no temp left
     assert S.read_state(sd)["s3"]["pid"] == 123
-    path.write_text("{not json")
-    assert S.read_state(sd) == {}
+    path.unlink()
+    assert S.read_state(sd) == {}  # no state file: no services
+
+
+CORRUPT_STATES = [
+    "{not json",
+    "",
+    "[1, 2, 3]",
+    '{"version": 1, "services": [1]}',
+    '{"version": 1, "services": {"s3": 5}}',
+    '{"version": 1, "services": {"s3": {"pid": "abc", "port": 8333}}}',
+    '{"version": 1, "services": {"s3": {"pid": [1]}}}',
+    '{"version": 1, "services": {"s3": {"pid": 1, "port": true}}}',
+    '{"version": 1, "services": {"s3": {"pid": 1, "leftovers": "/tmp"}}}',
+]
+
+
+@pytest.mark.parametrize("text", CORRUPT_STATES)
+@pytest.mark.parametrize("command", ["status", "down", "env"])
+def test_a_state_file_fedapt_did_not_write_is_one_line_never_no_services(
+    tmp_path, monkeypatch, command, text
+):
+    """status/down/env on a corrupt services.json: one line naming it, never "stopped" (a
+    running service would be left behind unseen) and never a traceback."""
+    from flows.cli import app
+    from tests.cli_contract import runner
+
+    sd = tmp_path / "state"
+    sd.mkdir()
+    (sd / S.STATE_FILE).write_text(text)
+    monkeypatch.setenv("FEDAPT_STATE_DIR", str(sd))
+    res = runner.invoke(app, [command])
+    out = res.output.strip()
+    assert res.exit_code != 0 and "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith("fedapt: error: "), out
+    assert f"{sd / S.STATE_FILE} is not a services state file" in out, out
+    assert (sd / S.STATE_FILE).read_text() == text  # nothing rewritten
+
+
+def test_leftovers_named_by_a_state_file_are_removed_only_in_their_own_shape(tmp_path):
+    """`fedapt down` removes what a stopped SeaweedFS left (its scratch folder, its /tmp
+    sockets); a state file naming any other path removes nothing."""
+    from flows.services.s3 import remove_leftovers
+
+    scratch = tmp_path / "state" / "run" / "s3-8333"
+    scratch.mkdir(parents=True)
+    (scratch / "weed.log").write_text("log")
+    victims = [tmp_path / "victim.txt", tmp_path / "run" / "notes", tmp_path / "s3-1"]
+    for v in victims:
+        v.parent.mkdir(parents=True, exist_ok=True)
+        v.write_text("mine")
+    remove_leftovers([str(scratch), *map(str, victims), "/tmp/other.sock", "relative/run/s3-1"])
+    assert not scratch.exists()
+    assert all(v.read_text() == "mine" for v in victims)
 
 
 def _healthy(monkeypatch, names=("s3", "mlflow", "prefect")):

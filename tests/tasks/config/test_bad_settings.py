@@ -238,6 +238,14 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
         return ["--params", str(f)], f"{f}:7: the aliases (*name) expand to more than 100000"
     if name == "a-device":
         return ["--params", "/dev/zero"], "params file /dev/zero is larger than 1 MiB"
+    if name == "digits-tagged":  # !!int "...": quoted, yet an integer
+        f.write_text(f'experiment:\n  name: x\n  seed: !!int "{"9" * 5000}"\n')
+        return ["--params", str(f)], f"{f}:3: an integer of 5000 characters"
+    if name == "list-as-key-file":
+        f.write_text("federation:\n  ? [a, b]\n  : 1\n")
+        return ["--params", str(f)], f"{f}:2: malformed YAML: a key must be a name"
+    if name == "list-as-key-set":
+        return ["--set", "grid.algorithm_options={[a]: 1}"], "grid.algorithm_options"
     raise AssertionError(name)
 
 
@@ -253,6 +261,9 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
         "file-too-large",
         "a-device",
         "alias-bomb",
+        "digits-tagged",
+        "list-as-key-file",
+        "list-as-key-set",
     ],
 )
 def test_parser_limits_are_one_line(tmp_path, name):
@@ -261,6 +272,43 @@ def test_parser_limits_are_one_line(tmp_path, name):
     res = invoke(tmp_path, "run", *args)
     assert_one_clear_line(res, needle, tmp_path / "reports")
     assert len(res.output) < 1000, res.output  # the value is named, never printed whole
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("010", 10),  # YAML 1.2: decimal (PyYAML's YAML 1.1 read octal 8)
+        ("0o10", 8),
+        ("0x10", 16),
+        ("+7", 7),
+        ("1:30", "1:30"),  # YAML 1.1's sexagesimal 90: a string, refused as a number
+        ("0b101", "0b101"),
+        ("1_000", "1_000"),
+        ("1e-3", 0.001),
+        ("5E+2", 500.0),
+    ],
+)
+def test_numbers_are_read_as_yaml_1_2_reads_them(text, value):
+    """A number means what YAML 1.2 (the YAML people write today) says, never a YAML 1.1
+    reading the user did not mean: ``rounds: 010`` is 10, ``1:30`` is not 90."""
+    from tasks.config.yamlfile import parse_override
+
+    got = parse_override(f"federation.rounds={text}")[1]
+    assert got == value and type(got) is type(value), (text, got)
+
+
+@pytest.mark.parametrize("text", ["1:30", "0b101", "1_000"])
+def test_yaml_1_1_number_forms_are_refused_where_a_number_is_expected(tmp_path, text):
+    res = invoke(tmp_path, "run", "--set", f"federation.rounds={text}")
+    assert_one_clear_line(res, "federation.rounds", tmp_path / "reports")
+
+
+def test_a_merge_key_merges_and_its_entries_may_be_overridden(tmp_path):
+    from tasks.config.yamlfile import read_mapping
+
+    f = tmp_path / "m.yaml"
+    f.write_text("base: &b {rounds: 3, seed: 1}\nfederation:\n  <<: *b\n  rounds: 5\n")
+    assert read_mapping(str(f))[1]["federation"] == {"rounds": 5, "seed": 1}
 
 
 # ---- settings that become paths ------------------------------------------------------------
