@@ -26,6 +26,7 @@ from fedcore.datasets import get_dataset_info
 from fedcore.errors import ConfigError
 from fedcore.partition import Partition
 from flows.checks import check_checkpoints, check_drawn_partition, check_given_partition
+from flows.runners import check_dask_address
 from tasks.config import Params, experiment_dir
 from tasks.data.experiment import ExperimentData, load_experiment_data
 from tasks.data.partitioning import build_partition, check_partition_data, load_partition
@@ -106,6 +107,7 @@ def check_names(params: Params) -> None:
     for spec in grid_cells(params):
         check_cell(params, spec.algorithm, spec.adapter)  # the algorithm's own rules
     check_runtime(params)  # the device, Ray's address and GPUs, a run's own Ray
+    check_dask_address(params)  # runtime.task_runner: dask on a cluster that answers
     report_baseline(params)  # a baseline cell outside the grid -> the cells there are
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from fedcore.errors import ConfigError, mask_credentials
 from tasks.config import Params
 from tasks.training.runtime import ray_address, ray_gpus, visible_gpus
 
@@ -65,6 +66,38 @@ def grid_task_runner(params: Params) -> Any:
 class _NoDashboardLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "dashboard is available" not in record.getMessage()
+
+
+def check_dask_address(params: Params, timeout: float = 5.0) -> None:
+    """Preflight of ``runtime.dask_address``: one line where it is not ``tcp://host:port``
+    or nothing answers there (Dask would retry for 30 s and fail in a traceback, after the
+    partition was drawn and a Prefect server started)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    address = params.runtime.dask_address
+    if params.runtime.task_runner != "dask" or not address:
+        return
+    shown = mask_credentials(address)
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if parts.scheme not in ("tcp", "tls") or not host or port is None:
+        raise ConfigError(
+            f"runtime.dask_address: {shown!r} is not tcp://host:port (or tls://host:port); "
+            "null starts a local Dask cluster"
+        )
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"runtime.dask_address: nothing answers at {shown} ({err.strerror or err}); start "
+            "the scheduler (dask scheduler) or set runtime.dask_address: null for a local Dask "
+            "cluster"
+        ) from None
 
 
 def ray_task_runner(params: Params) -> Any:

@@ -430,6 +430,20 @@ def test_settings_that_become_paths_are_named(tmp_path, monkeypatch, name):
         (["--set", f"grid.adapter_options.lora.r={2**64}"], "lora.r: must be less than or"),
         (["--set", "runtime.workers=100000"], "runtime.workers: workers is auto or a number of"),
         (["--set", "runtime.dask_workers=100000"], "runtime.dask_workers: must be less than or"),
+        # a Dask cluster nothing answers at, or no address at all: before anything runs
+        (
+            [
+                "--set",
+                "runtime.task_runner=dask",
+                "--set",
+                "runtime.dask_address=tcp://127.0.0.1:1",
+            ],
+            "runtime.dask_address: nothing answers at tcp://127.0.0.1:1",
+        ),
+        (
+            ["--set", "runtime.task_runner=dask", "--set", "runtime.dask_address=http://x"],
+            "runtime.dask_address: 'http://x' is not tcp://host:port",
+        ),
         # GPUs on Ray (issue 31): a request the local Ray cannot meet, before anything runs
         (["--set", "runtime.ray_gpus=-1"], "runtime.ray_gpus: ray_gpus is auto or a number"),
         (
