@@ -158,6 +158,25 @@ def _check_sqlite_store(uri: str) -> None:
         check_writable(where, db.parent)
     except ConfigError as exc:
         raise ConfigError(f"{exc} (in {uri})") from None
+    _probe_folder(where, uri, db.parent)
+
+
+def _probe_folder(where: str, uri: str, folder: Path) -> None:
+    """Make and remove a folder where the store's would go (its nearest existing parent): a
+    place that looks writable but is not (/proc, a read-only mount) is one line naming
+    ``where``, not an OS error about a path later."""
+    import tempfile
+
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None:
+        return
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fedapt-probe-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(
+            f"{where}: {mask_credentials(uri)}: cannot create {folder} under {existing} "
+            f"({exc.strerror}); choose a folder you can write"
+        ) from None
 
 
 def tracking_uri() -> str:

@@ -26,6 +26,9 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
     if name == "sqlite-under-file":
         uri = f"sqlite:///{a_file}/x.db"
         return {"MLFLOW_TRACKING_URI": uri}, track, f"MLFLOW_TRACKING_URI: {a_file} is a file"
+    if name == "sqlite-under-proc":  # looks writable to root, cannot hold a folder
+        uri = "sqlite:////proc/fedapt-nope/mlflow.db"
+        return {"MLFLOW_TRACKING_URI": uri}, track, f"MLFLOW_TRACKING_URI: {uri}: cannot create"
     if name == "sqlite-is-folder":
         uri = f"sqlite:///{tmp_path}"
         return {"MLFLOW_TRACKING_URI": uri}, track, f"{uri}: {tmp_path} is a folder"
@@ -94,6 +97,7 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
     "name",
     [
         "sqlite-under-file",
+        "sqlite-under-proc",
         "sqlite-is-folder",
         "sqlite-not-a-database",
         "bare-path",
