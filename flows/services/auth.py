@@ -30,9 +30,11 @@ exports them by reading their file (``export X="$(cat <file>)"``).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import secrets
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,11 +97,21 @@ def parse_host(value: str, setting: str) -> str:
     if text == "localhost":
         return text
     try:
-        return str(ipaddress.IPv4Address(text))
+        address = str(ipaddress.IPv4Address(text))
     except ValueError:
         raise ConfigError(
             f"{setting}: {shorten(text)!r} is not an address to listen on; allowed: {HOST_ALLOWED}"
         ) from None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, 0))  # (not "port in use" later, for an address not ours)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(
+                    f"{setting}: {address} is not an address of this machine, so nothing can "
+                    f"listen on it; allowed: {HOST_ALLOWED}"
+                ) from None
+    return address
 
 
 def parse_auth(value: str, setting: str) -> bool:

@@ -28,6 +28,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from fedcore.errors import ConfigError
 from flows import services as S
 from flows.cli import app
 from flows.cli import services as cli_services
@@ -173,6 +174,9 @@ def test_access_settings_and_precedence():
     assert (got.host, got.auth, got.auth_setting) == ("0.0.0.0", True, "FEDAPT_AUTH")
     assert auth.bind_host("worker", got) == auth.bind_host("postgres", got) == "127.0.0.1"
     assert auth.bind_host("mlflow", got) == "0.0.0.0"
+    # an address of another machine: named as such, not "port in use" when a server starts
+    with pytest.raises(ConfigError, match="--host: 192.0.2.1 is not an address of this machine"):
+        auth.resolve_access("192.0.2.1", "on", {}, {})
     # a running service elsewhere, or with other authentication, is restarted by `up`
     same = supervisor._same_access
     assert same("s3", {"host": OTHER, "auth": True}, Access(OTHER, True))
