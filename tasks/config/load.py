@@ -99,6 +99,12 @@ def _one_line(err: ValidationError, source: str, text: str, data: dict[str, Any]
         "must be a mapping of its keys (key: value)",
         message,
     )
+    # a list given one value: pydantic says "a valid tuple", not how to write a list
+    message = re.sub(
+        r"must be a valid (?:tuple|list)",
+        "must be a list, e.g. [a, b] ([a] for one)",
+        message,
+    )
     return f"{place}: {_shortened(message, err)}"
 
 

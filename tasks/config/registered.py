@@ -178,6 +178,12 @@ class GridSection(Section):
                 )
             if not isinstance(options, Mapping):
                 raise ValueError(f"{name}: a mapping of options (got {options!r})")
+            builtin = BUILTIN.get(name, {}).get("kind")
+            if builtin and options.get("kind", builtin) != builtin:  # (its options would mix)
+                raise ValueError(
+                    f"{name}.kind: {name} is the built-in codec of kind {builtin}; a codec of "
+                    f"kind {options['kind']} needs a name of its own, e.g. my_{options['kind']}"
+                )
             try:
                 make_codec(name, options)
             except ConfigError as e:

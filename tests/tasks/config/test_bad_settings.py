@@ -419,6 +419,11 @@ def test_settings_that_become_paths_are_named(tmp_path, monkeypatch, name):
         # empty and repeated lists
         (["--set", "grid.algorithms=[]"], "grid.algorithms: name at least one algorithm; allowed"),
         (["--set", "grid.adapters=[]"], "grid.adapters: name at least one adapter method"),
+        (["--set", "grid.algorithms=fedavg"], "grid.algorithms: must be a list, e.g. [a, b]"),
+        (
+            ["--set", "grid.codec_options={int8: {kind: topk}}"],
+            "int8.kind: int8 is the built-in codec of kind quantize; a codec of kind topk needs",
+        ),
         (["--set", "grid.algorithms=[fedavg,fedprox,fedavg]"], "names fedavg more than once"),
         (["--set", "grid.adapters=[lora,lora]"], "grid.adapters: names lora more than once"),
         (["--set", "experiment.seeds=[1,1]"], "experiment.seeds: must be a list of distinct"),
