@@ -78,6 +78,12 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
     from tasks.reproduce import registry, runs
 
     registry.check_profile(profile)  # a bad profile: one line, nothing loaded
+    modes = [f for f, on in (("--plan", plan_only), ("--report", report_only),
+                             ("--revalidate", revalidate)) if on]  # fmt: skip
+    if len(modes) > 1:  # each is a command of its own: none silently wins
+        raise ConfigError(f"{' and '.join(modes)} do different things; give one of them")
+    if revalidate and rerun_stale:
+        raise ConfigError("--revalidate checks stale records; it does not go with --rerun-stale")
     claims = registry.select(claim)
     params_file = str(params) if params is not None else None
     overrides = list(set_ or [])
@@ -87,9 +93,6 @@ def reproduce(  # noqa: PLR0913  (typer: one parameter per option)
         out.print(_plan_table(items))
         return
     runwatch.grace_seconds()  # a bad FEDAPT_SERVICE_GRACE: one line, nothing started
-    if revalidate and (report_only or rerun_stale):
-        other = "--report" if report_only else "--rerun-stale"
-        raise ConfigError(f"--revalidate checks stale records; it does not go with {other}")
     for name in runs.migrate(items):  # before anything reads a record's code version
         out.print(f"{name}: carried over to the imports code-version rule (same code)")
     if revalidate:

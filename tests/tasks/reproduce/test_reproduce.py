@@ -285,17 +285,25 @@ def test_bad_profile_is_one_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_revalidate_with_report_or_rerun_stale_is_one_line(tmp_path):
-    for other in ("--report", "--rerun-stale"):
-        res = CliRunner().invoke(
-            app,
-            ["reproduce", "--profile", "ci", "--revalidate", other, "--out", str(tmp_path / "o")]
-            + ["--set", f"experiment.reports_dir={tmp_path}"],
-        )
-        assert res.exit_code == 2, res.output
-        assert res.output.strip() == (
-            f"fedapt: error: --revalidate checks stale records; it does not go with {other}"
-        )
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (["--revalidate", "--rerun-stale"], "--revalidate checks stale records; it does not go"),
+        (["--revalidate", "--report"], "--report and --revalidate do different things; give one"),
+        (["--plan", "--report"], "--plan and --report do different things; give one of them"),
+        (["--plan", "--report", "--revalidate"], "--plan and --report and --revalidate do"),
+    ],
+)
+def test_modes_that_do_not_go_together_are_one_line(tmp_path, flags, line):
+    """--plan, --report and --revalidate are commands of their own: none silently wins."""
+    res = CliRunner().invoke(
+        app,
+        ["reproduce", "--profile", "ci", *flags, "--out", str(tmp_path / "o")]
+        + ["--set", f"experiment.reports_dir={tmp_path}"],
+    )
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().startswith(f"fedapt: error: {line}"), res.output
+    assert len(res.output.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
 
 
