@@ -143,6 +143,13 @@ def load_params(path: str | Path | None = None, overrides: list[str] | None = No
         text, raw = read_mapping(source)
     raw = dict(raw)
     _check_dvc_cells(raw.pop(DVC_SECTION, None), source, text)
+    for item in overrides or []:  # (the dvc section is popped above: no Params field)
+        if item.split("=", 1)[0].strip().split(".")[0] == DVC_SECTION:
+            raise ConfigError(
+                f"--set {item.split('=', 1)[0].strip()}: the {DVC_SECTION} section lists "
+                "dvc.yaml's train stages, which no run reads; edit it in the params file "
+                "(dvc exp run --set-param changes it for a DVC experiment)"
+            )
     data = apply_overrides(raw, overrides or [], Params.model_fields)
     try:
         params = Params.model_validate(data)

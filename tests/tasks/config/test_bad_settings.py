@@ -420,6 +420,7 @@ def test_settings_that_become_paths_are_named(tmp_path, monkeypatch, name):
         (["--set", "grid.algorithms=[]"], "grid.algorithms: name at least one algorithm; allowed"),
         (["--set", "grid.adapters=[]"], "grid.adapters: name at least one adapter method"),
         (["--set", "grid.algorithms=fedavg"], "grid.algorithms: must be a list, e.g. [a, b]"),
+        (["--set", "dvc.cells={}"], "--set dvc.cells: the dvc section lists dvc.yaml's train"),
         (
             ["--set", "grid.codec_options={int8: {kind: topk}}"],
             "int8.kind: int8 is the built-in codec of kind quantize; a codec of kind topk needs",
