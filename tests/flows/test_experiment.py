@@ -127,6 +127,9 @@ def test_flow_runs_the_grid_on_the_configured_task_runner(tmp_path, monkeypatch)
     assert spy.grid_spec["runtime"]["task_runner"] == "dask"
 
     spy.install(monkeypatch)
+    # no scheduler at this made-up address: the preflight that refuses one is tested in
+    # tests/tasks/config/test_bad_settings.py; here the runner it picks
+    monkeypatch.setattr("flows.plan.check_dask_address", lambda params: None)
     deployment_run(tmp_path, "runtime.task_runner=dask", "runtime.dask_address=tcp://h:8786")
     assert type(spy.runner).__name__ == "DaskTaskRunner"
     assert spy.runner.address == "tcp://h:8786"
