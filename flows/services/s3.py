@@ -130,10 +130,10 @@ def is_leftover(path: Path) -> bool:
     ``rayhead.ray_leftovers`` names: a scratch folder (``<state>/run/s3-<port>``), one of
     SeaweedFS's sockets in /tmp or a Ray head's ``<tmp>/fedapt-ray-<hash>``. A state file is
     text anyone with the folder could edit: nothing else is ever removed on its word."""
-    if path.parent == Path("/tmp"):
-        return path.name.startswith("seaweedfs-") and path.suffix == ".sock"
     if re.fullmatch(r"fedapt-ray-[0-9a-f]{8,64}", path.name):  # a Ray head's session folder
         return path.is_absolute()  # (in the temp folder of the `fedapt up` that made it)
+    if path.parent == Path("/tmp"):
+        return path.name.startswith("seaweedfs-") and path.suffix == ".sock"
     name = path.name
     return (
         path.is_absolute()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -200,9 +202,25 @@ def test_leftovers_named_by_a_state_file_are_removed_only_in_their_own_shape(tmp
     for v in victims:
         v.parent.mkdir(parents=True, exist_ok=True)
         v.write_text("mine")
-    remove_leftovers([str(scratch), *map(str, victims), "/tmp/other.sock", "relative/run/s3-1"])
-    assert not scratch.exists()
-    assert all(v.read_text() == "mine" for v in victims)
+    ray = Path(tempfile.mkdtemp(prefix="fedapt-ray-x", dir="/tmp"))  # not hex: not a head's
+    head = Path("/tmp") / f"fedapt-ray-{os.urandom(6).hex()}"  # a Ray head's session folder
+    (head / "session_latest").mkdir(parents=True)
+    try:
+        remove_leftovers(
+            [
+                str(scratch),
+                *map(str, victims),
+                "/tmp/other.sock",
+                "relative/run/s3-1",
+                str(ray),
+                str(head),
+            ]
+        )
+        assert not scratch.exists() and not head.exists()
+        assert all(v.read_text() == "mine" for v in victims) and ray.is_dir()
+    finally:
+        shutil.rmtree(ray, ignore_errors=True)
+        shutil.rmtree(head, ignore_errors=True)
 
 
 def _healthy(monkeypatch, names=("s3", "mlflow", "prefect")):
