@@ -178,8 +178,12 @@ def init_pool_worker(parent: int, shipped: Sequence[Any]) -> None:
     workers too: the parent stops (and its workers with it); a worker that died of the same
     signal first would be taken for a crash (its jobs lost and retried, said on stderr)."""
     die_with_parent(parent)
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in stop_signals:
         signal.signal(sig, signal.SIG_IGN)
+    # the pool starts its workers with both blocked (engine.pool.stop_signals_held), so one
+    # sent while this interpreter was starting is still pending: ignored now, it is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     numerics.apply_inherited()  # the parent's numerics mode, before anything computes
     init_worker(shipped)
 

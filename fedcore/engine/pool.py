@@ -8,9 +8,11 @@ dead worker is retried once, alone, on a restarted pool.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing as mp
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fedcore.engine.backends import Placement, Retries, WireBackend, Workload
@@ -68,7 +70,7 @@ class PoolBackend(WireBackend):
         futures: list[cf.Future | None] = []
         for job in jobs:
             try:
-                futures.append(self.pool.submit(fn_worker, *job))
+                futures.append(self._submit(fn_worker, job))
             except cf.process.BrokenProcessPool:
                 futures.append(None)  # broken while submitting: lost, retried below
         out: list[Any] = [None] * len(jobs)
@@ -89,12 +91,33 @@ class PoolBackend(WireBackend):
             lost,
             what=what,
             how="the pool restarted and each retried once, alone",
-            again=lambda i: self._pool().submit(fn_worker, *jobs[i]).result(),
+            again=lambda i: self._submit(fn_worker, jobs[i]).result(),
             errors=cf.process.BrokenProcessPool,
             recover=self._restart_pool,
         )
         return out
 
-    def _pool(self) -> cf.ProcessPoolExecutor:
+    def _submit(self, fn_worker: Callable, job: tuple) -> cf.Future:
+        """``pool.submit``, which spawns a worker when none is idle: the new interpreter
+        starts with SIGINT and SIGTERM blocked (``stop_signals_held``), so a Ctrl-C or a
+        ``kill`` of the process group while it imports cannot kill it before
+        ``init_pool_worker`` ignores them (a worker dead of it would be taken for a crash:
+        "a worker process died", its job retried)."""
         assert self.pool is not None, "start() first"
-        return self.pool
+        with stop_signals_held():
+            return self.pool.submit(fn_worker, *job)
+
+
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread for the block; a process it starts inherits
+    the mask (``init_pool_worker`` unblocks them once it ignores them: one that arrived in
+    between is dropped). This process gets a held signal when the block ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

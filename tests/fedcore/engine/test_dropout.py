@@ -470,6 +470,32 @@ def test_a_stop_signal_to_the_group_leaves_the_workers_to_their_parent(capfd):
         sim.backend.close()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_stop_signal_while_a_worker_starts_does_not_kill_it(capfd):
+    """A Ctrl-C that reaches a worker while its interpreter is still starting (before its
+    initializer ignores the signal) would kill it: the pool spawns it with SIGINT and SIGTERM
+    blocked, so the signal waits and is dropped once ignored. The signals go to the worker
+    right after the spawn, long before it has imported torch."""
+    sim = Simulation(
+        model_fn=tiny_cnn, algorithm=FedAvg(), train=toy_data(), test=toy_data(100, seed=1),
+        shards=[np.arange(200), np.arange(200, 400)], local=LocalConfig(batch_size=16),
+        lr_schedule=LRSchedule(lr=0.05),
+        federation=FederationConfig(rounds=1, clients_per_round=2), workers=1, eval_chunk=25,
+    )  # fmt: skip
+    backend = sim.backend
+    backend.start(sim.global_state)
+    try:
+        future = backend._submit(os.getpid, ())  # spawns the one worker
+        (pid,) = list(backend.pool._processes)
+        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
+        assert future.result(timeout=120) == pid  # the same worker, alive, served it
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # restored
+        assert "died" not in capfd.readouterr().err
+    finally:
+        backend.close()
+
+
 # ---- the cohort engine -------------------------------------------------------------------
 @pytest.mark.parametrize("stragglers", ["drop", "partial"])
 def test_cohort_equals_sequential_with_dropout(stragglers):
