@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from flows.cli import deployments, experiment, reproduce, services, stages
-from flows.cli.console import app
+from flows.cli.console import OneLineErrors, app
 from flows.cli.environment import offline_defaults
 from flows.cli.tables import results_table
 
@@ -21,6 +21,7 @@ for command in (experiment.run, experiment.partition, experiment.models):
     app.command()(command)
 
 deploy_app = typer.Typer(
+    cls=OneLineErrors,
     help="Deploy the experiment flow on a cron schedule (fedapt deploy --cron ...), or list, "
     "pause, resume or delete its deployments.",
     no_args_is_help=False,

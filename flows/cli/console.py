@@ -3,13 +3,65 @@ error line (``print_error``)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.text import Text
+from typer._click import exceptions as click_errors  # typer ships its own copy of Click
+from typer._click.core import Context
+from typer.core import TyperGroup
+
+
+class OneLineErrors(TyperGroup):
+    """The command group whose usage errors (an unknown option or command, a missing value,
+    a value of the wrong type, from any command or subgroup below it) are one line,
+    ``fedapt: error: <command>: <what>`` and exit 2, like every other refusal: not Click's
+    usage block and framed box."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Context:
+        path = f"{parent.command_path} {info_name}" if parent is not None else info_name
+        with one_line_usage_errors(lambda: path or "fedapt"):
+            return super().make_context(info_name, args, parent, **extra)
+
+    def resolve_command(self, ctx: Context, args: list[str]) -> Any:
+        name, command, rest = super().resolve_command(ctx, args)
+        ctx.meta[_PARSING] = f"{ctx.command_path} {name}"  # whose options are parsed next
+        return name, command, rest
+
+    def invoke(self, ctx: Context) -> Any:
+        with one_line_usage_errors(lambda: ctx.meta.get(_PARSING, ctx.command_path)):
+            return super().invoke(ctx)
+
+
+_PARSING = "fedapt.parsing"
+
+
+@contextlib.contextmanager
+def one_line_usage_errors(command_path: Callable[[], str]) -> Iterator[None]:
+    """A Click usage error (or other ClickException) as ``print_error``'s one line, naming
+    the command (the error's own, else ``command_path()``), then exit with its code (2 for
+    usage errors). The help that no arguments print (``no_args_is_help``) stays help."""
+    try:
+        yield
+    except click_errors.NoArgsIsHelpError:
+        raise
+    except click_errors.ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        path = ctx.command_path if ctx is not None else command_path()
+        command = path.partition(" ")[2]
+        hint = f" (see `{path} --help`)" if isinstance(exc, click_errors.UsageError) else ""
+        print_error(f"{command + ': ' if command else ''}{exc.format_message()}{hint}")
+        raise typer.Exit(exc.exit_code) from None
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     help="fedapt: communication-efficient federated learning with parameter-efficient adapters.",

@@ -142,3 +142,32 @@ def test_full_disk_names_the_setting_whose_folder_filled(tmp_path, monkeypatch, 
             f"disk of FEDAPT_STATE_DIR ({state}), experiment.reports_dir ({reports / 'exp'}), "
             "then run again"
         )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "--bogus"], "run: No such option: --bogus (see `fedapt run --help`)"),
+        (["run", "--device"], "run: Option '--device' requires an argument."),
+        (["deploy", "ls", "--x"], "deploy ls: No such option: --x"),
+        (["deploy", "pause"], "deploy pause: Missing argument 'name'."),
+        (["status", "extra"], "status: Got unexpected extra argument(s) (extra)"),
+        (["nosuch"], "No such command 'nosuch'."),
+        (["--zzz"], "No such option: --zzz (see `fedapt --help`)"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_command(args, needle):
+    """Click's usage errors (unknown option or command, a missing value or argument, an extra
+    argument), from any command or subgroup, are the one line every refusal is: no usage
+    block, no framed box, exit 2."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(app, args, prog_name="fedapt")
+    text = res.output.strip()
+    assert res.exit_code == 2, text
+    assert text == f"fedapt: error: {needle}" or (
+        text.startswith(f"fedapt: error: {needle}") and len(text.splitlines()) == 1
+    ), text
+    assert "Usage:" not in text and "╭" not in text, text
