@@ -7,6 +7,7 @@ section runs on its code defaults, and one warning line on standard error names 
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -136,10 +137,8 @@ def load_params(path: str | Path | None = None, overrides: list[str] | None = No
     the file leaves out run on their code defaults, named in one warning line on stderr."""
     source = str(path or DEFAULT_PARAMS)
     text, raw = "", {}
-    exists = path is not None or Path(source).exists()
+    exists = path is not None or os.path.lexists(source)  # (a broken link is named below)
     if exists:
-        if not Path(source).exists():
-            raise ConfigError(f"params file {source} not found")
         text, raw = read_mapping(source)
     raw = dict(raw)
     _check_dvc_cells(raw.pop(DVC_SECTION, None), source, text)

@@ -14,7 +14,10 @@ Numbers are read as YAML 1.2 writes them: ``1e-3`` is a float (PyYAML's YAML 1.1
 from __future__ import annotations
 
 import copy
+import errno
+import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -142,11 +145,38 @@ def check_limits(text: str, source: str, *, lines: bool = True) -> None:
         return  # malformed: yaml.load says where, as it always has
 
 
+def check_regular_file(p: Path, source: str) -> None:
+    """``source`` names a regular file (through any links): else one line saying what it is.
+    A named pipe or a device would block the read or never end; a link loop is no "missing
+    file"."""
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        dangling = p.is_symlink()
+        raise ConfigError(
+            f"params file {source} not found"
+            + (f" (a symbolic link to {os.readlink(p)}, which does not exist)" if dangling else "")
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(
+                f"params file {source} is a loop of symbolic links (it leads back to itself); "
+                "give the YAML file itself"
+            ) from None
+        raise ConfigError(f"params file {source}: cannot read it ({exc.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"params file {source} is a directory, not a YAML file")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"params file {source} is not a regular file (a named pipe, device or socket, "
+            "which would be read without end); give a YAML file"
+        )
+
+
 def read_mapping(source: str) -> tuple[str, dict[str, Any]]:
     """The text of params file ``source`` and its top-level mapping of sections."""
     p = Path(source)
-    if p.is_dir():
-        raise ConfigError(f"params file {source} is a directory, not a YAML file")
+    check_regular_file(p, source)
     try:
         with p.open("rb") as fh:  # at most one byte past the limit (a device never ends)
             data = fh.read(MAX_FILE_BYTES + 1)

@@ -6,6 +6,7 @@ became names that setting, its value and what is allowed. The CLI runs in this p
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -237,7 +238,17 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
         f.write_text("model:\n  options:\n" + "".join(f"    {line}\n" for line in lines))
         return ["--params", str(f)], f"{f}:7: the aliases (*name) expand to more than 100000"
     if name == "a-device":
-        return ["--params", "/dev/zero"], "params file /dev/zero is larger than 1 MiB"
+        return ["--params", "/dev/zero"], "params file /dev/zero is not a regular file"
+    if name == "a-named-pipe":  # no writer: opening it would wait for one forever
+        os.mkfifo(d / "fifo")
+        return ["--params", str(d / "fifo")], f"params file {d / 'fifo'} is not a regular file"
+    if name == "a-link-loop":
+        (d / "a").symlink_to(d / "b")
+        (d / "b").symlink_to(d / "a")
+        return ["--params", str(d / "a")], f"params file {d / 'a'} is a loop of symbolic links"
+    if name == "a-dangling-link":
+        (d / "a").symlink_to(d / "gone.yaml")
+        return ["--params", str(d / "a")], f"(a symbolic link to {d / 'gone.yaml'}, which does"
     if name == "digits-tagged":  # !!int "...": quoted, yet an integer
         f.write_text(f'experiment:\n  name: x\n  seed: !!int "{"9" * 5000}"\n')
         return ["--params", str(f)], f"{f}:3: an integer of 5000 characters"
@@ -260,6 +271,9 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
         "digits-in-a-list",
         "file-too-large",
         "a-device",
+        "a-named-pipe",
+        "a-link-loop",
+        "a-dangling-link",
         "alias-bomb",
         "digits-tagged",
         "list-as-key-file",
