@@ -27,6 +27,8 @@ class OneLineErrors(TyperGroup):
     ) -> Context:
         path = f"{parent.command_path} {info_name}" if parent is not None else info_name
         with one_line_usage_errors(lambda: path or "fedapt"):
+            if parent is None:
+                refuse_empty_values(args)
             return super().make_context(info_name, args, parent, **extra)
 
     def resolve_command(self, ctx: Context, args: list[str]) -> Any:
@@ -40,6 +42,31 @@ class OneLineErrors(TyperGroup):
 
 
 _PARSING = "fedapt.parsing"
+
+
+def refuse_empty_values(args: list[str]) -> None:
+    """An empty value (``--out ''``, ``--partition=``, an empty argument) is a usage error,
+    one line naming the command and the option: Click would read an empty path as the
+    current folder and write there."""
+    words = []
+    for token in args:
+        if not token or token.startswith("-"):
+            break
+        words.append(token)
+    for i, token in enumerate(args):
+        if token == "--":
+            return
+        if token.startswith("--") and token.endswith("=") and token.count("=") == 1:
+            problem = f"{token[:-1]} is empty; give it a value"
+        elif token == "":
+            before = args[i - 1] if i else ""
+            named = before.startswith("-") and "=" not in before
+            problem = f"{before} is empty; give it a value" if named else "an empty argument"
+        else:
+            continue
+        path = " ".join(["fedapt", *words])
+        print_error(f"{' '.join(words) + ': ' if words else ''}{problem} (see `{path} --help`)")
+        raise typer.Exit(2)
 
 
 @contextlib.contextmanager

@@ -154,12 +154,18 @@ def test_full_disk_names_the_setting_whose_folder_filled(tmp_path, monkeypatch, 
         (["status", "extra"], "status: Got unexpected extra argument(s) (extra)"),
         (["nosuch"], "No such command 'nosuch'."),
         (["--zzz"], "No such option: --zzz (see `fedapt --help`)"),
+        (["partition", "--out", ""], "partition: --out is empty; give it a value"),
+        (["partition", "--out="], "partition: --out is empty; give it a value"),
+        (["train", "--partition", ""], "train: --partition is empty"),
+        (["deploy", "pause", ""], "deploy pause: an empty argument"),
     ],
 )
-def test_a_usage_error_is_one_line_naming_the_command(args, needle):
+def test_a_usage_error_is_one_line_naming_the_command(args, needle, tmp_path, monkeypatch):
     """Click's usage errors (unknown option or command, a missing value or argument, an extra
     argument), from any command or subgroup, are the one line every refusal is: no usage
-    block, no framed box, exit 2."""
+    block, no framed box, exit 2. An empty value is one too (an empty --out was read as the
+    current folder, and written into)."""
+    monkeypatch.chdir(tmp_path)
     from typer.testing import CliRunner
 
     from flows.cli import app
@@ -171,3 +177,4 @@ def test_a_usage_error_is_one_line_naming_the_command(args, needle):
         text.startswith(f"fedapt: error: {needle}") and len(text.splitlines()) == 1
     ), text
     assert "Usage:" not in text and "╭" not in text, text
+    assert not any(tmp_path.iterdir())  # nothing written where the command ran
