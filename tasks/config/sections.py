@@ -96,6 +96,18 @@ class ExperimentSection(Section):
         return {k: v for k, v in handler(self).items() if k != "seeds" or v is not None}
 
 
+def known_dataset(name: str) -> str:
+    """``name`` if a dataset of that name is registered (``fedcore.datasets.DATASETS``): an
+    unknown one is refused when the params load, not when a stage first reads data (a
+    pretrain source was read only with model.base: pretrain, and otherwise ignored)."""
+    from fedcore.datasets import DATASETS
+    from fedcore.errors import UnknownNameError
+
+    if name not in DATASETS:
+        raise ValueError(str(UnknownNameError("dataset", name, DATASETS)))
+    return name
+
+
 class DataSection(Section):
     dataset: str = "fashion_mnist"
     root: str = "data/raw"
@@ -106,6 +118,11 @@ class DataSection(Section):
     # rows held out of every client shard; evaluate: which split the run is evaluated on.
     validation: float = Field(0.0, ge=0.0, lt=0.5)
     evaluate: Literal["test", "validation"] = "test"
+
+    @field_validator("dataset")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return known_dataset(v)
 
     @field_validator("evaluate")
     @classmethod
@@ -139,6 +156,11 @@ class PretrainSection(Section):
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(5e-4, ge=0.0)
     batch_size: int = Field(64, ge=1)
+
+    @field_validator("dataset")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        return None if v is None else known_dataset(v)
 
     @field_validator("classes")
     @classmethod

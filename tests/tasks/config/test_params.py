@@ -61,6 +61,9 @@ def write(tmp_path, text):
         ("model:\n  name: vit_small\n  options:\n    depth: 0\n", "params.yaml:4: model.op"),
         ("model:\n  options:\n    initt: x\n", "unknown key 'model.options.initt'; allowed: init"),
         ("model:\n  name: cnn\n", "params.yaml:2: model.name: unknown model 'cnn'; valid: "),
+        # dataset names at load: a pretrain source was read only with model.base: pretrain
+        ("data:\n  dataset: fmnist\n", "params.yaml:2: data.dataset: unknown dataset 'fmnist'"),
+        ("pretrain:\n  dataset: imagenet\n", "params.yaml:2: pretrain.dataset: unknown dataset"),
         ("- a\n- b\n", "mapping"),
         # dvc.yaml's section (one train stage per cell): its shape, the YAML line named
         ("dvc:\n  cels: {}\n", "params.yaml:1: dvc: a mapping with one key, cells"),
