@@ -23,6 +23,7 @@ import gzip
 import importlib
 import logging
 import math
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -182,6 +183,32 @@ LAYOUTS: dict[str, tuple[Any, Any]] = {
     "cifar": (lambda split: {"train": split == "train"}, _cifar),
     "svhn": (lambda split: {"split": split}, _svhn),
 }
+
+
+def _not_yet_there(root: Path) -> tuple[Path | None, set[Path]]:
+    """What a download into ``root`` may add: when ``root`` is missing, the first missing
+    folder on the way to it (all of it will be the download's); else the paths it holds."""
+    if root.exists():
+        return None, set(root.rglob("*"))
+    top = root.absolute()
+    while not top.parent.exists():
+        top = top.parent
+    return top, set()
+
+
+def _remove_new(root: Path, made: tuple[Path | None, set[Path]]) -> None:
+    """Remove what a failed download added (``_not_yet_there``'s snapshot): the folders it
+    created on the way to ``root``, or the folders and part files it added under ``root``;
+    never a path that was there before."""
+    top, before = made
+    if top is not None:
+        shutil.rmtree(top, ignore_errors=True)
+        return
+    for path in sorted(set(root.rglob("*")) - before, key=lambda p: len(p.parts)):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)  # (what is under it is new too)
+        elif path.exists() or path.is_symlink():
+            path.unlink(missing_ok=True)
 
 
 def _read_torchvision(info: DatasetInfo, root: Path, split: str, download: bool) -> Arrays:
@@ -347,9 +374,11 @@ def load_dataset(
         log.info("%s has no FashionMNIST files; read the embedded copy %s", root, where)
         return _to_dataset(info, arrays, str(DEBIAN_FASHION_MNIST), f"{where} (embedded copy)")
     if download:
+        made = _not_yet_there(root)
         try:
             arrays = _read_torchvision(info, root, split, download=True)
         except Exception:
+            _remove_new(root, made)  # a failed download leaves no folder or part file of its own
             raise DataUnavailableError(_how_to_get(name, root, split, download)) from None
         return _to_dataset(info, arrays, str(root), f"{files} (downloaded)")
     raise DataUnavailableError(_how_to_get(name, root, split, download))

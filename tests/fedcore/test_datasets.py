@@ -390,3 +390,25 @@ def test_embedded_copy_only_for_the_default_root(tmp_path, monkeypatch):
     assert len(got) == 10000 and "t10k-" in got.source and "embedded" in got.source
     with pytest.raises(DataUnavailableError, match="data.root: no FashionMNIST files under"):
         ds.load_dataset("fashion_mnist", tmp_path / "other", "test", download=False)
+
+
+@pytest.mark.parametrize("root_there", [False, True])
+def test_a_failed_download_leaves_nothing_it_made(tmp_path, monkeypatch, root_there):
+    """The network fails mid-download (a part file written, then URLError): the error says
+    how to get the files, and the folders and part files the download made are gone; what
+    was in data.root before stays."""
+
+    def fetch(url, download_root, extract_root=None, filename=None, md5=None, **kw):
+        Path(download_root).mkdir(parents=True, exist_ok=True)
+        (Path(download_root) / "train-images-idx3-ubyte.gz.part").write_bytes(b"\0" * 10)
+        raise URLError("network unreachable")
+
+    monkeypatch.setattr(tv_mnist, "download_and_extract_archive", fetch)
+    root = tmp_path / "data" / "raw"
+    if root_there:
+        root.mkdir(parents=True)
+        (root / "mine.txt").write_text("kept")
+    with pytest.raises(DataUnavailableError, match="download failed"):
+        ds.load_dataset("mnist", root, "train")
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == (["data", "data/raw", "data/raw/mine.txt"] if root_there else []), left
