@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -130,8 +131,11 @@ def is_leftover(path: Path) -> bool:
     ``rayhead.ray_leftovers`` names: a scratch folder (``<state>/run/s3-<port>``), one of
     SeaweedFS's sockets in /tmp or a Ray head's ``<tmp>/fedapt-ray-<hash>``. A state file is
     text anyone with the folder could edit: nothing else is ever removed on its word."""
-    if re.fullmatch(r"fedapt-ray-[0-9a-f]{8,64}", path.name):  # a Ray head's session folder
-        return path.is_absolute()  # (in the temp folder of the `fedapt up` that made it)
+    if path.name.startswith("fedapt-ray-"):  # a Ray head's session folder: the exact shape
+        return (  # rayhead.ray_temp_dir makes, in the temp folder, and nothing else
+            re.fullmatch(r"fedapt-ray-[0-9a-f]{12}", path.name) is not None
+            and path.parent == Path(tempfile.gettempdir())
+        )
     if path.parent == Path("/tmp"):
         return path.name.startswith("seaweedfs-") and path.suffix == ".sock"
     name = path.name

@@ -202,9 +202,15 @@ def test_leftovers_named_by_a_state_file_are_removed_only_in_their_own_shape(tmp
     for v in victims:
         v.parent.mkdir(parents=True, exist_ok=True)
         v.write_text("mine")
-    ray = Path(tempfile.mkdtemp(prefix="fedapt-ray-x", dir="/tmp"))  # not hex: not a head's
-    head = Path("/tmp") / f"fedapt-ray-{os.urandom(6).hex()}"  # a Ray head's session folder
+    tmp = tempfile.gettempdir()
+    ray = Path(tempfile.mkdtemp(prefix="fedapt-ray-x", dir=tmp))  # not hex: not a head's
+    head = Path(tmp) / f"fedapt-ray-{os.urandom(6).hex()}"  # a Ray head's session folder
     (head / "session_latest").mkdir(parents=True)
+    # look-alikes: another length of hex, another parent than the temp folder
+    short = Path(tempfile.mkdtemp(prefix=f"fedapt-ray-{os.urandom(4).hex()}", dir=tmp))
+    short = short.rename(Path(tmp) / f"fedapt-ray-{os.urandom(4).hex()}")
+    elsewhere = tmp_path / f"fedapt-ray-{os.urandom(6).hex()}"
+    elsewhere.mkdir()
     try:
         remove_leftovers(
             [
@@ -214,13 +220,16 @@ def test_leftovers_named_by_a_state_file_are_removed_only_in_their_own_shape(tmp
                 "relative/run/s3-1",
                 str(ray),
                 str(head),
+                str(short),
+                str(elsewhere),
             ]
         )
         assert not scratch.exists() and not head.exists()
         assert all(v.read_text() == "mine" for v in victims) and ray.is_dir()
+        assert short.is_dir() and elsewhere.is_dir()
     finally:
-        shutil.rmtree(ray, ignore_errors=True)
-        shutil.rmtree(head, ignore_errors=True)
+        for folder in (ray, head, short):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _healthy(monkeypatch, names=("s3", "mlflow", "prefect")):
