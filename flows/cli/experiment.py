@@ -48,12 +48,12 @@ def run(
     from flows import services
     from flows.services import runwatch
 
-    extra = []
+    options = {}  # a bad value is refused naming the option
     if device is not None:
-        extra.append(f"runtime.device={device}")
+        options[f"runtime.device={device}"] = "--device"
     if workers is not None:
-        extra.append(f"runtime.workers={workers}")
-    p = load(params, set_, extra)
+        options[f"runtime.workers={workers}"] = "--workers"
+    p = load(params, set_, options=options)
     runwatch.grace_seconds()  # a bad FEDAPT_SERVICE_GRACE: one line before anything starts
     # The services of `fedapt up` (Prefect API, MLflow server, S3), when they are up; set
     # before Prefect is imported, which reads its settings once. SIGINT/SIGTERM unwind

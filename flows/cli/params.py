@@ -23,12 +23,26 @@ def load(
     extra: list[str] | None = None,
     *,
     numerics: str = "native",
+    options: dict[str, str] | None = None,
 ) -> Any:
     """The typed params, their numerics in force (``numerics``: what ``runtime.numerics:
-    auto`` means for this command; the DVC stages and ``fedapt reproduce`` say portable)."""
+    auto`` means for this command; the DVC stages and ``fedapt reproduce`` say portable).
+    ``options``: the overrides that a command's own options make, each with the option's
+    name (``{"runtime.device=tpu": "--device"}``): a bad value is refused naming the option
+    the user typed, not the params key and the file."""
+    from fedcore.errors import ConfigError
     from tasks.config import in_force, load_params
 
-    p = load_params(params, [*(overrides or []), *(extra or [])])
+    given = [*(overrides or []), *(extra or [])]
+    if options:
+        load_params(params, given)  # the file's and --set's own errors first, as they are
+        for item, option in options.items():
+            try:
+                load_params(params, [*given, item])
+            except ConfigError as exc:
+                _, named, problem = str(exc).partition(f"{item.split('=', 1)[0]}: ")
+                raise ConfigError(f"{option}: {problem}" if named else str(exc)) from None
+    p = load_params(params, [*given, *(options or {})])
     _setting_paths(p)
     # Before anything computes: ATen and MKL fix their kernels at their first call.
     return in_force(p, numerics)

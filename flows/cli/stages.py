@@ -146,10 +146,10 @@ def train(
     # the whole grid: where this cell stands in it
     cells = list(grid_cells(load_params(params, set_)))
     spec = CellSpec(algorithm, adapter, codec)
-    extra = [f"runtime.device={device}"] if device else []
-    extra += [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
+    extra = [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
     extra += [f"grid.codecs=[{codec}]"]
-    p = load(params, set_, extra, numerics="portable")
+    options = {f"runtime.device={device}": "--device"} if device else {}
+    p = load(params, set_, extra, numerics="portable", options=options)
     slot = None  # "cell k of N" (each cell is its own stage: no grid ETA)
     if spec in cells:
         slot = GridSlot(cells.index(spec) + 1, len(cells), p.federation.rounds)
@@ -228,13 +228,20 @@ def collect_records(
     from fedcore.errors import ConfigError
     from tasks.grid import cell_folder, grid_cells
 
+    if not runs_dir.is_dir():
+        what = "is a file" if runs_dir.exists() else "does not exist"
+        raise ConfigError(
+            f"--runs {runs_dir} {what}: give the folder of the cell folders the train stages "
+            "wrote (default: artifacts/runs)"
+        )
     records = []
     for spec in grid_cells(params):
         path = runs_dir / cell_folder(spec) / "metrics.json"
         if not path.is_file():
             raise ConfigError(
-                f"no metrics for grid cell {spec.name}: {path} (a DVC train stage per grid "
-                "cell: list it under dvc.cells in params.yaml)"
+                f"--runs {runs_dir} has no metrics for grid cell {spec.name} ({path}): a DVC "
+                "train stage per grid cell writes them (list the cell under dvc.cells in "
+                "params.yaml)"
             )
         record = json.loads(path.read_text())
         for timing in (

@@ -182,8 +182,12 @@ def load_partition(
     d = Path(partition_dir)
     manifest, stats_path = d / "manifest.csv", d / "stats.json"
     if not (manifest.is_file() and stats_path.is_file()):
+        what = "is a file, not a partition's folder" if d.is_file() else "holds no partition"
+        if not d.exists():
+            what = "does not exist"
         raise ConfigError(
-            f"no partition in {d}: expected manifest.csv and stats.json (run: fedapt partition --out {d})"
+            f"--partition {d} {what}: it needs manifest.csv and stats.json (make them with: "
+            f"fedapt partition --out {d})"
         )
     stats = _read_stats(stats_path)
     cid, idx, _ = read_manifest(manifest, num_samples=num_samples, labels=labels)

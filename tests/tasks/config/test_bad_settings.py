@@ -524,3 +524,22 @@ def test_settings_that_become_paths_are_named(tmp_path, monkeypatch, name):
 def test_bad_params_values(tmp_path, args, needle):
     res = invoke(tmp_path, "run", *args)
     assert_one_clear_line(res, needle, tmp_path / "reports")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--device", "tpu"],
+            "fedapt: error: --device: must be 'auto', 'cpu' or 'cuda' (got 'tpu')",
+        ),
+        (["--workers", "x"], "fedapt: error: --workers: must be a valid integer or 'auto'"),
+        (["--partition", "/nonexistent/p"], "--partition /nonexistent/p does not exist"),
+    ],
+)
+def test_a_bad_option_value_names_the_option_typed(tmp_path, args, needle):
+    """``--device tpu`` was refused as ``params.yaml (with --set):162: runtime.device``: a
+    line and a key the user never wrote."""
+    res = invoke(tmp_path, "run", *args)
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+    assert "params.yaml" not in res.output, res.output

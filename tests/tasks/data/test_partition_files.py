@@ -53,7 +53,7 @@ def _file_case(name: str, tmp_path: Path, part: Path) -> tuple[list[str], Path |
         reports = ["--set", f"experiment.reports_dir={a_file}/reports"]
         return reports, None, f"experiment.reports_dir: {a_file} is a file"
     if name == "partition-is-file":
-        return ["--partition", str(a_file)], None, f"no partition in {a_file}"
+        return ["--partition", str(a_file)], None, f"--partition {a_file} is a file, not a partition's folder"
     if name == "partition-out-is-file":
         return ["--out", str(a_file / "p")], None, f"--out: {a_file} is a file"
     d = _copy(part, tmp_path / "part")

@@ -82,6 +82,9 @@ def test_report_of_a_grid_cell_without_its_folder(tmp_path, folders):
         ["report", "--params", str(REPO / "params.yaml"), "--runs", str(runs)]
         + ["--out", str(tmp_path / "report"), "--timing", str(tmp_path / "timing")],
     )
-    needle = "no metrics for grid cell fedavg-full: "
+    if not folders:  # no cell folder at all: the --runs folder is not there
+        assert_one_clear_line(res, f"--runs {runs} does not exist", tmp_path / "report")
+        return
+    needle = f"--runs {runs} has no metrics for grid cell fedavg-full ("
     assert_one_clear_line(res, needle, tmp_path / "report")
-    assert "list it under dvc.cells in params.yaml" in res.output
+    assert "(list the cell under dvc.cells in params.yaml)" in res.output
