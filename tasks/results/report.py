@@ -225,6 +225,7 @@ def write_report(
 ) -> list[Path]:
     """The DVC report stage: summary.json without timings or per-round lists, so a rerun
     with the same params and seed writes the same bytes, and the communication-cost report."""
+    report_baseline(params)  # a baseline outside the grid: one line before any file is written
     out = Path(out_dir)
     exact = [{k: v for k, v in r.items() if k not in _NOT_EXACT} for r in records]
     summary = Path(write_summary(params, exact, str(out / "summary.json")))

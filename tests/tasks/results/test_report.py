@@ -88,3 +88,15 @@ def test_report_of_a_grid_cell_without_its_folder(tmp_path, folders):
     needle = f"--runs {runs} has no metrics for grid cell fedavg-full ("
     assert_one_clear_line(res, needle, tmp_path / "report")
     assert "(list the cell under dvc.cells in params.yaml)" in res.output
+
+
+def test_report_with_a_baseline_outside_the_grid_writes_nothing(tmp_path):
+    """``report.baseline`` naming no grid cell: one line, and no summary.json, results.md or
+    figure half-written before the comparison needed the baseline."""
+    res = runner.invoke(
+        app,
+        ["report", "--params", str(REPO / "params.yaml"), "--runs", str(REPO / "artifacts/runs")]
+        + ["--out", str(tmp_path / "report"), "--timing", str(tmp_path / "timing")]
+        + ["--set", "report.baseline=fedprox-lora"],
+    )
+    assert_one_clear_line(res, "report.baseline 'fedprox-lora' is not a grid cell", tmp_path)
