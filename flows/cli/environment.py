@@ -44,6 +44,20 @@ EMPTY_REFUSED = {
     "FEDAPT_MLFLOW_CONFIG": "a TOML file with one [server] table, as mlflow/server.toml",
 }
 
+FOLDER_VARIABLES = ("FEDAPT_STATE_DIR", "PREFECT_HOME")
+
+
+def _file_in_the_way(value: str | None) -> Path | None:
+    """The path (``value`` or a folder above it) that exists but is no folder, if any: a
+    command would otherwise fail later, or report services "not running"."""
+    if not value:
+        return None
+    path = Path(value)
+    for place in (path, *path.parents):
+        if place.exists():
+            return None if place.is_dir() else place
+    return None
+
 
 def offline_defaults() -> None:
     """Every command: the environment defaults above, where the user set none, and what
@@ -56,6 +70,16 @@ def offline_defaults() -> None:
         if var in os.environ and not os.environ[var].strip():
             print_error(
                 f"{var} is set but empty ({os.environ[var]!r}); allowed: {unset} "
+                f"(unset {var} for its default)"
+            )
+            raise typer.Exit(2)
+    for var in FOLDER_VARIABLES:  # a file where a folder must be: every command stops
+        if (blocked := _file_in_the_way(os.environ.get(var))) is not None:
+            where = (
+                "is a file" if str(blocked) == os.environ[var] else f"is under the file {blocked}"
+            )
+            print_error(
+                f"{var}={os.environ[var]} {where}, not a folder; allowed: {EMPTY_REFUSED[var]} "
                 f"(unset {var} for its default)"
             )
             raise typer.Exit(2)

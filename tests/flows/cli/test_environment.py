@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_contract import REPO, assert_one_clear_line, invoke
+from flows.cli import app
+from tests.cli_contract import REPO, assert_one_clear_line, invoke, runner
 
 _S3_VARS = ("AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_REGION")
 
@@ -81,6 +82,15 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
             "mlflow-config-empty": "FEDAPT_MLFLOW_CONFIG",
         }[name]
         return {var: ""}, [], f"{var} is set but empty (''); allowed: a "
+    if name.endswith("-file"):  # a file where the folder goes: every command stops
+        a_file = tmp_path / "a-file"
+        a_file.write_text("x")
+        var, value = {
+            "state-dir-file": ("FEDAPT_STATE_DIR", a_file),
+            "state-dir-under-file": ("FEDAPT_STATE_DIR", a_file / "state"),
+            "prefect-home-file": ("PREFECT_HOME", a_file),
+        }[name]
+        return {var: str(value)}, [], f"{var}={value} is "
     if name == "tracking-blank":
         return {"MLFLOW_TRACKING_URI": "  "}, track, "MLFLOW_TRACKING_URI: '  ' is blank; allowed"
     if name.startswith("service-grace-"):  # checked before anything starts
@@ -119,6 +129,9 @@ def _environment_case(name: str, tmp_path: Path) -> tuple[dict[str, str], list[s
         "state-dir-empty",
         "prefect-home-empty",
         "mlflow-config-empty",
+        "state-dir-file",
+        "state-dir-under-file",
+        "prefect-home-file",
         "tracking-blank",
     ],
 )
@@ -169,3 +182,14 @@ def test_tracking_server_refusing_the_credentials_is_one_line(tmp_path, monkeypa
     assert_one_clear_line(res, needle, tmp_path / "reports")
     assert "secret" not in res.output, res.output
     assert seen[0] == "Basic ZmVkOnNlY3JldA==", seen  # /health asked with the URI's user
+
+
+@pytest.mark.parametrize("command", [["env"], ["deploy", "ls"], ["status"], ["down"]])
+def test_a_state_folder_that_is_a_file_stops_every_command(tmp_path, monkeypatch, command):
+    """``FEDAPT_STATE_DIR`` naming a file: `fedapt env` said the services were "not
+    running" and `fedapt deploy ls` asked for a server; every command stops in one line."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    monkeypatch.setenv("FEDAPT_STATE_DIR", str(a_file))
+    res = runner.invoke(app, command)
+    assert_one_clear_line(res, f"FEDAPT_STATE_DIR={a_file} is a file, not a folder", tmp_path / "x")
