@@ -86,6 +86,13 @@ class History:
         return float(np.mean([r.accuracy for r in ev])) if ev else None
 
     @property
+    def last_rounds_averaged(self) -> int:
+        """The L that ``mean_accuracy_last`` averages: ``last_rounds`` capped by the
+        evaluations there are (a 3-round run with last_rounds 5 averages 3). Every record,
+        table, figure and MLflow metric names this one number."""
+        return min(self.last_rounds, len(self.evaluated))
+
+    @property
     def diverged_at_round(self) -> int | None:
         """The first round where training diverged: every update that reached the server was
         rejected as non-finite, the aggregate was, or the test loss is not finite (None: no
@@ -109,7 +116,7 @@ class History:
         return {
             "final_accuracy": self.final_accuracy,
             "mean_accuracy_last_L": self.mean_accuracy_last,
-            "last_rounds_L": self.last_rounds,
+            "last_rounds_L": self.last_rounds_averaged,
             "upload_bytes": self.upload_bytes,
             "download_bytes": self.download_bytes,
             "base_bytes": self.base_bytes,

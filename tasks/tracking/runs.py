@@ -271,7 +271,7 @@ class MlflowRounds(Callback):
         The series that never changed: params (``lr`` = 0.05), not flat lines."""
         from mlflow.entities import Metric, Param
 
-        L = min(history.last_rounds, len(history.evaluated))
+        L = history.last_rounds_averaged
         self._client.log_batch(self.run_id, metrics=[Metric("last_rounds_L", float(L), 0, 0)])
         params = [Param(name, f"{seen[0][1]:g}") for name, seen in self._unchanged.items() if seen]
         if params:

@@ -78,6 +78,7 @@ def scores(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "final_accuracy_pct": pct(record["final_accuracy"]),
         "mean_accuracy_last_L_pct": pct(record["mean_accuracy_last_L"]),
+        "last_rounds_L": record["last_rounds_L"],  # the L of the mean above
         "rounds": record["rounds"],
         "upload_mib": round(up, 6),
         "download_mib": round(down, 6),
@@ -87,14 +88,15 @@ def scores(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def rounds_csv(history: History) -> str:
-    """Per-round curves for `dvc plots` (accuracy against round and against cumulative MiB)."""
+    """Per-round curves for `dvc plots` (accuracy against round and against cumulative MiB).
+    Accuracy in %, as every table, figure and MLflow metric shows it (``test_accuracy_pct``)."""
     lines = [
-        "round,accuracy,test_loss,train_loss,upload_bytes,download_bytes,"
+        "round,test_accuracy_pct,test_loss,train_loss,upload_bytes,download_bytes,"
         "cum_upload_mib,cum_download_mib,cum_total_mib"
     ]
     for r in history.rounds:
         up, down = payload.mib(r.cum_upload_bytes), payload.mib(r.cum_download_bytes)
-        acc = "" if r.accuracy is None else f"{r.accuracy:.6f}"
+        acc = "" if r.accuracy is None else f"{100.0 * r.accuracy:.4f}"
         loss = "" if r.test_loss is None else f"{r.test_loss:.6f}"
         lines.append(
             f"{r.round},{acc},{loss},{r.train_loss:.6f},{r.upload_bytes},{r.download_bytes},"
@@ -141,7 +143,7 @@ def summary_record(
         # early exits (seed 001): accuracy at every exit at the last evaluation ([] without)
         "final_accuracy_exits": exit_accuracies(h),
         "mean_accuracy_last_L": h.mean_accuracy_last,
-        "last_rounds_L": h.last_rounds,
+        "last_rounds_L": h.last_rounds_averaged,  # capped by the evaluations there are
         "upload_bytes": h.upload_bytes,
         "download_bytes": h.download_bytes,
         "upload_bytes_per_round": h.rounds[-1].upload_bytes if h.rounds else 0,

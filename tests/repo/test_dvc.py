@@ -91,6 +91,20 @@ def test_one_train_stage_per_grid_cell_named_as_the_cell():
     assert "--out artifacts/runs/${key}" in train["do"]["cmd"]
 
 
+def test_the_accuracy_plot_is_in_percent():
+    """`dvc plots show` draws rounds.csv's column named by the train stage's plot: accuracy
+    in %, the unit of every table, figure and MLflow metric (it was a 0-1 fraction)."""
+    import csv
+
+    plots = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]["do"]["plots"]
+    (csv_plot,) = [p for p in plots if isinstance(p, dict) and "rounds.csv" in next(iter(p))]
+    y = next(iter(csv_plot.values()))["y"]
+    assert y == "test_accuracy_pct", y
+    rows = list(csv.DictReader((REPO / "artifacts/runs/fedavg-full/rounds.csv").open()))
+    accuracy = [float(r[y]) for r in rows if r[y]]
+    assert accuracy and all(0 <= a <= 100 for a in accuracy) and max(accuracy) > 1, accuracy
+
+
 def test_the_deps_check_sees_missing_code():
     assert "tasks/training/train.py" in code_of("train")
     assert "fedcore/engine/round.py" in code_of("train")

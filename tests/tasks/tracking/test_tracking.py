@@ -184,6 +184,7 @@ def test_a_cell_run_names_the_l_its_mean_accuracy_averaged(tmp_path, monkeypatch
     from mlflow import MlflowClient
 
     from fedcore.events import History, RoundRecord
+    from tasks.training.outputs import scores
 
     client = MlflowClient(tracking.tracking_uri())
     runs = []
@@ -196,6 +197,11 @@ def test_a_cell_run_names_the_l_its_mean_accuracy_averaged(tmp_path, monkeypatch
         tracking.MlflowRounds(run_id).on_fit_end(h)
         tracking.log_final_metrics(run_id, h.to_dict())
         runs.append(client.get_run(run_id).data.metrics)
+        # the same L in the records the run writes: the history's, metrics.json/summary.json's
+        # (to_dict, summary_record) and scores.json's
+        assert h.to_dict()["last_rounds_L"] == h.last_rounds_averaged == runs[-1]["last_rounds_L"]
+        record = {**h.to_dict(), "rounds": rounds, "diverged_at_round": None}
+        assert scores(record)["last_rounds_L"] == runs[-1]["last_rounds_L"]
     assert [m["last_rounds_L"] for m in runs] == [2, 4]  # evaluated: 1, 3 | 1, 3, 5, 7
     assert runs[0]["mean_accuracy_last_L_pct"] == pytest.approx(100 * (0.1 + 0.3) / 2)
 
