@@ -100,7 +100,7 @@ def pretrain(
     src = card["source"]
     out.print(
         f"base {card['model']} on {src['dataset']} ({src['rows']} rows, classes "
-        f"{src['classes']}): source test accuracy {card['final_test_accuracy']:.4f}"
+        f"{src['classes']}): source test accuracy {100 * card['final_test_accuracy']:.2f}%"
     )
     out.print(f"base: {out_dir / 'base.pt'} (sha256 {card['base_sha256'][:12]})")
 

@@ -48,7 +48,7 @@ def personalize_cell(
         def show(r: ClientResult, _state: Any, scope: str = scope) -> None:
             _err.print(
                 f"{label} personalize {scope} client {r.client} (severity {r.severity}): "
-                f"acc {r.accuracy_before:.4f} -> {r.accuracy_after:.4f}"
+                f"acc {100 * r.accuracy_before:.2f}% -> {100 * r.accuracy_after:.2f}%"
             )
 
         results = personalize(
