@@ -129,11 +129,22 @@ def check_agree(runs: Path, report: Path, saved: list[Any] | None = None) -> Non
     ls = {c[2] for c in cells.values()}
     if metric == figures.MEAN_LAST and len(ls) == 1:
         assert pareto["label"] == f"mean accuracy of the last {ls.pop()} evaluated rounds"
+    evaluated_cells = [name for name, c in cells.items() if c[2] > 0]
+    assert list(pareto["points"]) == evaluated_cells  # every cell that evaluated, none else
     for name, p in pareto["points"].items():
         record, scores, L = cells[name]
         assert p[metric] == record[metric] and p["L"] == L
         assert p["total_mib"] == pytest.approx(scores["total_mib"], abs=1e-6)
-    assert len(pareto["front"]) != 1  # a front is drawn between two cells or more
+    # the front, recomputed: the cells no other cell beats on both MiB and accuracy
+    xy = {n: (p["total_mib"], p[metric]) for n, p in pareto["points"].items()}
+    front = sorted(
+        (n for n in xy if not any(
+            o != n and xy[o][0] <= xy[n][0] and xy[o][1] >= xy[n][1] and xy[o] != xy[n]
+            for o in xy
+        )),
+        key=lambda n: xy[n],
+    )  # fmt: skip
+    assert pareto["front"] == (front if len(front) >= 2 else [])  # a line joins two or more
 
     curves = json.loads((report / "accuracy_vs_mib.json").read_text())
     for name, c in curves.items():
