@@ -113,8 +113,10 @@ def up(
     out.print(_table(statuses))
     _print_stores(statuses)
     if "mlflow" in healthy:
+        from tasks.tracking.views import home_url
+
         url = statuses["mlflow"].url
-        out.print(f"MLflow UI: {url}  (models: {url}/#/models)")
+        out.print(f"MLflow UI: {home_url(url)}  (models: {url}/#/models)", highlight=False)
     if "prefect" in healthy:
         out.print(f"Prefect UI: {statuses['prefect'].url}")
     if "worker" in healthy:

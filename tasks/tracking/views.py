@@ -57,6 +57,12 @@ def ui_base(uri: str | None = None) -> str:
     return f"http://127.0.0.1:{UI_PORT}"
 
 
+def home_url(uri: str | None = None) -> str:
+    """The UI's experiments list in the training view (what `fedapt up` prints): MLflow's
+    own root opens in the GenAI view in a fresh browser."""
+    return f"{ui_base(uri)}/#/experiments?{urlencode({'workflowType': WORKFLOW_TYPE})}"
+
+
 def run_url(experiment_id: str, run_id: str, uri: str | None = None) -> str:
     """A run's page, in the training view."""
     query = urlencode({"workflowType": WORKFLOW_TYPE})

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from flows import services as S
+from tasks.tracking.views import home_url
 
 REPO = Path(__file__).resolve().parents[3]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -100,6 +101,7 @@ def test_printed_links_open_the_runs_table_and_every_task_run(tmp_path):
         assert flow_run_link, proc.stderr[-3000:]
 
         api = S.env_for_clients(sd)["PREFECT_API_URL"]
+        env["MLFLOW_TRACKING_URI"] = S.env_for_clients(sd)["MLFLOW_TRACKING_URI"]
         request = urllib.request.Request(
             f"{api}/artifacts/filter",
             data=json.dumps({"artifacts": {"key": {"any_": ["fedapt-browser"]}}}).encode(),
@@ -112,12 +114,28 @@ def test_printed_links_open_the_runs_table_and_every_task_run(tmp_path):
         assert mlflow_link in links and len(links) == len(CELLS) + 1, artifact["data"]
         assert all("workflowType=machine_learning" in link for link in links), links
 
+        # the training subflow's own flow run: its Task Runs tab lists one train task a cell
+        request = urllib.request.Request(
+            f"{api}/flow_runs/filter",
+            data=json.dumps({"flows": {"name": {"any_": ["fedapt-train-grid"]}}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            (training,) = json.load(resp)
+        training_link = re.sub(r"[^/]+$", training["id"], flow_run_link.group(1))
+
         with sync_playwright() as playwright:
             browser = _launch(playwright)
             try:
                 # wide: the grid draws only the columns in view (MLflow's assistant panel beside)
                 mlflow_page(browser.new_context(viewport=WIDE), mlflow_link)
+                home_page(browser.new_context(), home_url(env["MLFLOW_TRACKING_URI"]))
                 prefect_page(browser.new_context(), flow_run_link.group(1))
+                prefect_page(
+                    browser.new_context(),
+                    training_link,
+                    {rf"^train-{cell}$" for cell in CELLS},
+                )
             finally:
                 browser.close()
     finally:
@@ -143,16 +161,42 @@ def mlflow_page(context, link: str) -> None:  # type: ignore[no-untyped-def]
     assert "workflowType=machine_learning" in page.url
 
 
-def prefect_page(context, link: str) -> None:  # type: ignore[no-untyped-def]
-    """The flow run's Task Runs tab lists every task run of the flow run."""
+_LOOK = """label => { const e = Array.from(document.querySelectorAll('span')).find(
+    s => s.textContent.trim() === label); const c = getComputedStyle(e);
+    return [c.color, c.fontWeight].join(' '); }"""
+
+
+def home_page(context, link: str) -> None:  # type: ignore[no-untyped-def]
+    """The MLflow link `fedapt up` prints opens the experiments list in the training view. A
+    fresh profile opens MLflow's own root in the GenAI view: there the view switch shows
+    "GenAI" as chosen; the printed link shows "Model training" chosen, drawn as "GenAI" is
+    at the root (the switch's only cue is its look)."""
+    look = {}
+    for url in (link.split("?")[0], link):
+        page = context.new_page()
+        page.goto(url)
+        page.get_by_role("link", name="browser", exact=True).first.wait_for(timeout=60_000)
+        look[url] = {label: page.evaluate(_LOOK, label) for label in ("GenAI", "Model training")}
+        page.close()
+    root, printed = look[link.split("?")[0]], look[link]
+    assert root["GenAI"] != root["Model training"], root  # the switch shows a choice
+    assert printed["Model training"] == root["GenAI"], look  # the training view, chosen
+    assert printed["GenAI"] == root["Model training"], look
+    assert "workflowType=machine_learning" in link
+
+
+def prefect_page(context, link: str, tasks: set[str] | None = None) -> None:  # type: ignore[no-untyped-def]
+    """The flow run's Task Runs tab lists every task run of the flow run (``tasks``: their
+    names' patterns; the experiment flow's by default)."""
+    tasks = tasks or {rf"^{name}-\w+$" for name in TASKS}
     page = context.new_page()
     console: list[str] = []
     page.on("console", lambda msg: console.append(msg.text))
     page.goto(link)
     page.get_by_text("Task Runs", exact=True).first.click()
-    for name in TASKS:
-        page.get_by_text(re.compile(rf"^{name}-\w+$")).first.wait_for(timeout=60_000)
+    for pattern in sorted(tasks):
+        page.get_by_text(re.compile(pattern)).first.wait_for(timeout=60_000)
     text = page.locator("body").inner_text()
     assert "No task runs" not in text
-    assert f"{len(TASKS)} Task runs" in text, text[:2000]
+    assert f"{len(tasks)} Task run" in text, text[:2000]
     assert not [m for m in console if "Invalid TaskInputResponse" in m], console
