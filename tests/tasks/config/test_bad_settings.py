@@ -335,10 +335,10 @@ def _path_case(name: str, tmp_path: Path, monkeypatch) -> tuple[list[str], str]:
     run = ["run", "--set", "runtime.tracking=false", "--set", "storage.bucket=null"]
     if name == "state-dir-is-a-file":
         monkeypatch.setenv("FEDAPT_STATE_DIR", str(a_file))
-        return ["status"], f"FEDAPT_STATE_DIR: {a_file}: Not a directory at {a_file}/"
+        return ["status"], f"FEDAPT_STATE_DIR={a_file} is a file, not a folder; allowed: a"
     if name == "state-dir-is-a-file-up":
         monkeypatch.setenv("FEDAPT_STATE_DIR", str(a_file))
-        return ["up", "s3"], f"FEDAPT_STATE_DIR: {a_file}: File exists; allowed: a folder"
+        return ["up", "s3"], f"FEDAPT_STATE_DIR={a_file} is a file, not a folder; allowed: a"
     if name == "state-dir-not-writable":
         monkeypatch.setenv("FEDAPT_STATE_DIR", "/proc/fedapt-state")
         return ["up", "s3"], "FEDAPT_STATE_DIR: /proc/fedapt-state: No such file or directory"
@@ -364,7 +364,7 @@ def _path_case(name: str, tmp_path: Path, monkeypatch) -> tuple[list[str], str]:
         monkeypatch.setenv("PREFECT_HOME", str(a_file))
         args = ["--set", "data.train_subset=1200", "--set", "data.test_subset=500"]
         args += ["--set", f"experiment.reports_dir={tmp_path / 'reports'}"]
-        return [*run, *args], f"PREFECT_HOME: {a_file}: File exists; allowed: a folder Prefect"
+        return [*run, *args], f"PREFECT_HOME={a_file} is a file, not a folder; allowed: a folder"
     if name == "mlflow-config-missing":
         monkeypatch.setenv("FEDAPT_MLFLOW_CONFIG", str(tmp_path / "nope.toml"))
         return ["up", "mlflow"], (
