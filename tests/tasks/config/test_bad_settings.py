@@ -414,7 +414,7 @@ def test_settings_that_become_paths_are_named(tmp_path, monkeypatch, name):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--workers", "-1"], "runtime.workers"),
+        (["--workers", "-1"], "--workers: workers is auto or a number of worker processes"),
         (["--set", "runtime.workers=-1"], "auto or a number of worker processes in [0, 1024]"),
         (["--set", "runtime.dask_workers=0"], "runtime.dask_workers"),
         (["--set", "runtime.cohort_size=0"], "runtime.cohort_size"),
