@@ -437,17 +437,23 @@ def _ignores(pid: int, sig: int) -> bool:
     return bool(mask >> (sig - 1) & 1)
 
 
+def _pooled(workers: int) -> Simulation:
+    """Two clients of a tiny CNN on a pool of ``workers`` processes."""
+    return Simulation(
+        model_fn=tiny_cnn, algorithm=FedAvg(), train=toy_data(), test=toy_data(100, seed=1),
+        shards=[np.arange(200), np.arange(200, 400)], local=LocalConfig(batch_size=16),
+        lr_schedule=LRSchedule(lr=0.05),
+        federation=FederationConfig(rounds=1, clients_per_round=2), workers=workers,
+        eval_chunk=25,
+    )  # fmt: skip
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_stop_signal_to_the_group_leaves_the_workers_to_their_parent(capfd):
     """SIGINT/SIGTERM sent to the run's process group (Ctrl-C, kill -TERM -pgid) reach the
     pool's workers too: they ignore them, so the parent's training thread never takes them
     for crashed workers (no "a worker process died", no job retried) while it stops."""
-    sim = Simulation(
-        model_fn=tiny_cnn, algorithm=FedAvg(), train=toy_data(), test=toy_data(100, seed=1),
-        shards=[np.arange(200), np.arange(200, 400)], local=LocalConfig(batch_size=16),
-        lr_schedule=LRSchedule(lr=0.05),
-        federation=FederationConfig(rounds=1, clients_per_round=2), workers=2, eval_chunk=25,
-    )  # fmt: skip
+    sim = _pooled(workers=2)
     sim.backend.start(sim.global_state)
     try:
         before = sim.evaluate()  # the pool starts its workers
@@ -476,12 +482,7 @@ def test_a_stop_signal_while_a_worker_starts_does_not_kill_it(capfd):
     initializer ignores the signal) would kill it: the pool spawns it with SIGINT and SIGTERM
     blocked, so the signal waits and is dropped once ignored. The signals go to the worker
     right after the spawn, long before it has imported torch."""
-    sim = Simulation(
-        model_fn=tiny_cnn, algorithm=FedAvg(), train=toy_data(), test=toy_data(100, seed=1),
-        shards=[np.arange(200), np.arange(200, 400)], local=LocalConfig(batch_size=16),
-        lr_schedule=LRSchedule(lr=0.05),
-        federation=FederationConfig(rounds=1, clients_per_round=2), workers=1, eval_chunk=25,
-    )  # fmt: skip
+    sim = _pooled(workers=1)
     backend = sim.backend
     backend.start(sim.global_state)
     try:

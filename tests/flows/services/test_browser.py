@@ -102,26 +102,14 @@ def test_printed_links_open_the_runs_table_and_every_task_run(tmp_path):
 
         api = S.env_for_clients(sd)["PREFECT_API_URL"]
         env["MLFLOW_TRACKING_URI"] = S.env_for_clients(sd)["MLFLOW_TRACKING_URI"]
-        request = urllib.request.Request(
-            f"{api}/artifacts/filter",
-            data=json.dumps({"artifacts": {"key": {"any_": ["fedapt-browser"]}}}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            (artifact,) = json.load(resp)
+        (artifact,) = _filter(api, "artifacts", {"key": {"any_": ["fedapt-browser"]}})
         # the results artifact links the same table, and each cell's run in the same view
         links = re.findall(r"\]\((http[^)]+)\)", artifact["data"])
         assert mlflow_link in links and len(links) == len(CELLS) + 1, artifact["data"]
         assert all("workflowType=machine_learning" in link for link in links), links
 
         # the training subflow's own flow run: its Task Runs tab lists one train task a cell
-        request = urllib.request.Request(
-            f"{api}/flow_runs/filter",
-            data=json.dumps({"flows": {"name": {"any_": ["fedapt-train-grid"]}}}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            (training,) = json.load(resp)
+        (training,) = _filter(api, "flow_runs", {"name": {"any_": ["fedapt-train-grid"]}}, "flows")
         training_link = re.sub(r"[^/]+$", training["id"], flow_run_link.group(1))
 
         with sync_playwright() as playwright:
@@ -140,6 +128,17 @@ def test_printed_links_open_the_runs_table_and_every_task_run(tmp_path):
                 browser.close()
     finally:
         S.down(state=sd)
+
+
+def _filter(api: str, what: str, where: dict, of: str | None = None) -> list[dict]:
+    """Prefect's ``POST /<what>/filter``, ``where`` on ``of`` (default: ``what`` itself)."""
+    request = urllib.request.Request(
+        f"{api}/{what}/filter",
+        data=json.dumps({of or what: where}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.load(resp)  # type: ignore[no-any-return]
 
 
 def mlflow_page(context, link: str) -> None:  # type: ignore[no-untyped-def]
