@@ -244,7 +244,8 @@ def test_dvc_exp_run_temp_with_a_param_override(repo_copy, tmp_path, monkeypatch
     assert metrics["final_accuracy_pct"] is not None and metrics["rounds"] == 1
     assert sorted(data["metrics"]) == ["artifacts/runs/fedavg-full/scores.json"]  # numbers only
     numbers = {"final_accuracy_pct", "mean_accuracy_last_L_pct", "rounds", "upload_mib"}
-    numbers |= {"download_mib"}
+    numbers |= {"download_mib", "last_rounds_L"}  # (the L of the mean, capped: 1 here)
+    assert metrics["last_rounds_L"] == 1
     assert numbers | {"total_mib"} <= set(metrics) <= numbers | {"total_mib", "diverged_at_round"}
 
 
