@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -27,16 +28,29 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def missing(path: str | Path) -> str:
+    """What a path that cannot be reached is, as the rest of a line naming it: a link loop
+    or a dangling link is said as such, not "does not exist"."""
+    path = Path(path)
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a loop of symbolic links (it leads back to itself)"
+        if path.is_symlink():
+            return f"is a broken symbolic link (to {os.readlink(path)}, which does not exist)"
+        return "does not exist"
+    return "exists"
+
+
 def check_writable(key: str, path: str | Path) -> None:
     """``path`` (a folder to write into, existing or not) can be created and written: one
     line naming ``key`` and the path when a part of it is a file or is not writable."""
     path = Path(path)
     for part in (path, *path.parents):
         if not part.exists():
-            if part.is_symlink():  # a dangling link: mkdir would fail on it
-                raise ConfigError(
-                    f"{key}: {part} is a broken symbolic link; fix it or choose another path"
-                )
+            if part.is_symlink():  # a dangling link or a loop: mkdir would fail on it
+                raise ConfigError(f"{key}: {part} {missing(part)}; fix it or choose another path")
             continue
         if not part.is_dir():
             raise ConfigError(

@@ -227,9 +227,10 @@ def collect_records(
     """The grid's records in grid order; a missing cell is an error, not a silent gap."""
     from fedcore.errors import ConfigError
     from tasks.grid import cell_folder, grid_cells
+    from tasks.io import missing
 
     if not runs_dir.is_dir():
-        what = "is a file" if runs_dir.exists() else "does not exist"
+        what = "is a file" if runs_dir.exists() else missing(runs_dir)
         raise ConfigError(
             f"--runs {runs_dir} {what}: give the folder of the cell folders the train stages "
             "wrote (default: artifacts/runs)"

@@ -20,6 +20,7 @@ from fedcore.manifest import partition_stats, read_manifest, write_manifest, wri
 from fedcore.partition import Partition, make_partition
 from tasks.config import Params
 from tasks.data.experiment import ExperimentData, load_experiment_data
+from tasks.io import missing
 
 
 def data_selection(params: Params, data: ExperimentData) -> dict[str, Any]:
@@ -184,7 +185,7 @@ def load_partition(
     if not (manifest.is_file() and stats_path.is_file()):
         what = "is a file, not a partition's folder" if d.is_file() else "holds no partition"
         if not d.exists():
-            what = "does not exist"
+            what = missing(d)  # a link loop is named as one
         raise ConfigError(
             f"--partition {d} {what}: it needs manifest.csv and stats.json (make them with: "
             f"fedapt partition --out {d})"

@@ -543,3 +543,35 @@ def test_a_bad_option_value_names_the_option_typed(tmp_path, args, needle):
     res = invoke(tmp_path, "run", *args)
     assert_one_clear_line(res, needle, tmp_path / "reports")
     assert "params.yaml" not in res.output, res.output
+
+
+@pytest.mark.parametrize("link", ["loop", "dangling"])
+@pytest.mark.parametrize("command, option", [("run", "--partition"), ("report", "--runs")])
+def test_a_link_given_as_a_folder_option_is_named_as_a_link(tmp_path, link, command, option):
+    """A link loop given as --partition or --runs was 'does not exist', a path the user can
+    see there: the line names the option and says what the path is."""
+    where = tmp_path / "links"
+    where.mkdir()
+    path = where / "a"
+    if link == "loop":
+        path.symlink_to(where / "b")
+        (where / "b").symlink_to(path)
+        needle = f"{option} {path} is a loop of symbolic links"
+    else:
+        path.symlink_to(where / "gone")
+        needle = f"{option} {path} is a broken symbolic link (to {where / 'gone'}, which"
+    if command == "run":
+        res = invoke(tmp_path, "run", option, str(path))
+    else:
+        params = ["--params", str(REPO / "params.yaml"), option, str(path)]
+        out = ["--out", str(tmp_path / "reports"), "--timing", str(tmp_path / "reports/t")]
+        res = runner.invoke(app, ["report", *params, *out])
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+
+
+def test_a_link_loop_given_as_out_is_named_as_a_loop(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    res = invoke(tmp_path, "partition", "--out", str(tmp_path / "a"))
+    needle = f"--out: {tmp_path / 'a'} is a loop of symbolic links (it leads back to itself)"
+    assert_one_clear_line(res, needle, tmp_path / "reports")
