@@ -24,11 +24,17 @@ class StorageSection(Section):
     def _relative_key(cls, v: str | None) -> str | None:
         """A relative folder inside the bucket: no ``..`` (S3 refuses such keys, or they
         name another folder than the one asked for), no leading ``/`` (an absolute path),
-        no control characters (S3's XML listings cannot carry them)."""
+        no control characters (S3's XML listings cannot carry them), no backslash (S3 keys
+        separate folders with /; a backslash would be part of one folder's name)."""
         if v is None:
             return None
         if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
             raise ValueError(f"a folder inside the bucket has no control characters (got {v!r})")
+        if "\\" in v:
+            raise ValueError(
+                "a folder inside the bucket separates its parts with /, not \\ (e.g. "
+                f"team/fedapt) (got {v!r})"
+            )
         if v.startswith("/"):
             raise ValueError(
                 "a folder inside the bucket, relative to its top: no leading / (e.g. fedapt "

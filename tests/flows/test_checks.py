@@ -358,6 +358,7 @@ def test_unreadable_checkpoint_is_refused_before_the_flow(tmp_path, case):
         ("/runs", "no leading /"),
         ("//runs", "no leading /"),
         ("runs\tb", "no control characters"),
+        ("team\\runs", "not \\"),
     ],
 )
 def test_storage_prefix_leaving_its_folder_is_refused(tmp_path, prefix, needle):
