@@ -23,6 +23,7 @@ from tasks.config import Params
 from tasks.data.experiment import ExperimentData, dataset_num_classes
 from tasks.data.validate import check_shards
 from tasks.grid import ResolvedCell
+from tasks.io import missing
 from tasks.training import checkpoint
 
 # ---- partitions -------------------------------------------------------------------------------
@@ -103,6 +104,11 @@ def check_checkpoints(
     (only its tensors' shapes and dtypes are read). Returns the cells that will resume."""
     paths = {c.name: Path(directory) / f"{c.name}.pt" for c in cells}
     for path in paths.values():  # resuming or not: the cell writes its checkpoint there
+        if path.is_symlink() and not path.exists():  # a link to a checkpoint now gone
+            raise ConfigError(
+                f"checkpoint {path} {missing(path)}; delete the link or point it at the "
+                "checkpoint to resume from"
+            )
         if path.exists() and not path.is_file():
             raise ConfigError(
                 f"checkpoint {path} is a folder (or another non-file), not a checkpoint file; "

@@ -3,8 +3,11 @@ the edges, becomes one line on stderr naming the setting, and exit code 2."""
 
 from __future__ import annotations
 
+import ast
 import errno
 import functools
+import os
+import re
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -46,7 +49,7 @@ def guard(fn: Callable[[], Any]) -> Any:
     from fedcore.errors import FedaptError
 
     try:
-        return fn()
+        return _loops_as_os_errors(fn)
     except FedaptError as exc:
         print_error(str(exc))
         raise typer.Exit(2) from None
@@ -80,6 +83,23 @@ def guard(fn: Callable[[], Any]) -> Any:
             exit_now(exc.exit_code, exc.signame)
         err.print("fedapt: interrupted")
         raise typer.Exit(130) from None
+
+
+def _loops_as_os_errors(fn: Callable[[], Any]) -> Any:
+    """``fn()``, with Python 3.11's ``Path.resolve()`` error on a loop of symbolic links
+    (a RuntimeError naming the path) raised as the OSError it is (ELOOP, with the path), so
+    ``guard`` names the setting that made the path like any other path error."""
+    try:
+        return fn()
+    except RuntimeError as exc:
+        found = re.fullmatch(r"Symlink loop from (.+)", str(exc))
+        if found is None:
+            raise
+        try:
+            path = ast.literal_eval(found.group(1))
+        except (ValueError, SyntaxError):
+            raise exc from None
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
 
 
 FULL_DISK_ADVICE = "free some space there (or raise the quota) and run again"

@@ -119,19 +119,21 @@ class ServiceStatus:
 # ----------------------------------------------------------------------------- configuration
 
 
+_STATE_ALLOWED = f"a folder fedapt may create and write into (unset: {ROOT / '.fedapt'})"
+
+
 def state_dir(path: str | os.PathLike[str] | None = None) -> Path:
     """The state directory: ``path``, else ``$FEDAPT_STATE_DIR``, else ``<repo>/.fedapt``
     (the variable is recorded for the CLI's error line, ``flows.settings``)."""
     if path:
         return Path(path).resolve()
     given = os.environ.get("FEDAPT_STATE_DIR")
-    resolved = Path(given or ROOT / ".fedapt").resolve()
-    setting_path(
-        "FEDAPT_STATE_DIR",
-        given or f"unset, so {ROOT / '.fedapt'}",
-        resolved,
-        f"a folder fedapt may create and write into (unset: {ROOT / '.fedapt'})",
-    )
+    where = Path(given or ROOT / ".fedapt")
+    value = given or f"unset, so {where}"
+    # registered before resolving too: a loop of links there is named as this variable's
+    setting_path("FEDAPT_STATE_DIR", value, where, _STATE_ALLOWED)
+    resolved = where.resolve()
+    setting_path("FEDAPT_STATE_DIR", value, resolved, _STATE_ALLOWED)
     return resolved
 
 

@@ -31,7 +31,7 @@ from fedcore.errors import ConfigError
 from fedcore.events import Callback, RoundRecord
 from tasks.config.params import NEUTRAL, significant
 from tasks.grid import ResolvedCell
-from tasks.io import atomic_write_bytes
+from tasks.io import atomic_write_bytes, missing
 
 FORMAT = 1
 AUTO_SECONDS = 5.0
@@ -78,9 +78,11 @@ def read(path: str | Path, fp: dict[str, Any]) -> dict[str, Any] | None:
     when there is no checkpoint; a one-line ConfigError when it is for another
     configuration or cannot be read."""
     path = Path(path)
+    fix = f"delete {path} or run with --set runtime.resume=false to start the cell over"
+    if path.is_symlink() and not path.exists():  # not "no checkpoint": a link to nothing
+        raise ConfigError(f"checkpoint {path} {missing(path)}; {fix}")
     if not path.is_file():
         return None
-    fix = f"delete {path} or run with --set runtime.resume=false to start the cell over"
     try:
         blob = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
     except Exception:  # a torn or foreign file: never half-used (torch's own message says
@@ -88,7 +90,12 @@ def read(path: str | Path, fp: dict[str, Any]) -> dict[str, Any] | None:
         raise ConfigError(
             f"checkpoint {path} cannot be read (torn, or not a checkpoint fedapt wrote); {fix}"
         ) from None
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+    if (
+        not isinstance(blob, dict)
+        or blob.get("format") != FORMAT
+        or not isinstance(blob.get("fingerprint"), dict)
+        or "state" not in blob
+    ):
         raise ConfigError(f"checkpoint {path} is not a fedapt checkpoint (format {FORMAT}); {fix}")
     diff = _differences(blob["fingerprint"], fp)
     if diff:

@@ -319,7 +319,9 @@ def test_checkpoint_of_another_model_is_refused_before_resuming(tmp_path, checkp
     assert_refused(res, [f"checkpoint {path}: ", *needles, "runtime.resume=false"], before, roots)
 
 
-@pytest.mark.parametrize("case", ["empty", "not-a-zip", "a-folder", "a-folder-no-resume"])
+@pytest.mark.parametrize(
+    "case", ["empty", "not-a-zip", "a-folder", "a-folder-no-resume", "no-fingerprint", "dangling"]
+)
 def test_unreadable_checkpoint_is_refused_before_the_flow(tmp_path, case):
     """A cell's checkpoint path holding an empty file, a foreign file or a folder: refused by
     ``prepare`` in one line naming it (the sweep of issue 45: an empty file said "cannot be
@@ -336,6 +338,14 @@ def test_unreadable_checkpoint_is_refused_before_the_flow(tmp_path, case):
     elif case == "not-a-zip":
         path.write_bytes(b"\x00not a checkpoint" * 50)
         needles = [f"checkpoint {path} is not a checkpoint file (not the zip archive"]
+    elif case == "no-fingerprint":  # the sweep of session 30: a KeyError traceback
+        from tasks.training.checkpoint import FORMAT
+
+        torch.save({"format": FORMAT, "state": {}}, path)
+        needles = [f"checkpoint {path} is not a fedapt checkpoint", "runtime.resume=false"]
+    elif case == "dangling":  # it ran from scratch, the checkpoint linked to unread
+        path.symlink_to(path.parent / "gone.pt")
+        needles = [f"checkpoint {path} is a broken symbolic link (to {path.parent / 'gone.pt'}"]
     else:
         path.mkdir()
         needles = [f"checkpoint {path} is a folder", "delete it"]

@@ -575,3 +575,24 @@ def test_a_link_loop_given_as_out_is_named_as_a_loop(tmp_path):
     res = invoke(tmp_path, "partition", "--out", str(tmp_path / "a"))
     needle = f"--out: {tmp_path / 'a'} is a loop of symbolic links (it leads back to itself)"
     assert_one_clear_line(res, needle, tmp_path / "reports")
+
+
+@pytest.mark.parametrize("setting", ["data.root", "FEDAPT_STATE_DIR"])
+def test_a_link_loop_as_a_setting_that_is_resolved_names_the_setting(
+    tmp_path, monkeypatch, setting
+):
+    """Python 3.11's Path.resolve() raises a RuntimeError on a loop of symbolic links: it was
+    a traceback for data.root and FEDAPT_STATE_DIR (the sweep of session 30); now the
+    setting's line, as for any path error."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = str(tmp_path / "a")
+    if setting == "data.root":
+        res = invoke(
+            tmp_path, "prepare", "--set", f"data.root={loop}", "--out", str(tmp_path / "p")
+        )
+    else:
+        monkeypatch.setenv("FEDAPT_STATE_DIR", loop)
+        res = runner.invoke(app, ["status"])
+    needle = f"{setting}: {loop}: Too many levels of symbolic links; allowed: "
+    assert_one_clear_line(res, needle, tmp_path / "reports")
