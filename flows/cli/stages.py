@@ -146,10 +146,14 @@ def train(
     # the whole grid: where this cell stands in it
     cells = list(grid_cells(load_params(params, set_)))
     spec = CellSpec(algorithm, adapter, codec)
-    extra = [f"grid.algorithms=[{algorithm}]", f"grid.adapters=[{adapter}]"]
-    extra += [f"grid.codecs=[{codec}]"]
-    options = {f"runtime.device={device}": "--device"} if device else {}
-    p = load(params, set_, extra, numerics="portable", options=options)
+    # the cell's own grid, refused naming the option typed (not grid.* in the params file)
+    options = {
+        f"grid.algorithms=[{algorithm}]": "--algorithm",
+        f"grid.adapters=[{adapter}]": "--adapter",
+        f"grid.codecs=[{codec}]": "--codec",
+        **({f"runtime.device={device}": "--device"} if device else {}),
+    }
+    p = load(params, set_, numerics="portable", options=options)
     slot = None  # "cell k of N" (each cell is its own stage: no grid ETA)
     if spec in cells:
         slot = GridSlot(cells.index(spec) + 1, len(cells), p.federation.rounds)

@@ -596,3 +596,20 @@ def test_a_link_loop_as_a_setting_that_is_resolved_names_the_setting(
         res = runner.invoke(app, ["status"])
     needle = f"{setting}: {loop}: Too many levels of symbolic links; allowed: "
     assert_one_clear_line(res, needle, tmp_path / "reports")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--algorithm", "nosuch"], "fedapt: error: --algorithm: unknown algorithm 'nosuch'"),
+        (["--algorithm", "fedavg", "--adapter", "nope"], "--adapter: unknown adapter method"),
+        (["--algorithm", "fedavg", "--codec", "zip"], "fedapt: error: --codec: unknown codec"),
+    ],
+)
+def test_fedapt_train_names_its_own_cell_options(tmp_path, args, needle):
+    """`fedapt train --algorithm nosuch` blamed grid.algorithms at a line of the params file
+    the user never wrote (the sweep of session 30)."""
+    part = ["--partition", str(tmp_path / "part"), "--out", str(tmp_path / "reports/c")]
+    res = invoke(tmp_path, "train", *args, *part)
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+    assert "params.yaml" not in res.output, res.output
