@@ -238,7 +238,8 @@ def _given_partition(params: Params, data: ExperimentData, partition_dir: str | 
     want = (params.partition.scheme, params.partition.num_clients)
     if (part.scheme, part.num_clients) != want:
         raise ConfigError(
-            f"partition in {partition_dir} is {part.scheme} over {part.num_clients} clients, "
-            f"params.yaml asks for {want[0]} over {want[1]}; re-run fedapt partition"
+            f"--partition {partition_dir} is {part.scheme} over {part.num_clients} clients, "
+            f"not partition.scheme {want[0]} over partition.num_clients {want[1]}; re-run: "
+            f"fedapt partition --out {partition_dir} (with these params)"
         )
     return part

@@ -10,6 +10,8 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from tasks.config.base import MAX_PROCESSES, Section
 
+MAX_PREFIX_BYTES = 512  # storage.prefix: half of an S3 key's 1024 bytes
+
 
 class StorageSection(Section):
     """S3-compatible copy of the experiment's outputs (endpoint/credentials from AWS_* env)."""
@@ -39,6 +41,12 @@ class StorageSection(Section):
             raise ValueError(
                 "a folder inside the bucket, relative to its top: no leading / (e.g. fedapt "
                 f"or team/fedapt) (got {v!r})"
+            )
+        if len(v.encode()) > MAX_PREFIX_BYTES:
+            raise ValueError(
+                f"a folder inside the bucket of at most {MAX_PREFIX_BYTES} bytes (an S3 key "
+                "holds at most 1024, and the experiment's folder and files take the rest) (got "
+                f"{len(v.encode())} bytes)"
             )
         parts = [s for s in v.split("/") if s not in ("", ".")]
         if ".." in parts:

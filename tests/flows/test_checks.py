@@ -369,6 +369,7 @@ def test_unreadable_checkpoint_is_refused_before_the_flow(tmp_path, case):
         ("//runs", "no leading /"),
         ("runs\tb", "no control characters"),
         ("team\\runs", "not \\"),
+        ("a" * 2000, "at most 512 bytes"),  # the sweep of session 30: S3 failed after training
     ],
 )
 def test_storage_prefix_leaving_its_folder_is_refused(tmp_path, prefix, needle):
@@ -391,3 +392,16 @@ def test_storage_prefix_is_normalised():
     assert load_params(REPO / "params.yaml", ["storage.prefix=null"]).storage.prefix is None
     assert experiment_prefix("runs/a", "exp") == "runs/a/exp"
     assert experiment_prefix(None, "exp") == "exp"  # the bucket's top: no leading /
+
+
+def test_a_partition_of_other_clients_names_the_keys_that_differ(tmp_path, partitions):
+    """A 10-client partition given to a run asking for 5 named a params.yaml the user had not
+    passed, and no key (the sweep of session 30)."""
+    d = tmp_path / "part"
+    shutil.copytree(partitions("dirichlet_classwise"), d)
+    roots = _roots(tmp_path)
+    before = _files(roots)
+    res = invoke(tmp_path, "run", "--partition", str(d), "--set", "partition.num_clients=5")
+    needles = [f"--partition {d} is dirichlet_classwise over 10 clients, not partition.scheme "
+               "dirichlet_classwise over partition.num_clients 5"]  # fmt: skip
+    assert_refused(res, needles, before, roots)
