@@ -105,6 +105,7 @@ def check_limits(text: str, source: str, *, lines: bool = True) -> None:
     event parser is iterative: it reads any depth)."""
     sizes: list[list[Any]] = [[None, 0]]  # per open collection: its anchor, its values so far
     anchored: dict[str, int] = {}  # anchor -> values its node expands to
+    aliased = False  # whether the file uses an alias at all (else the file itself is huge)
     try:
         for event in yaml.parse(text, Loader=_StrictLoader):
             at = f"{source}:{event.start_mark.line + 1}" if lines else source
@@ -131,15 +132,16 @@ def check_limits(text: str, source: str, *, lines: bool = True) -> None:
                     )
             elif isinstance(event, yaml.AliasEvent):
                 anchor, size = None, anchored.get(event.anchor or "", 1)
+                aliased = True
             else:
                 continue
             if anchor:
                 anchored[anchor] = size
             sizes[-1][1] += size
             if sizes[-1][1] > MAX_NODES:
+                what = "the aliases (*name) expand to" if aliased else "the file holds"
                 raise ConfigError(
-                    f"{at}: the aliases (*name) expand to more than {MAX_NODES} values; a "
-                    "params file holds a few hundred"
+                    f"{at}: {what} more than {MAX_NODES} values; a params file holds a few hundred"
                 )
     except yaml.YAMLError:
         return  # malformed: yaml.load says where, as it always has
@@ -173,6 +175,33 @@ def check_regular_file(p: Path, source: str) -> None:
         )
 
 
+# PyYAML's problems that say what is wrong but not what a params file allows instead
+_HINTS = (
+    ("could not determine a constructor for the tag", "a params file holds plain values, no !tags"),
+    ("found character '\\t'", "indent with spaces: YAML allows no tabs there"),
+    ("found another document", "a params file is one YAML document, without a second '---'"),
+)
+
+
+def yaml_error(exc: yaml.YAMLError, text: str, source: str) -> str:
+    """One line for a file PyYAML cannot read: the file and line, PyYAML's context and
+    problem, and what a params file allows where that is not plain from them."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML never allows (NUL, ...)
+        line = text[: exc.position].count("\n") + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        return (
+            f"{source}:{line}: malformed YAML: the character {char!r} (U+{ord(char):04X}) "
+            "is not allowed in YAML; a params file is plain text"
+        )
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}" if mark else source
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    said = f"{context}, {problem}" if context and context not in problem else problem
+    hint = next((h for needle, h in _HINTS if needle in problem), None)
+    return f"{where}: malformed YAML: {said}" + (f" ({hint})" if hint else "")
+
+
 def read_mapping(source: str) -> tuple[str, dict[str, Any]]:
     """The text of params file ``source`` and its top-level mapping of sections."""
     p = Path(source)
@@ -194,10 +223,7 @@ def read_mapping(source: str) -> tuple[str, dict[str, Any]]:
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
+        raise ConfigError(yaml_error(exc, text, source)) from None
     except (RecursionError, ValueError) as exc:  # a limit check_limits did not foresee
         raise ConfigError(f"{source}: beyond what the YAML parser reads ({exc})") from None
     if raw is None:

@@ -257,6 +257,22 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
         return ["--params", str(f)], f"{f}:2: malformed YAML: a key must be a name"
     if name == "list-as-key-set":
         return ["--set", "grid.algorithm_options={[a]: 1}"], "grid.algorithm_options"
+    # the sweep of session 30: PyYAML's words alone, or a blame on aliases there were not
+    if name == "wide-file":
+        f.write_text("model:\n  options:\n    k: [" + ", ".join(["1"] * 100_001) + "]\n")
+        return ["--params", str(f)], "the file holds more than 100000 values"
+    if name == "nul-byte":
+        f.write_text("experiment:\n  name: a\x00b\n")
+        return ["--params", str(f)], f"{f}:2: malformed YAML: the character '\\x00' (U+0000)"
+    if name == "tab-indent":
+        f.write_text("experiment:\n\tname: a\n")
+        return ["--params", str(f)], "(indent with spaces: YAML allows no tabs there)"
+    if name == "two-documents":
+        f.write_text("experiment:\n  name: a\n---\ndata: {}\n")
+        return ["--params", str(f)], "expected a single document in the stream, but found another"
+    if name == "a-tag":
+        f.write_text("experiment:\n  name: !foo a\n")
+        return ["--params", str(f)], "tag '!foo' (a params file holds plain values, no !tags)"
     raise AssertionError(name)
 
 
@@ -278,6 +294,11 @@ def _limit_case(name: str, tmp_path: Path) -> tuple[list[str], str]:
         "digits-tagged",
         "list-as-key-file",
         "list-as-key-set",
+        "wide-file",
+        "nul-byte",
+        "tab-indent",
+        "two-documents",
+        "a-tag",
     ],
 )
 def test_parser_limits_are_one_line(tmp_path, name):
