@@ -68,3 +68,25 @@ def _setting_paths(p: Any) -> None:
         "a folder holding the dataset's files, or one fedapt may create and download into, "
         "e.g. data/raw",
     )
+
+
+def output_path(option: str, path: Path, *, file: str | None = None) -> Path:
+    """The path an output option names, checked before any work: a folder fedapt may create
+    and write into (``file``: the file of that name in such a folder, not a folder itself).
+    A refusal, now or from the OS later, is one line naming the option."""
+    from fedcore.errors import ConfigError
+    from flows.settings import setting_path
+    from tasks.io import check_writable
+
+    if file is not None:
+        if path.is_dir():
+            raise ConfigError(
+                f"{option} {path} is a folder; give the file to write, e.g. {path / file}"
+            )
+        check_writable(option, path.parent)
+        allowed = f"a file fedapt may write, e.g. {file}"
+    else:
+        check_writable(option, path)
+        allowed = "a folder fedapt may create and write into"
+    setting_path(option, str(path), path, allowed)
+    return path

@@ -16,7 +16,7 @@ import typer
 
 from flows.cli.console import out
 from flows.cli.guards import guarded
-from flows.cli.params import ParamsOpt, SetOpt, load
+from flows.cli.params import ParamsOpt, SetOpt, load, output_path
 from flows.cli.runguards import exit_if_diverged
 from flows.cli.tables import results_table
 
@@ -35,6 +35,7 @@ def prepare(
     from tasks.io import atomic_write_json
 
     p = load(params, set_, numerics="portable")
+    output_path("--out", out_dir)
     card = dataset_card(p, load_experiment_data(p))
     path = atomic_write_json(out_dir / "dataset.json", card)
     out.print(
@@ -63,6 +64,8 @@ def validate(
     from tasks.data.validate import validate_partition
 
     p = load(params, set_, numerics="portable")
+    if report is not None:
+        output_path("--out", report, file="validation.json")
     load_partition(partition_dir)  # a missing or altered manifest -> one line
     num_classes = dataset_num_classes(p)
     path = validate_partition(partition_dir, num_classes, p.validation.min_shard_size, report)
@@ -85,12 +88,11 @@ def pretrain(
 
     from flows.plan import check_names
     from tasks.data.pretrain import check_source, run_pretrain
-    from tasks.io import check_writable
 
     p = load(params, set_, numerics="portable")
     check_names(p)
     for key, folder in (("--out", out_dir), ("--timing", timing_dir)):
-        check_writable(key, folder)  # a path below a file: one line now, not after training
+        output_path(key, folder)  # a path below a file: one line now, not after training
     if p.model.base == "pretrain":
         check_source(p)  # bad source -> one line before any training
     card = run_pretrain(p, out_dir, timing_file=timing_dir / "pretrain.json")
@@ -137,7 +139,6 @@ def train(
     from flows.plan import prepare
     from tasks.config import load_params
     from tasks.grid import CellSpec, cell_folder, grid_cells
-    from tasks.io import check_writable
     from tasks.results.origin import origin
     from tasks.results.progress import GridSlot
     from tasks.training.cell import require_base
@@ -166,7 +167,7 @@ def train(
     _require_valid(partition_dir)
     cell_dir = out_dir or Path("artifacts/runs") / cell_folder(spec)
     for key, folder in (("--out", cell_dir), ("--timing", timing_dir)):
-        check_writable(key, folder)  # a path below a file: one line now, not after training
+        output_path(key, folder)  # a path below a file: one line now, not after training
     cell = plan.cell(spec)
     with local_ray(p):  # a Ray of the cell's own: token authentication, on 127.0.0.1
         record = run_cell(
@@ -218,6 +219,7 @@ def report(
     from tasks.results.report import write_report
 
     p = load(params, set_, numerics="portable")
+    output_path("--out", out_dir)
     records = collect_records(p, runs_dir, timing_dir)
     paths = write_report(p, records, out_dir, runs_dir)
     out.print(results_table(records))

@@ -634,3 +634,17 @@ def test_fedapt_train_names_its_own_cell_options(tmp_path, args, needle):
     res = invoke(tmp_path, "train", *args, *part)
     assert_one_clear_line(res, needle, tmp_path / "reports")
     assert "params.yaml" not in res.output, res.output
+
+
+def test_output_options_are_named_when_the_os_refuses_them(tmp_path):
+    """The sweep of session 30: `prepare --out /proc/x/prep` named /proc/x alone, and
+    `validate --out <a folder>` a temporary file beside it."""
+    res = invoke(tmp_path, "prepare", "--out", "/proc/x/prep")
+    needle = "--out: /proc/x/prep: No such file or directory at /proc/x; allowed: a folder"
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+    (tmp_path / "outdir").mkdir()
+    res = invoke(tmp_path, "validate", "--partition", str(tmp_path / "p"), "--out",
+                 str(tmp_path / "outdir"))  # fmt: skip
+    needle = f"--out {tmp_path / 'outdir'} is a folder; give the file to write, e.g. "
+    assert_one_clear_line(res, needle, tmp_path / "reports")
+    assert not list((tmp_path / "outdir").iterdir())
