@@ -152,6 +152,13 @@ class DpServer:
         at = self.accountant.exceeded_at(rounds)
         return None if at is None else at - 1
 
+    def next_round_allowed(self) -> bool:
+        """Whether one more round stays within the budget (always, without a target)."""
+        target = self.accountant.target_epsilon
+        return (
+            target is None or self.accountant.setting.epsilon(self.accountant.rounds + 1) <= target
+        )
+
     def check_next_round(self) -> None:
         """``PrivacyBudgetExceeded`` (one line) when the next round would overspend."""
         self.accountant.check_next_round()
