@@ -58,8 +58,11 @@ StateDict = dict[str, torch.Tensor]
 class Upload(Protocol):
     """What the server holds of one client's round (``fedcore.algorithms.base.ClientUpdate``)."""
 
-    client_id: int
-    state: Mapping[str, torch.Tensor]
+    @property
+    def client_id(self) -> int: ...
+
+    @property
+    def state(self) -> Mapping[str, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,10 @@ def simulate(
         ),
         lr_schedule=LRSchedule(lr=0.05 if optimizer == "sgd" else 0.01),
         federation=FederationConfig(
-            rounds=rounds, clients_per_round=participation, seed=1, stop_after=stop_after,
+            rounds=rounds,
+            clients_per_round=participation,
+            seed=1,
+            stop_after=stop_after,
             sampling=sampling,
         ),
         workers=0,
