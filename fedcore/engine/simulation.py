@@ -163,17 +163,10 @@ class Simulation:
                 k for k in sent if k in params and (self.trainable is None or k in self.trainable)
             )
         )
-        dp = DpServer(
+        return DpServer(
             config, sampling="fixed", population=len(self.shards),
             cohort=self.cfg.clients_per_round, rounds=self.cfg.rounds, seed=self.cfg.seed,
         )  # fmt: skip
-        if dp.rounds_within_budget(self.cfg.rounds) == 0:
-            raise ConfigError(
-                f"privacy.target_epsilon={config.target_epsilon:g} is spent by round 1 already "
-                f"(epsilon {dp.accountant.setting.epsilon(1):.4g} at delta {config.delta:g}): "
-                "raise privacy.target_epsilon or privacy.noise_multiplier"
-            )
-        return dp
 
     def _label_distribution(self) -> np.ndarray:
         """p(y) over the union of the client shards (the federation's training data)."""

@@ -133,6 +133,12 @@ class DpServer:
         self.accountant = RoundAccountant(
             DpSetting(z, sampling, population, cohort, config.delta, config.accountant), budget
         )
+        if budget is not None and self.accountant.setting.epsilon(1) > budget:
+            raise ConfigError(
+                f"privacy.target_epsilon={budget:g} is spent by round 1 already (epsilon "
+                f"{self.accountant.setting.epsilon(1):.4g} at delta {config.delta:g}): raise "
+                "privacy.target_epsilon or privacy.noise_multiplier"
+            )
         adaptive = config.adaptive_clip
         self.adaptive = None if adaptive is None else AdaptiveClip(adaptive)
         # the sum's noise multiplier: the count query of adaptive clipping takes its share

@@ -23,7 +23,7 @@ from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
 from fedcore.privacy.mechanisms import AdaptiveClipConfig
-from fedcore.privacy.server import DpConfig
+from fedcore.privacy.server import DpConfig, DpServer
 from fedcore.schedules import LRSchedule
 from models.adapters import AdapterMethod
 from tasks.config import Params
@@ -102,6 +102,14 @@ def check_privacy(params: Params) -> None:
             "privacy.accountant: pld cannot account fedapt's cohorts drawn without replacement "
             "(dp-accounting's PLD has no such event); use privacy.accountant: rdp"
         )
+    config = privacy_config(params)
+    assert config is not None
+    # the noise multiplier a target calibrates to (cached for the run), and a budget that
+    # round 1 would already overspend: refused here, before any data
+    DpServer(
+        config, sampling="fixed", population=n, cohort=clients_per_round(params),
+        rounds=params.federation.rounds, seed=params.experiment.seed,
+    )  # fmt: skip
 
 
 def privacy_config(params: Params) -> DpConfig | None:
