@@ -95,6 +95,7 @@ class RunSpec:
 
     adapter: str = "full"
     optimizer: str = "sgd"
+    private: bool = False  # client-level DP (``privacy:``): updates clipped, averaged, noised
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ class FederatedAlgorithm:
     # True for an algorithm that decides itself which layers train and travel (FedNILO):
     # it cannot run with an adapter method other than "full".
     whole_model_only: ClassVar[bool] = False
+    # Why client-level DP (DP-FedAvg: the server averages the clipped updates of a uniformly
+    # sampled cohort and adds noise) would not be DP with this algorithm; None: it composes.
+    private_refusal: ClassVar[str | None] = None
 
     def check(self, run: RunSpec) -> None:
         """Raise a one-line ConfigError when this algorithm cannot run ``run``; each algorithm
@@ -115,6 +119,12 @@ class FederatedAlgorithm:
                 f"grid cell {self.name}/{run.adapter}: {self.name} freezes layers of the whole "
                 f"model and runs only with adapter 'full'; run it in a grid with "
                 "grid.adapters: [full]"
+            )
+        if run.private and self.private_refusal is not None:
+            raise ConfigError(
+                f"grid cell {self.name}/{run.adapter}: privacy (client-level DP) cannot run "
+                f"with {self.name}: {self.private_refusal}; use fedavg, fedprox, fedavgm, "
+                "fedadam, fedadagrad or fedyogi, or set privacy: null"
             )
 
     # ---- server state (main process only) -----------------------------------------------

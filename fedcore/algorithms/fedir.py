@@ -35,6 +35,9 @@ def importance_weights(p_y: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class FedIR(FederatedAlgorithm):
     name: ClassVar[str] = "fedir"
+    private_refusal: ClassVar[str | None] = (
+        "it sends every client the federation's label distribution, a statistic of all clients' data outside the mechanism"
+    )
 
     def setup(self, fed: FederationSetup) -> None:
         super().setup(fed)

@@ -56,6 +56,9 @@ def layer_keys(keys: Sequence[str], groups: Sequence[Sequence[str]]) -> list[tup
 @dataclass(frozen=True)
 class FedNILO(FederatedAlgorithm):
     name: ClassVar[str] = "fednilo"
+    private_refusal: ClassVar[str | None] = (
+        "its server freezes layers from the clients' per-layer updates, a release outside the mechanism"
+    )
     # Its layer freezing composes with the "full" adapter method only: under an adapter the
     # base is frozen already and its "communication round" (a full model) is no longer the
     # payload the clients exchange.

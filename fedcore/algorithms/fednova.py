@@ -22,6 +22,9 @@ from fedcore.payload import StateDict
 @dataclass(frozen=True)
 class FedNova(FederatedAlgorithm):
     name: ClassVar[str] = "fednova"
+    private_refusal: ClassVar[str | None] = (
+        "its server weights each update by the client's local steps, not the equal weights the noise is calibrated to"
+    )
 
     def check(self, run: RunSpec) -> None:
         super().check(run)

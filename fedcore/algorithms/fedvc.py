@@ -29,6 +29,9 @@ from fedcore.sampling import (
 @dataclass(frozen=True)
 class FedVC(FederatedAlgorithm):
     name: ClassVar[str] = "fedvc"
+    private_refusal: ClassVar[str | None] = (
+        "it samples clients in proportion to their data size, not uniformly as the accountant assumes"
+    )
 
     n_vc: Annotated[Int, Ge(1)] = 256  # N_VC; seed 002 gives no value, tune it to the shards
 

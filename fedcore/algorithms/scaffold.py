@@ -91,6 +91,9 @@ def control_delta(
 @dataclass(frozen=True)
 class Scaffold(FederatedAlgorithm):
     name: ClassVar[str] = "scaffold"
+    private_refusal: ClassVar[str | None] = (
+        "its clients also upload control variates, which the clipping and noise would not cover"
+    )
 
     server_lr: Annotated[Float, Gt(0)] = 1.0  # eta_g (the paper's global step size)
 

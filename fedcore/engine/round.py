@@ -26,6 +26,7 @@ from fedcore.engine.config import FederationConfig
 from fedcore.events import ClientRecord, RoundRecord
 from fedcore.jobs import ClientResult
 from fedcore.payload import StateDict
+from fedcore.privacy.server import DpServer
 from fedcore.sampling import CLIENT_STREAM, Outcome, derive_seed, dropout_active, round_outcomes
 from fedcore.schedules import LRSchedule
 from fedcore.wire import downloads, received, restrict
@@ -51,6 +52,9 @@ class RoundSetup:
     base_cache: dict[tuple[str, ...], bytes]
     emit: Callable[..., None]
     evaluate: Callable[[bool], tuple[float, float, list[float]]]
+    # The entries client-level DP clips and noises: the trained parameters the clients
+    # upload (buffers keep the global value); empty without ``privacy``.
+    private_keys: tuple[str, ...] = ()
 
 
 @dataclass
@@ -61,6 +65,7 @@ class ServerState:
     global_state: StateDict
     base_holders: set[int] = field(default_factory=set)
     codec_memory: dict[int, StateDict] = field(default_factory=dict)
+    privacy: DpServer | None = None  # client-level DP: its accountant and clip norm
 
 
 def play_round(
@@ -121,7 +126,15 @@ def play_round(
             extra[f"clients_{status}"] = float(sum(o.status == status for o in outcomes))
         if len(dropped) == len(tasks):
             extra["no_client_reported"] = 1.0  # the model and server state are unchanged
-    if updates:  # else the model and any server optimiser state stay as they were
+    if server.privacy is not None:  # every round releases a noisy model, reports or not
+        release = server.privacy.release(server.global_state, updates, r, run.private_keys)
+        extra.update(release.extra)
+        merged = adopt(run.algorithm, server.global_state, release.aggregated, r)
+        if merged is not None:
+            server.global_state = merged
+        else:
+            extra["nonfinite_global_rejected"] = 1.0
+    elif updates:  # else the model and any server optimiser state stay as they were
         merged = server_step(run.algorithm, server.global_state, updates, r)
         if merged is not None:
             server.global_state = merged
@@ -243,7 +256,14 @@ def server_step(
 ) -> StateDict | None:
     """The next global model from the round's updates; None where it is not finite (the
     caller keeps the model it has)."""
-    aggregated = algorithm.aggregate(global_state, updates)
+    return adopt(algorithm, global_state, algorithm.aggregate(global_state, updates), r)
+
+
+def adopt(
+    algorithm: FederatedAlgorithm, global_state: StateDict, aggregated: StateDict, r: int
+) -> StateDict | None:
+    """The algorithm's server step on ``aggregated`` (its average, or DP's noisy one); None
+    where the result is not finite."""
     new = algorithm.server_update(global_state, aggregated, r)
     merged = {**global_state, **new}  # layers nobody uploaded keep their value
     return merged if payload.is_finite(merged) else None

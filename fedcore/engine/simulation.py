@@ -26,6 +26,7 @@ from fedcore.engine.ray_cluster import RaySettings
 from fedcore.engine.round import RoundSetup, ServerState, play_round
 from fedcore.errors import ConfigError
 from fedcore.events import Callback, History, RoundRecord
+from fedcore.privacy.server import DpConfig, DpServer
 from fedcore.schedules import LRSchedule
 
 
@@ -57,6 +58,7 @@ class Simulation:
         ray: RaySettings | None = None,
         codecs: Codecs | None = None,
         checked: bool = False,
+        privacy: DpConfig | None = None,
     ) -> None:
         """``model``: the initial global model from :func:`initial_model` (None: built here);
         it is the one model instance of this process's clients (worker processes build their
@@ -67,7 +69,8 @@ class Simulation:
         the last ``federation.whole_test_last`` evaluations (None: every row, always).
         ``checked``: the caller checked the algorithm's rules against this run and the upload
         codec against the payload (``tasks``: once per run, when it resolves the cell);
-        False: they are checked here."""
+        False: they are checked here. ``privacy``: client-level DP-FedAvg
+        (``fedcore.privacy.server``) on every round's average."""
         if engine not in ("sequential", "cohort"):
             raise ConfigError(f"runtime.engine must be one of cohort, sequential (got {engine!r})")
         self.ray = ray
@@ -122,7 +125,8 @@ class Simulation:
         # The algorithm's own rules (FedNILO: the whole model only; FedNova: SGD only).
         adapter = "full" if self.payload_keys is None else "adapter"
         if not checked:
-            algorithm.check(RunSpec(adapter=adapter, optimizer=local.optimizer))
+            spec = RunSpec(adapter=adapter, optimizer=local.optimizer, private=privacy is not None)
+            algorithm.check(spec)
         if self.payload_keys is not None:
             missing = sorted(set(self.payload_keys) - set(self.global_state))
             if missing:
@@ -141,6 +145,28 @@ class Simulation:
             check_sizes(self.codecs.upload, uploaded)
         self.history: History | None = None  # the run's records (set by run())
         self._resume: dict[str, Any] | None = None  # a checkpoint to continue from
+        self.private_keys: tuple[str, ...] = ()  # what DP clips and noises (none: no DP)
+        if privacy is not None:
+            self.server.privacy = self._private(privacy, model)
+
+    def _private(self, config: DpConfig, model: nn.Module) -> DpServer:
+        """The run's DP server, over the trained parameters the clients upload."""
+        if self.cfg.sampling != "without_replacement":
+            raise ConfigError(
+                "privacy needs federation.sampling: without_replacement (the accountant counts "
+                f"each client once a round; got {self.cfg.sampling})"
+            )
+        params = {k for k, _ in model.named_parameters()}
+        sent = self.payload_keys if self.payload_keys is not None else tuple(self.global_state)
+        self.private_keys = tuple(
+            sorted(
+                k for k in sent if k in params and (self.trainable is None or k in self.trainable)
+            )
+        )
+        return DpServer(
+            config, sampling="fixed", population=len(self.shards),
+            cohort=self.cfg.clients_per_round, rounds=self.cfg.rounds, seed=self.cfg.seed,
+        )  # fmt: skip
 
     def _label_distribution(self) -> np.ndarray:
         """p(y) over the union of the client shards (the federation's training data)."""
@@ -219,6 +245,9 @@ class Simulation:
                 reason = self.algorithm.stop_reason(record)
                 if reason is None and r == final < self.cfg.rounds:
                     reason = "stop_after"
+                dp = self.server.privacy
+                if reason is None and r < final and dp is not None and not dp.next_round_allowed():
+                    reason = "privacy_budget"  # the next round would spend more than the target
                 if reason is not None and record.accuracy is None and self.cfg.eval_every:
                     acc, test_loss = self.evaluate(whole=self.cfg.whole_test_last > 0)
                     record = dataclasses.replace(record, accuracy=acc, test_loss=test_loss)
@@ -252,6 +281,7 @@ class Simulation:
             "rounds": [r.to_dict() for r in history.rounds],
             "base_holders": sorted(self.base_holders),
             "stop_reason": history.stop_reason,
+            **({"privacy": self.server.privacy.state_dict()} if self.server.privacy else {}),
             **(
                 {"codec_memory": {str(c): m for c, m in sorted(self.codec_memory.items())}}
                 if self.codec_memory
@@ -279,6 +309,13 @@ class Simulation:
         history.stop_reason = state.get("stop_reason", "rounds")
         self.base_holders.update(int(c) for c in state["base_holders"])
         self.codec_memory = {int(c): m for c, m in state.get("codec_memory", {}).items()}
+        if (self.server.privacy is None) != ("privacy" not in state):
+            raise ConfigError(
+                "the checkpoint's privacy differs from this run's (one has a privacy section, "
+                "the other not); resume with the params the run started with"
+            )
+        if self.server.privacy is not None:
+            self.server.privacy.load_state_dict(state["privacy"])
         history.base_download_bytes = self.base_bytes * len(self.base_holders)
 
     # ---- the server's state, and one round -------------------------------------------------
@@ -311,6 +348,7 @@ class Simulation:
             self.cfg, self.schedule, self.local, self.algorithm, self.shards, self.payload_keys,
             self.trainable, self.codecs, self.backend, self.base_cache, self.emit,
             lambda whole: (*self.evaluate(whole=whole), list(self.exit_accuracy)),
+            self.private_keys,
         )  # fmt: skip
         return play_round(run, self.server, r, cum_down, cum_up)
 

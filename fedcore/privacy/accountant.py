@@ -27,16 +27,25 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import dp_accounting
 import numpy as np
+from absl import logging as absl_logging
 from dp_accounting import mechanism_calibration
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedcore.errors import ConfigError, FedaptError
+
+# dp-accounting logs through absl, whose handler (made when absl is imported, attached to no
+# logger) holds the sys.stderr of that moment; a later logging.shutdown(), which
+# logging.config.dictConfig runs (Prefect's logging setup), closes that stream unless it is
+# the process's own, e.g. a notebook's or a test runner's capture then goes dead. Give it the
+# process's own stream, which it never closes.
+absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__ or sys.stderr
 
 SAMPLINGS = ("fixed", "poisson")
 ACCOUNTANTS = ("rdp", "pld")
@@ -196,6 +205,7 @@ def epsilon_after(
     return setting.epsilon(rounds)
 
 
+@functools.lru_cache(maxsize=64)  # a float of floats: the preflight's and the run's, once
 def calibrate_noise_multiplier(
     target_epsilon: float,
     rounds: int,

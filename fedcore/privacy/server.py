@@ -58,8 +58,11 @@ StateDict = dict[str, torch.Tensor]
 class Upload(Protocol):
     """What the server holds of one client's round (``fedcore.algorithms.base.ClientUpdate``)."""
 
-    client_id: int
-    state: Mapping[str, torch.Tensor]
+    @property
+    def client_id(self) -> int: ...
+
+    @property
+    def state(self) -> Mapping[str, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,12 @@ class DpServer:
         self.accountant = RoundAccountant(
             DpSetting(z, sampling, population, cohort, config.delta, config.accountant), budget
         )
+        if budget is not None and self.accountant.setting.epsilon(1) > budget:
+            raise ConfigError(
+                f"privacy.target_epsilon={budget:g} is spent by round 1 already (epsilon "
+                f"{self.accountant.setting.epsilon(1):.4g} at delta {config.delta:g}): raise "
+                "privacy.target_epsilon or privacy.noise_multiplier"
+            )
         adaptive = config.adaptive_clip
         self.adaptive = None if adaptive is None else AdaptiveClip(adaptive)
         # the sum's noise multiplier: the count query of adaptive clipping takes its share
@@ -151,6 +160,13 @@ class DpServer:
         """The last round the budget allows when ``rounds`` are planned (None: all of them)."""
         at = self.accountant.exceeded_at(rounds)
         return None if at is None else at - 1
+
+    def next_round_allowed(self) -> bool:
+        """Whether one more round stays within the budget (always, without a target)."""
+        target = self.accountant.target_epsilon
+        return (
+            target is None or self.accountant.setting.epsilon(self.accountant.rounds + 1) <= target
+        )
 
     def check_next_round(self) -> None:
         """``PrivacyBudgetExceeded`` (one line) when the next round would overspend."""

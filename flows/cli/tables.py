@@ -43,6 +43,9 @@ def results_table(records: list[dict[str, Any]]) -> Table:
     personal = any(r.get("personalization") for r in records)  # seed 001 Table 4
     if personal:
         cols.append("personalized % (gain)")
+    private = any(r.get("privacy") for r in records)  # client-level DP
+    if private:
+        cols.append("epsilon (delta)")
     for col in cols:
         t.add_column(col, justify="left" if col in ("cell", "partition") else "right")
     for r in records:
@@ -63,8 +66,16 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             f"{r['wall_seconds']:.0f}" if "wall_seconds" in r else "-",
             *([per_exit or "-"] if exits else []),
             *([_personal(r.get("personalization") or {})] if personal else []),
+            *([_spent(r.get("privacy"))] if private else []),
         )
     return t
+
+
+def _spent(privacy: dict[str, Any] | None) -> str:
+    """epsilon(delta) of a DP run; "-" for a run without privacy."""
+    if not privacy:
+        return "-"
+    return f"{privacy['epsilon']:.3g} ({privacy['delta']:.0e})"
 
 
 def rounds_run(record: dict[str, Any]) -> int:

@@ -24,6 +24,8 @@ from tasks.config.registered import ModelSection
 from tasks.config.yamlfile import apply_overrides, read_mapping, where
 
 DEFAULT_PARAMS = Path("params.yaml")
+# null sections a `--set` key under them starts (a mechanism that is off by default)
+STARTABLE = ("privacy", "privacy.adaptive_clip")
 _SHOWN = 80  # characters of a refused value the error line shows
 
 
@@ -149,7 +151,7 @@ def load_params(path: str | Path | None = None, overrides: list[str] | None = No
                 "dvc.yaml's train stages, which no run reads; edit it in the params file "
                 "(dvc exp run --set-param changes it for a DVC experiment)"
             )
-    data = apply_overrides(raw, overrides or [], Params.model_fields)
+    data = apply_overrides(raw, overrides or [], Params.model_fields, STARTABLE)
     try:
         params = Params.model_validate(data)
     except ValidationError as err:

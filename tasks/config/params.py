@@ -12,6 +12,7 @@ from fedcore import numerics
 from fedcore.errors import mask_credentials
 from tasks.config.base import Section
 from tasks.config.operations import ReportSection, RuntimeSection, StorageSection, TrackingSection
+from tasks.config.privacy import PrivacySection
 from tasks.config.registered import GridSection, ModelSection, PartitionSection
 from tasks.config.sections import (
     AUTO_NAME,
@@ -25,6 +26,11 @@ from tasks.config.sections import (
     ValidationSection,
 )
 
+# Sections whose null means a mechanism is off (privacy): the flat view leaves them out, so
+# a run without the mechanism has the flat params, results key and record key it had before
+# the section existed.
+OFF_WHEN_NULL = ("privacy",)
+
 
 class Params(Section):
     experiment: ExperimentSection = ExperimentSection()
@@ -37,6 +43,7 @@ class Params(Section):
     lr_schedule: ScheduleSection = ScheduleSection()
     grid: GridSection = GridSection()
     personalize: PersonalizeSection = PersonalizeSection()
+    privacy: PrivacySection | None = None  # null: no privacy mechanism
     validation: ValidationSection = ValidationSection()
     storage: StorageSection = StorageSection()
     runtime: RuntimeSection = RuntimeSection()
@@ -57,7 +64,11 @@ class Params(Section):
             else:
                 out[prefix] = list(value) if isinstance(value, tuple) else value
 
-        walk("", self.model_dump(mode="json"))
+        dumped = self.model_dump(mode="json")
+        for name in OFF_WHEN_NULL:  # off: not in the view (the view of a run before it existed)
+            if dumped.get(name) is None:
+                dumped.pop(name, None)
+        walk("", dumped)
         return out
 
     @model_validator(mode="after")

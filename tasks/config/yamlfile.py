@@ -291,9 +291,15 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(
-    raw: dict[str, Any], overrides: list[str], sections: Iterable[str]
+    raw: dict[str, Any],
+    overrides: list[str],
+    sections: Iterable[str],
+    startable: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """``raw`` with each ``key=value`` of ``overrides`` set (``sections``: the top-level keys)."""
+    """``raw`` with each ``key=value`` of ``overrides`` set (``sections``: the top-level keys;
+    ``startable``: the dotted sections whose null means "off", which a key set under them
+    starts from their defaults, e.g. ``privacy``)."""
+    startable = set(startable)
     sections = list(sections)
     data = copy.deepcopy(raw)
     for item in overrides:
@@ -304,7 +310,9 @@ def apply_overrides(
                 + ", ".join(sections)
             )
         node = data
-        for p in parts[:-1]:
+        for i, p in enumerate(parts[:-1]):
+            if node.get(p, {}) is None and ".".join(parts[: i + 1]) in startable:
+                node[p] = {}  # `--set privacy.clip=1` turns privacy on
             node = node.setdefault(p, {})
             if node is None:  # `federation:` with nothing under it (YAML's null)
                 raise ConfigError(

@@ -22,6 +22,8 @@ from fedcore.engine import FederationConfig, Simulation, initial_model
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
 from fedcore.partition import Partition
+from fedcore.privacy.mechanisms import AdaptiveClipConfig
+from fedcore.privacy.server import DpConfig, DpServer
 from fedcore.schedules import LRSchedule
 from models.adapters import AdapterMethod
 from tasks.config import Params
@@ -70,10 +72,65 @@ def require_base(params: Params, base_path: str | Path | None) -> str | None:
 
 
 def check_cell(params: Params, algorithm: str, adapter: str) -> None:
-    """A grid cell the algorithm refuses (its ``check`` hook) -> one line, before any data."""
+    """A grid cell the algorithm refuses (its ``check`` hook; with ``privacy``, also the
+    privacy settings against the federation) -> one line, before any data."""
+    private = params.privacy is not None
     params.grid.algorithm(algorithm).check(
-        RunSpec(adapter=adapter, optimizer=params.client.optimizer)
+        RunSpec(adapter=adapter, optimizer=params.client.optimizer, private=private)
     )
+    if private:
+        check_privacy(params)
+
+
+def check_privacy(params: Params) -> None:
+    """The privacy settings against the federation (N clients, m per round): one line."""
+    if params.federation.sampling != "without_replacement":
+        raise ConfigError(
+            "federation.sampling: privacy needs without_replacement (the accountant counts "
+            f"each client once a round; got {params.federation.sampling})"
+        )
+    p = params.privacy
+    assert p is not None
+    n = params.partition.num_clients
+    if not p.delta < 1 / n:
+        raise ConfigError(
+            f"privacy.delta must be < 1/N = {1 / n:.3g} for partition.num_clients={n} (a "
+            f"larger delta lets the mechanism expose one client outright; got {p.delta:g})"
+        )
+    if p.accountant == "pld":
+        raise ConfigError(
+            "privacy.accountant: pld cannot account fedapt's cohorts drawn without replacement "
+            "(dp-accounting's PLD has no such event); use privacy.accountant: rdp"
+        )
+    config = privacy_config(params)
+    assert config is not None
+    # the noise multiplier a target calibrates to (cached for the run), and a budget that
+    # round 1 would already overspend: refused here, before any data
+    DpServer(
+        config, sampling="fixed", population=n, cohort=clients_per_round(params),
+        rounds=params.federation.rounds, seed=params.experiment.seed,
+    )  # fmt: skip
+
+
+def privacy_config(params: Params) -> DpConfig | None:
+    """The engine's DP settings of ``params`` (None: no privacy)."""
+    p = params.privacy
+    if p is None:
+        return None
+    adaptive = None
+    if p.adaptive_clip is not None:
+        a = p.adaptive_clip
+        m = clients_per_round(params)
+        adaptive = AdaptiveClipConfig(
+            initial_clip=p.clip,
+            target_quantile=a.target_quantile,
+            learning_rate=a.learning_rate,
+            count_stddev=a.count_stddev if a.count_stddev is not None else m / 20,
+        )
+    return DpConfig(
+        clip=p.clip, noise_multiplier=p.noise_multiplier, target_epsilon=p.target_epsilon,
+        delta=p.delta, accountant=p.accountant, adaptive_clip=adaptive,
+    )  # fmt: skip
 
 
 @dataclass
@@ -225,5 +282,6 @@ def build_simulation(
         ray=ray,
         codecs=params.grid.codec(cell.codec),
         checked=True,  # by prepare (or cell_of), when it resolved the cell
+        privacy=privacy_config(params),
     )
     return Cell(sim, method, model_fn, adapted, device)

@@ -17,6 +17,7 @@ import torch
 from fedcore import numerics, payload
 from fedcore.engine import History
 from fedcore.partition import Partition
+from tasks.config import Params
 from tasks.data.experiment import ExperimentData
 from tasks.grid import ResolvedCell
 from tasks.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -159,8 +160,24 @@ def summary_record(
     # Keys only when their params are set: records of runs without them stay as they were.
     if params.grid.client_lr:  # every cell's own lr, named in grid.client_lr or client.lr
         record["client_lr"] = cell.lr
+    if params.privacy is not None:  # client-level DP: what the run spent
+        record["privacy"] = privacy_spent(params, h)
     if params.data.evaluate != "test":  # accuracies and losses are of this split
         record["evaluated_on"] = params.data.evaluate
         if data is not None:
             record["evaluated_rows"] = int(len(data.eval_rows(params.data.evaluate)[1]))
     return record
+
+
+def privacy_spent(params: Params, h: History) -> dict[str, Any]:
+    """A DP run's epsilon(delta) after its last round, with the noise multiplier it ran with
+    (calibrated or given) and the clip norm of its last round."""
+    assert params.privacy is not None
+    last = h.rounds[-1].extra if h.rounds else {}
+    return {
+        "epsilon": last.get("dp_epsilon", 0.0),
+        "delta": params.privacy.delta,
+        "noise_multiplier": last.get("dp_noise_multiplier"),
+        "clip": last.get("dp_clip", params.privacy.clip),
+        "accountant": params.privacy.accountant,
+    }

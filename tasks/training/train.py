@@ -20,6 +20,7 @@ from fedcore import numerics
 from fedcore.events import Callback, ClientRecord
 from fedcore.partition import Partition
 from tasks import tracking
+from tasks.config import Params
 from tasks.data.experiment import ExperimentData, load_experiment_data
 from tasks.data.partitioning import load_partition
 from tasks.grid import ResolvedCell, record_cell
@@ -222,6 +223,7 @@ def run_cell(
         )  # fmt: skip
         record["process_seconds"] = round(time.perf_counter() - started, 3)
         warn_divergence(record)
+        note_privacy_budget(params, record)
         if run_id is not None:
             tracking.log_final_metrics(run_id, record)
             artifacts.log_cell(run_id, cell_dir, partition_dir)  # files, figures, partition
@@ -244,6 +246,20 @@ def warn_divergence(record: dict[str, Any]) -> None:
             f"warning: {record_cell(record)} diverged at round {r} (every "
             "update rejected as non-finite, or a non-finite test loss); lower client.lr or "
             "set runtime.allow_divergence: true to accept it",
+            highlight=False,
+            markup=False,
+        )
+
+
+def note_privacy_budget(params: Params, record: dict[str, Any]) -> None:
+    """One line for a DP cell that its privacy budget stopped before federation.rounds."""
+    spent = record.get("privacy")
+    if record.get("stop_reason") == "privacy_budget" and spent and params.privacy is not None:
+        _err.print(
+            f"note: {record_cell(record)} stopped after round {record['rounds']} of "
+            f"{params.federation.rounds}: epsilon {spent['epsilon']:.4g} (delta "
+            f"{spent['delta']:g}) spent, and one more round would exceed "
+            f"privacy.target_epsilon={params.privacy.target_epsilon:g}",
             highlight=False,
             markup=False,
         )

@@ -61,6 +61,8 @@ def simulate(
     resume=None,
     stop_after: int | None = None,
     sims: list | None = None,
+    privacy=None,
+    sampling: str = "without_replacement",
 ):
     perm = np.random.default_rng(0).permutation(400)
     algo_options: dict[str, Any] = {"fednilo": {"K": 1, "F": 1}}.get(algorithm, {})
@@ -82,7 +84,11 @@ def simulate(
         ),
         lr_schedule=LRSchedule(lr=0.05 if optimizer == "sgd" else 0.01),
         federation=FederationConfig(
-            rounds=rounds, clients_per_round=participation, seed=1, stop_after=stop_after
+            rounds=rounds,
+            clients_per_round=participation,
+            seed=1,
+            stop_after=stop_after,
+            sampling=sampling,
         ),
         workers=0,
         engine=engine,
@@ -91,6 +97,7 @@ def simulate(
         payload_keys=None if adapter == "full" else _payload(adapter, options, kind),
         trainable=None if adapter == "full" else _trainable(adapter, options, kind),
         codecs=codecs,
+        privacy=privacy,
     )
     if resume is not None:
         sim.load_state_dict(resume)
