@@ -153,8 +153,10 @@ def mlflow_config(sd: Path, path: str | os.PathLike[str] | None = None) -> dict[
     given = None if path else os.environ.get("FEDAPT_MLFLOW_CONFIG")
     where = Path(path or given or MLFLOW_CONFIG)
     allowed = "a TOML file with one [server] table, as mlflow/server.toml (unset: that file)"
+    label = str(where)  # each error's start: the file, and the variable that named it
     if given:  # an OS error reading it names the variable (flows.settings)
         setting_path("FEDAPT_MLFLOW_CONFIG", given, where, allowed)
+        label = f"FEDAPT_MLFLOW_CONFIG: {shorten(given, 240)}"
     try:
         raw = tomllib.loads(where.read_text())
     except FileNotFoundError:
@@ -167,33 +169,33 @@ def mlflow_config(sd: Path, path: str | os.PathLike[str] | None = None) -> dict[
             "(restore it with: git checkout mlflow/server.toml)"
         ) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not UTF-8 text (a binary file?)") from None
+        raise ConfigError(f"{label}: not UTF-8 text (a binary file?)") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+        raise ConfigError(f"{label}: not valid TOML ({exc})") from None
     server = raw.get("server")
     if set(raw) != {"server"} or not isinstance(server, dict):
-        raise ConfigError(f"{where}: expected one [server] table (got {', '.join(raw) or 'none'})")
+        raise ConfigError(f"{label}: expected one [server] table (got {', '.join(raw) or 'none'})")
     for key, value in server.items():
         want = _MLFLOW_KEYS.get(key)
         if want is None:
             raise ConfigError(
-                f"{where}: unknown key server.{key}; allowed: {', '.join(_MLFLOW_KEYS)}"
+                f"{label}: unknown key server.{key}; allowed: {', '.join(_MLFLOW_KEYS)}"
             )
         if not isinstance(value, want) or isinstance(value, bool):
-            raise ConfigError(f"{where}: server.{key} must be a {want.__name__} (got {value!r})")
+            raise ConfigError(f"{label}: server.{key} must be a {want.__name__} (got {value!r})")
     missing = [k for k in ("backend_store_uri", "artifacts_destination") if k not in server]
     if missing:
-        raise ConfigError(f"{where}: server.{missing[0]} is required")
+        raise ConfigError(f"{label}: server.{missing[0]} is required")
     workers = server.get("workers", 1)
     if workers < 1:
-        raise ConfigError(f"{where}: server.workers must be >= 1 (got {workers})")
+        raise ConfigError(f"{label}: server.workers must be >= 1 (got {workers})")
     extra = server.get("extra_args", [])
     if not all(isinstance(a, str) for a in extra):
-        raise ConfigError(f"{where}: server.extra_args must be a list of strings")
+        raise ConfigError(f"{label}: server.extra_args must be a list of strings")
     own = [a for a in extra if a.split("=")[0] in _MLFLOW_OWN_FLAGS]
     if own:
         raise ConfigError(
-            f"{where}: server.extra_args sets {own[0]}, which fedapt sets itself "
+            f"{label}: server.extra_args sets {own[0]}, which fedapt sets itself "
             f"({', '.join(_MLFLOW_OWN_FLAGS)})"
         )
     fill = {"home": str(sd / "mlflow"), "bucket": DEFAULT_BUCKET}
@@ -203,7 +205,7 @@ def mlflow_config(sd: Path, path: str | os.PathLike[str] | None = None) -> dict[
             out[key] = server[key].format(**fill)
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(
-                f"{where}: server.{key} has an unknown placeholder {exc}; "
+                f"{label}: server.{key} has an unknown placeholder {exc}; "
                 f"allowed: {', '.join('{' + k + '}' for k in fill)}"
             ) from None
     return out
