@@ -63,6 +63,7 @@ def guard(fn: Callable[[], Any]) -> Any:
             print_error(_full_disk_without_a_path(exc))  # a write that names no file
             raise typer.Exit(2) from None
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        name_dangling_link(exc)
         # the setting (params key, variable) that made the path; a full disk too: the line
         # names the setting whose folder filled, and the file
         named = settings.explain(exc, FULL_DISK_ADVICE if full else None)
@@ -83,6 +84,19 @@ def guard(fn: Callable[[], Any]) -> Any:
             exit_now(exc.exit_code, exc.signame)
         err.print("fedapt: interrupted")
         raise typer.Exit(130) from None
+
+
+def name_dangling_link(exc: OSError) -> None:
+    """mkdir on a link to nowhere or a link loop says "File exists" (EEXIST) or "No such
+    file or directory": say what the path is instead."""
+    name = exc.filename
+    if exc.errno not in (errno.EEXIST, errno.ENOENT) or not isinstance(name, str | bytes):
+        return
+    name = os.fsdecode(name)
+    if os.path.islink(name) and not os.path.exists(name):
+        from tasks.io import missing
+
+        exc.strerror = missing(name).removeprefix("is ")
 
 
 def _loops_as_os_errors(fn: Callable[[], Any]) -> Any:

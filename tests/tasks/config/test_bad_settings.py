@@ -651,3 +651,22 @@ def test_output_options_are_named_when_the_os_refuses_them(tmp_path):
     needle = f"--out {tmp_path / 'outdir'} is a folder; give the file to write, e.g. "
     assert_one_clear_line(res, needle, tmp_path / "reports")
     assert not list((tmp_path / "outdir").iterdir())
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling"])
+def test_mkdir_on_a_link_to_nowhere_says_what_the_link_is(tmp_path, kind):
+    """mkdir on a link loop (PREFECT_HOME in the sweep of session 30) says "File exists":
+    the guard's line says what the path is."""
+    import errno
+
+    from flows.cli.guards import name_dangling_link
+
+    link = tmp_path / "a"
+    link.symlink_to(tmp_path / ("a" if kind == "loop" else "gone"))
+    exc = OSError(errno.EEXIST, "File exists", str(link))
+    name_dangling_link(exc)
+    want = "a loop of symbolic links" if kind == "loop" else "a broken symbolic link (to "
+    assert exc.strerror.startswith(want), exc.strerror
+    plain = OSError(errno.EEXIST, "File exists", str(tmp_path))  # a real folder: as it was
+    name_dangling_link(plain)
+    assert plain.strerror == "File exists"
