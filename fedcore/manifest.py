@@ -40,8 +40,13 @@ def read_manifest(
     (the split's size) or a ``label`` that differs from ``labels[sample_index]``."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{path}: not UTF-8 text, so not the CSV `fedapt partition` writes (a binary "
+            "file?); re-run fedapt partition"
+        ) from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
         raise ConfigError(f"{path}: cannot read the manifest ({reason})") from None
     header, _, body = text.partition("\n")
     check(

@@ -22,3 +22,11 @@ def test_read_manifest_names_file_row_and_column(tmp_path):
     path.write_text("client_id,sample_index,label\n0,3\n")
     with pytest.raises(ConfigError, match=r"row 2 has 2 cells, expected 3"):
         read_manifest(path)
+
+
+def test_a_binary_manifest_is_named_as_not_the_csv_partition_writes(tmp_path):
+    """It said "cannot read the manifest (UnicodeDecodeError)" (the sweep of session 30)."""
+    path = tmp_path / "manifest.csv"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match="not UTF-8 text, so not the CSV `fedapt partition` wr"):
+        read_manifest(path)
