@@ -17,7 +17,6 @@ from fedcore.algorithms import RunSpec
 from fedcore.client import LocalConfig
 from fedcore.codecs import check_sizes
 from fedcore.cohort import resolve_engine
-from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, Simulation, initial_model
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
@@ -30,7 +29,7 @@ from tasks.data.backbone import backbone_options, build_backbone, model_input
 from tasks.data.experiment import ExperimentData
 from tasks.data.partitioning import shards_of
 from tasks.grid import CellSpec, ResolvedCell
-from tasks.training.runtime import clients_per_round, ray_settings
+from tasks.training.runtime import clients_per_round, ray_settings, resolve_runtime
 
 T = TypeVar("T")
 
@@ -186,8 +185,8 @@ def build_simulation(
     method = params.grid.adapter(cell.adapter)
     base = require_base(params, cell.base)  # written by now: the one check of it
     algo = params.grid.algorithm(cell.algorithm)
-    device = resolve_device(params.runtime.device)
-    m = clients_per_round(params)
+    runtime = resolve_runtime(params)  # the device and workers on this machine
+    device = runtime.device
     model_fn = model_factory(params, data, cell.adapter, base)
     inp = model_input(params, data.train.info)
     federation = federation_config(params)
@@ -195,7 +194,7 @@ def build_simulation(
     # in-process clients' model, and (trained state loaded) what registration logs. Given
     # (``model``): the one ``flows.plan.prepare`` built; it must be this cell's.
     adapted = initial_model(model_fn, federation) if model is None else model
-    ray = ray_settings(params, device)
+    ray = ray_settings(params, runtime)
     engine = params.runtime.engine
     if ray is not None and engine == "auto":
         engine = "sequential"  # Ray actors train clients one by one
@@ -215,7 +214,7 @@ def build_simulation(
         lr_schedule=engine_config(params.lr_schedule, LRSchedule, lr=cell.lr),
         federation=federation,
         model=adapted,
-        workers=resolve_workers(params.runtime.workers, device, m),
+        workers=runtime.workers,
         device=device,
         callbacks=list(callbacks),
         payload_keys=cell.payload_keys,
