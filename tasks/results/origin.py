@@ -125,9 +125,8 @@ def prefect_run() -> tuple[str | None, str | None]:
 
 
 def differences(theirs: dict[str, Any], ours: dict[str, Any], limit: int = 4) -> str:
-    """``key theirs -> ours`` for the keys that differ (the first ``limit``); ``ours``: a
-    ``results_key`` already."""
-    a, b = results_key(theirs), ours
+    """``key theirs -> ours`` for the keys that differ (the first ``limit``)."""
+    a, b = results_key(theirs), results_key(ours)
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
     shown = [f"{k} {a.get(k, '<unset>')} -> {b.get(k, '<unset>')}" for k in keys[:limit]]
     more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
@@ -169,13 +168,13 @@ def _finished(params: Params, *, s3: bool) -> Iterator[tuple[str, dict[str, Any]
 
 
 def holder(
-    params: Params, ours: dict[str, Any], *, s3: bool = True
+    params: Params, flat: dict[str, Any], *, s3: bool = True
 ) -> tuple[str, dict[str, Any]] | None:
-    """Where finished results of *other* params than ``params`` (whose ``results_key`` is
-    ``ours``) sit under its experiment name, and their params; None when the name is free or
-    holds these params' results."""
+    """Where finished results of *other* params than ``params`` (flat: ``flat``, computed once
+    by the caller) sit under its experiment name, and their params; None when the name is
+    free or holds these params' results."""
     for where, theirs in _finished(params, s3=s3):
-        if results_key(theirs) != ours:
+        if results_key(theirs) != results_key(flat):
             return where, theirs
     return None
 
@@ -189,12 +188,12 @@ def _named(params: Params, name: str) -> Params:
 def check_results(params: Params, *, s3: bool = True, hint: str = "--new-version") -> None:
     """Refuse, in one line, a run that would write over the finished results of other
     params (locally, and on S3 when ``s3`` and a bucket is set)."""
-    ours = results_key(params.flat())
-    found = holder(params, ours, s3=s3)
+    flat = params.flat()
+    found = holder(params, flat, s3=s3)
     if found is None:
         return
     where, theirs = found
-    changed = differences(theirs, ours)
+    changed = differences(theirs, flat)
     raise ConfigError(
         f"{where} holds the finished results of other params ({changed}); a run never "
         f"overwrites them: set experiment.name to another name, or add {hint} (writes "
@@ -211,10 +210,10 @@ def version(params: Params, *, s3: bool = True) -> Params:
     name = params.experiment.name
     m = _VERSIONED.match(name)
     base, k = (m["base"], int(m["k"])) if m else (name, 1)
-    ours = results_key(params.flat())  # (the experiment's name is no key of the numbers)
+    flat = params.flat()  # (the experiment's name is no key of the numbers)
     while k <= MAX_VERSION:
         candidate = _named(params, base if k == 1 else f"{base}-v{k}")
-        if holder(candidate, ours, s3=s3) is None:
+        if holder(candidate, flat, s3=s3) is None:
             return candidate
         k += 1
     raise ConfigError(f"experiment {base}: versions v2..v{MAX_VERSION} all hold other results")
