@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ from tasks.config.base import Section
 from tasks.data.backbone import backbone_options, build_backbone, model_input
 from tasks.data.experiment import ExperimentData
 from tasks.data.partitioning import shards_of
-from tasks.grid import CellSpec, ResolvedCell
+from tasks.grid import CellSpec, ResolvedCell, grid_cells
 from tasks.training.runtime import clients_per_round, ray_settings, resolve_runtime
 
 T = TypeVar("T")
@@ -41,6 +41,7 @@ def model_factory(
     base copied in when ``base_path`` is given) with ``adapter`` injected (worker processes
     construct their own copy)."""
     info = data.train.info
+    options = backbone_options(params)
     inp = model_input(params, info)
     return functools.partial(
         build_backbone,
@@ -51,7 +52,7 @@ def model_factory(
         num_classes=info.num_classes,
         in_channels=inp.channels,
         input_size=inp.size,
-        options=backbone_options(params),
+        options=options,
     )
 
 
@@ -111,6 +112,20 @@ def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn
     return initial_model(model_factory(params, data, adapter), federation_config(params))
 
 
+def initial_models(
+    params: Params, data: ExperimentData, built: dict[str, nn.Module]
+) -> Callable[[str], nn.Module]:
+    """``adapter`` -> its cells' initial model: ``built``'s, else built now
+    (``initial_cell_model``) and kept in ``built``."""
+
+    def model_of(adapter: str) -> nn.Module:
+        if adapter not in built:
+            built[adapter] = initial_cell_model(params, data, adapter)
+        return built[adapter]
+
+    return model_of
+
+
 CellKeys = tuple[tuple[str, ...] | None, frozenset[str]]  # (payload keys, trainable keys)
 
 
@@ -140,6 +155,25 @@ def resolve_cell(
         trainable_keys=keys[1],
         seed=seed,
     )
+
+
+def resolve_cells(
+    params: Params,
+    models: Mapping[str, nn.Module],
+    base: str | Path | None,
+    seed: int | None = None,
+    like: Sequence[ResolvedCell] = (),
+) -> tuple[ResolvedCell, ...]:
+    """Every grid cell of ``params`` resolved (``resolve_cell``): each adapter checked against
+    the grid's codecs and its keys read off its initial model in ``models``, or (``like``: a
+    sweep's first seed's cells, checked there) its keys taken from ``like``."""
+    if like:
+        keys = {c.adapter: (c.payload_keys, c.trainable_keys) for c in like}
+    else:
+        for adapter, model in models.items():
+            check_codecs(params, adapter, model, params.grid.codecs)  # a top-k k above a tensor
+        keys = {a: adapter_keys(params, a, m) for a, m in models.items()}
+    return tuple(resolve_cell(params, s, keys[s.adapter], base, seed) for s in grid_cells(params))
 
 
 def check_codecs(params: Params, adapter: str, model: nn.Module, codecs: Sequence[str]) -> None:
