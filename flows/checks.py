@@ -20,7 +20,8 @@ from fedcore.errors import ConfigError
 from fedcore.manifest import partition_stats, read_manifest
 from fedcore.partition import Partition
 from tasks.config import Params
-from tasks.data.experiment import ExperimentData, dataset_num_classes
+from tasks.data.experiment import ExperimentData
+from tasks.data.partitioning import check_partition_data, load_partition
 from tasks.data.validate import check_shards
 from tasks.grid import ResolvedCell
 from tasks.io import missing
@@ -54,12 +55,30 @@ def check_given_partition(params: Params, data: ExperimentData, partition_dir: s
     check_shards(
         manifest,
         stats,
-        dataset_num_classes(params),
+        data.num_classes,
         params.validation.min_shard_size,
         manifest_name=str(manifest_path),
         stats_name=str(stats_path),
         fix=fix,
     )
+
+
+def given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> Partition:
+    """``--partition DIR`` read and checked: every row and client as the flow's validation
+    would see them (``check_given_partition``), drawn over the rows ``params`` select, and of
+    the scheme and client count ``params`` ask for."""
+    check_given_partition(params, data, partition_dir)  # every row and client, the flow's rules
+    labels = data.train.labels.numpy()
+    part = load_partition(partition_dir, num_samples=len(labels), labels=labels)
+    check_partition_data(params, data, partition_dir, part)  # another subset -> one line
+    want = (params.partition.scheme, params.partition.num_clients)
+    if (part.scheme, part.num_clients) != want:
+        raise ConfigError(
+            f"--partition {partition_dir} is {part.scheme} over {part.num_clients} clients, "
+            f"not partition.scheme {want[0]} over partition.num_clients {want[1]}; re-run: "
+            f"fedapt partition --out {partition_dir} (with these params)"
+        )
+    return part
 
 
 def check_drawn_partition(params: Params, data: ExperimentData, part: Partition) -> None:
@@ -77,7 +96,7 @@ def check_drawn_partition(params: Params, data: ExperimentData, part: Partition)
     check_shards(
         manifest,
         stats,
-        dataset_num_classes(params),
+        data.num_classes,
         params.validation.min_shard_size,
         manifest_name="the drawn manifest",
         stats_name=(

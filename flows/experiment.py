@@ -33,7 +33,6 @@ from flows.runners import cell_params, cell_resources, grid_parallelism, grid_ta
 from flows.streams import mask_streams
 from tasks import tracking
 from tasks.config import Params, experiment_dir, in_force, load_params
-from tasks.data.experiment import dataset_num_classes
 from tasks.data.partitioning import partition_task
 from tasks.data.pretrain import log_base_task, pretrain_task
 from tasks.data.validate import validate_task
@@ -52,7 +51,6 @@ from tasks.results.storage import experiment_prefix
 from tasks.training.sweep import (
     log_sweep_metrics_task,
     seed_dir,
-    seed_params,
     sweep_markdown,
     sweep_summary_task,
 )
@@ -234,6 +232,7 @@ def experiment_flow(
         deployment=deployment,
         flow_run_id=flow_run_id,
     )
+    tags = run_origin.tags()  # the MLflow tags of the run's origin
     # Deployment runs get the same environment as `fedapt run`: the services that are up,
     # else an embedded S3 for the outputs (a no-op when the CLI already set it up); and the
     # experiment directory's lock (re-entrant: `fedapt run` already holds it). MLflow runs
@@ -248,9 +247,7 @@ def experiment_flow(
             plan = prepare(p, partition_dir, results=entry != "reproduce")
         out = experiment_dir(p)
         parent = (
-            start_tracking_task(p.experiment.name, p.flat(), run_origin.tags())
-            if p.runtime.tracking
-            else None
+            start_tracking_task(p.experiment.name, p.flat(), tags) if p.runtime.tracking else None
         )
         if p.experiment.seeds is not None:
             return run_sweep(p, out, parent, run_origin, plan)
@@ -258,11 +255,10 @@ def experiment_flow(
         part_dir = partition_dir or partition_task(
             p, str(out / "partition"), plan.data, plan.partition
         )
-        num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
         # stops before training; a given partition is an input, never written to: its report
         # goes to the experiment's own folder
         report = str(out / "validation.json") if partition_dir else None
-        validate_task(part_dir, num_classes, p.validation.min_shard_size, report)
+        validate_task(part_dir, plan.num_classes, p.validation.min_shard_size, report)
         if p.model.base == "pretrain":  # the frozen base, trained once and reused (cached)
             base = pretrain_task(p, str(out / "pretrain"), plan.data)  # where the cells read it
             if parent is not None:
@@ -292,21 +288,22 @@ def run_sweep(
     results, comm_cost) under seed-<s>/, and the sweep's summary and results (mean ± std)
     in the experiment directory. Returns the records, seed by seed, in grid order."""
     seeds = list(p.experiment.seeds or ())
-    num_classes = dataset_num_classes(p)  # a decoder's vocabulary for next-token data
     part_dirs: list[str] = []
-    for seed, sp in zip(seeds, plan.seeds, strict=True):
-        ps, sd = seed_params(p, seed), seed_dir(out, seed)
-        part_dirs.append(partition_task(ps, str(sd / "partition"), sp.data, sp.partition))
-        validate_task(part_dirs[-1], num_classes, p.validation.min_shard_size)
+    for seed, sp in zip(seeds, plan.seeds, strict=True):  # sp.params: the seed's own params
+        sd = seed_dir(out, seed)
+        part_dirs.append(partition_task(sp.params, str(sd / "partition"), sp.data, sp.partition))
+        validate_task(part_dirs[-1], plan.num_classes, p.validation.min_shard_size)
         if p.model.base == "pretrain":  # each seed's own base (its subset, its init)
-            base = pretrain_task(ps, str(sd / "pretrain"), sp.data)  # where its cells read it
+            base = pretrain_task(sp.params, str(sd / "pretrain"), sp.data)  # its cells read it
             if parent is not None:
                 log_base_task(parent, base, f"seed-{seed}/pretrain")
     grid = train_sweep_flow.with_options(task_runner=grid_task_runner(p))
     by_seed = grid(plan, part_dirs, str(out), parent, run_origin)
-    for seed, records in zip(seeds, by_seed, strict=True):
-        sd, ps = seed_dir(out, seed), seed_params(p, seed)
-        summary_task(ps, quote(records), str(sd / "summary.json"), str(sd / "runs"), run_origin)
+    for seed, sp, records in zip(seeds, plan.seeds, by_seed, strict=True):
+        sd = seed_dir(out, seed)
+        summary_task(
+            sp.params, quote(records), str(sd / "summary.json"), str(sd / "runs"), run_origin
+        )
     records = [r for per_seed in by_seed for r in per_seed]
     cells = sweep_summary_task(p, quote(records), str(out), run_origin)
     results_artifact_task(p.experiment.name, quote(records), sweep_markdown(p, cells))

@@ -25,11 +25,11 @@ from torch import nn
 from fedcore.datasets import get_dataset_info
 from fedcore.errors import ConfigError
 from fedcore.partition import Partition
-from flows.checks import check_checkpoints, check_drawn_partition, check_given_partition
+from flows.checks import check_checkpoints, check_drawn_partition, given_partition
 from flows.runners import check_dask_address
 from tasks.config import Params, experiment_dir
 from tasks.data.experiment import ExperimentData, load_experiment_data
-from tasks.data.partitioning import build_partition, check_partition_data, load_partition
+from tasks.data.partitioning import build_partition
 from tasks.data.pretrain import check_source
 from tasks.grid import CellSpec, ResolvedCell, grid_cells
 from tasks.io import check_writable
@@ -37,13 +37,7 @@ from tasks.results.origin import check_results
 from tasks.results.report import report_baseline
 from tasks.results.storage import ensure_bucket
 from tasks.tracking import check_tracking_server
-from tasks.training.cell import (
-    adapter_keys,
-    check_cell,
-    check_codecs,
-    initial_cell_model,
-    resolve_cell,
-)
+from tasks.training.cell import check_cell, initial_cell_model, initial_models, resolve_cells
 from tasks.training.runtime import check_runtime
 from tasks.training.sweep import seed_dir, seed_params
 
@@ -75,6 +69,14 @@ class RunPlan:
 
     def __repr__(self) -> str:
         return f"RunPlan({self.params.experiment.name!r}, cells={[c.name for c in self.cells]})"
+
+    @property
+    def num_classes(self) -> int:
+        """The experiment's number of classes (a decoder's vocabulary for next-token data),
+        read off its data (a sweep's: the first seed's; every seed's is the same)."""
+        data = self.data if self.data is not None else self.seeds[0].data
+        assert data is not None
+        return data.num_classes
 
     def cell(self, spec: CellSpec) -> ResolvedCell:
         """The resolved cell of ``spec`` (a DVC train stage's one cell)."""
@@ -121,6 +123,13 @@ def check_sweep(params: Params, partition_dir: str | Path | None) -> None:
         )
 
 
+def check_inputs(params: Params, partition_dir: str | Path | None) -> None:
+    """Every input check that needs no data and no server: a given partition for a seed
+    sweep (``check_sweep``), then ``check_names``."""
+    check_sweep(params, partition_dir)
+    check_names(params)
+
+
 def check_storage(params: Params, *, results: bool = True) -> None:
     """What ``prepare(storage=False)`` left for when S3 is up: the bucket (reachable, keys
     accepted, created if missing) and, with ``results``, no other params' results under the
@@ -149,15 +158,14 @@ def prepare(
     experiment's folder holds no other params' finished results (``fedapt reproduce`` reruns
     its own experiments). ``models=False``: check every adapter on the model but keep no
     model (``fedapt reproduce`` checks every experiment before the first one runs).
-    ``checked``: the caller ran ``check_sweep``, ``check_names`` and ``check_writable`` on
-    the experiment's folder already (before taking its lock and starting a server): each check runs once.
+    ``checked``: the caller ran ``check_inputs`` and ``check_writable`` on the experiment's
+    folder already (before taking its lock and starting a server): each check runs once.
     ``checkpoints``, ``base``: where a DVC train stage keeps its cell's checkpoint and reads
     its pretrain base (default: the experiment's folder, as the flow).
     """
     out = experiment_dir(params)
     if not checked:
-        check_sweep(params, partition_dir)
-        check_names(params)
+        check_inputs(params, partition_dir)
         check_writable("experiment.reports_dir", out)
     if params.runtime.tracking:
         check_tracking_server()
@@ -166,15 +174,20 @@ def prepare(
     if params.experiment.seeds is None:
         plan = _resolve(params, partition_dir, out, models, checkpoints=checkpoints, base=base)
     else:  # a sweep: every seed's own data, draw, base and checkpoints
-        seeds: list[RunPlan] = []  # the splits read and the adapters checked on the first seed
-        for s in params.experiment.seeds:
-            ps, like = seed_params(params, s), seeds[0] if seeds else None
-            seeds.append(_resolve(ps, None, seed_dir(out, s), models, like, seed=s))
-        plan = RunPlan(params, None, None, (), [], tuple(seeds))
-        plan.resuming = [f"seed-{s.params.experiment.seed}/{c}" for s in seeds for c in s.resuming]
+        plan = _resolve_sweep(params, out, models)
     if results:
         check_results(params, s3=storage and bool(params.storage.bucket))
     return plan
+
+
+def _resolve_sweep(params: Params, out: Path, keep_models: bool) -> RunPlan:
+    """A seed sweep's plan: one ``_resolve``d plan per seed (its own data, draw, base and
+    checkpoints; the splits read and the adapters checked on the first seed)."""
+    seeds: list[RunPlan] = []
+    for s in params.experiment.seeds or ():
+        seeds.append(_resolve(params, None, out, keep_models, seeds[0] if seeds else None, seed=s))
+    resuming = [f"seed-{s.params.experiment.seed}/{c}" for s in seeds for c in s.resuming]
+    return RunPlan(params, None, None, (), resuming, tuple(seeds))
 
 
 def _resolve(
@@ -190,10 +203,15 @@ def _resolve(
     """One experiment's (one seed's) data, models, cells, pretrain source, partition (drawn
     or given, checked as the flow's validation will) and checkpoints (their configuration,
     then their tensors against the cells' models). ``like``: the sweep's first seed's plan,
-    whose splits and adapter checks this seed shares; ``seed``: this plan's seed in a sweep."""
+    whose splits and adapter checks this seed shares; ``seed``: this plan's seed in a sweep
+    (``params`` and ``out`` are then the sweep's: the seed's own are derived here)."""
+    if seed is not None:
+        params, out = seed_params(params, seed), seed_dir(out, seed)
     data = load_experiment_data(params, like.data if like else None)  # missing data -> how
     pretrain = params.model.base == "pretrain"
     keep = keep_models and not pretrain  # a pretrain base is written by the flow, later
+    if checkpoints is None:  # the flow's (a DVC train stage names its own)
+        checkpoints, base = out / "checkpoints", out / "pretrain" / "base.pt"
     # Each adapter's initial model: an unknown model or option, an adapter that does not
     # apply -> one line now. Kept for the cells (one build per cell) where they can use it.
     built = (
@@ -201,45 +219,16 @@ def _resolve(
         if keep or like is None
         else {}
     )
-    for adapter, model in built.items() if like is None else ():  # (a sweep: on one seed)
-        check_codecs(params, adapter, model, params.grid.codecs)  # a top-k k above a tensor
+    # each checkpoint's model (below): the plan's, else built when a checkpoint is there
+    model_of = initial_models(params, data, built)
+    cells = resolve_cells(params, built, base, seed, like.cells if like else ())
     if pretrain:
         check_source(params, data)  # no source rows left, classes out of range, no dataset
-    if partition_dir is None:
+    if partition_dir is not None:
+        part = given_partition(params, data, partition_dir)
+    else:
         part = build_partition(params, data)  # bad partition options and values
         check_drawn_partition(params, data, part)  # what the flow's shard validation refuses
-    else:
-        part = _given_partition(params, data, partition_dir)
-    if checkpoints is None:  # the flow's (a DVC train stage names its own)
-        checkpoints, base = out / "checkpoints", out / "pretrain" / "base.pt"
-    keys = (
-        {c.adapter: (c.payload_keys, c.trainable_keys) for c in like.cells}
-        if like is not None
-        else {a: adapter_keys(params, a, m) for a, m in built.items()}
-    )
-    cells = tuple(resolve_cell(params, s, keys[s.adapter], base, seed) for s in grid_cells(params))
-
-    # each checkpoint: for this configuration, and holding this cell's model (built here
-    # only when the plan keeps none for its adapter and a checkpoint is there)
-    def model_of(adapter: str) -> nn.Module:
-        if adapter not in built:
-            built[adapter] = initial_cell_model(params, data, adapter)
-        return built[adapter]
-
+    # each checkpoint: for this configuration, and holding this cell's model
     resuming = check_checkpoints(cells, part.content_hash(), checkpoints, model_of)
     return RunPlan(params, data, part, cells, resuming, models=built if keep else None)
-
-
-def _given_partition(params: Params, data: ExperimentData, partition_dir: str | Path) -> Partition:
-    check_given_partition(params, data, partition_dir)  # every row and client, the flow's rules
-    labels = data.train.labels.numpy()
-    part = load_partition(partition_dir, num_samples=len(labels), labels=labels)
-    check_partition_data(params, data, partition_dir, part)  # another subset -> one line
-    want = (params.partition.scheme, params.partition.num_clients)
-    if (part.scheme, part.num_clients) != want:
-        raise ConfigError(
-            f"--partition {partition_dir} is {part.scheme} over {part.num_clients} clients, "
-            f"not partition.scheme {want[0]} over partition.num_clients {want[1]}; re-run: "
-            f"fedapt partition --out {partition_dir} (with these params)"
-        )
-    return part

@@ -114,7 +114,8 @@ def text_tokenizer(name: str, options: Any = None, **kw: Any) -> TextTokenizer:
             f"model {name!r} takes images, not text; text models: {', '.join(text_models())}"
         )
     tokenizer = builder(name).tokenizer  # type: ignore[attr-defined]
-    return cast(TextTokenizer, tokenizer(**dump(parse_model_options(name, options, **kw))))
+    typed = parse_model_options(name, options, **kw)
+    return cast(TextTokenizer, tokenizer(**dump(typed)))
 
 
 def check_tokenizer(tokenizer: TextTokenizer, vocab_size: int, pad_id: int | None) -> None:

@@ -64,14 +64,14 @@ def run(
         services.patched_environ(up_env),
     ):
         from flows.experiment import experiment_flow, in_process
-        from flows.plan import check_names, check_storage, check_sweep, prepare
+        from flows.plan import check_inputs, check_storage, prepare
         from tasks import tracking
         from tasks.config import experiment_dir
         from tasks.io import check_writable
         from tasks.results.origin import version
 
-        check_names(p)  # bad names stop here, before any server starts
-        check_sweep(p, partition_dir)  # a seed sweep draws its own partitions
+        # bad names, a given partition for a seed sweep: stop here, before any server starts
+        check_inputs(p, partition_dir)
         given = list(set_ or [])
         if new_version:  # <experiment>-v<k>: free, or holding these params' results
             named = version(p, s3=False)  # (S3 is checked once its server is up)
@@ -99,12 +99,13 @@ def run(
             check_storage(p)  # S3 reachable, the bucket there, no other params' results in it
             if p.runtime.tracking:  # runs an earlier, killed run left RUNNING: KILLED
                 _note_stale_runs(tracking.close_stale_runs(p.experiment.name), p)
+            resume = _resume_hint(p)
             quiet_prefect_tracebacks()
             with (
                 services.prefect_environment(),  # a temporary server if none is set/up
                 # a service of the run that stops answering (`fedapt down`, a crash) stops
                 # the run in one line within seconds, not after minutes of retries
-                services_watched(tuple(up_env), _resume_hint(p), tracking=p.runtime.tracking),
+                services_watched(tuple(up_env), resume, tracking=p.runtime.tracking),
             ):
                 records = experiment_flow(
                     params=p,

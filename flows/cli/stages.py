@@ -87,15 +87,18 @@ def pretrain(
     base.pt + base.json; with another model.base, only a card saying it is unused."""
 
     from flows.plan import check_names
+    from tasks.data.experiment import load_experiment_data
     from tasks.data.pretrain import check_source, run_pretrain
 
     p = load(params, set_, numerics="portable")
     check_names(p)
     for key, folder in (("--out", out_dir), ("--timing", timing_dir)):
         output_path(key, folder)  # a path below a file: one line now, not after training
+    data = None
     if p.model.base == "pretrain":
-        check_source(p)  # bad source -> one line before any training
-    card = run_pretrain(p, out_dir, timing_file=timing_dir / "pretrain.json")
+        data = load_experiment_data(p)  # read once: the source's check and the training
+        check_source(p, data)  # bad source -> one line before any training
+    card = run_pretrain(p, out_dir, data, timing_file=timing_dir / "pretrain.json")
     if not card["used"]:
         out.print(f"pretrain not used ({card['reason']}): {out_dir / 'base.json'}")
         return

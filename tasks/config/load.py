@@ -7,6 +7,7 @@ section runs on its code defaults, and one warning line on standard error names 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from fedcore.errors import ConfigError
 from fedcore.options import describe, fields_at, location
 from models.registry import list_models, model_options_type
-from tasks.config.params import Params
+from tasks.config.params import NEUTRAL, Params, significant
 from tasks.config.registered import ModelSection
 from tasks.config.yamlfile import apply_overrides, read_mapping, where
 
@@ -127,6 +128,17 @@ def from_flat(flat: Mapping[str, Any]) -> Params | None:
         return Params.model_validate(nested)
     except (ValidationError, ValueError, TypeError):
         return None
+
+
+def results_key(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat params that determine the numbers (``significant``), as plain JSON values:
+    ``flat`` read back as Params and flattened again (the defaults of keys an older fedapt did
+    not write filled in: a rerun after an upgrade is the same params), or as given when it
+    does not validate (params of another fedapt version: compared key by key). ``auto``
+    numerics are named as resolved: params are resolved at the entry points."""
+    params = from_flat(flat)
+    typed = dict(flat) if params is None else params.flat()
+    return json.loads(json.dumps(significant(typed, NEUTRAL), sort_keys=True, default=str))
 
 
 def defaulted(raw: Mapping[str, Any]) -> list[str]:

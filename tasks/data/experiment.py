@@ -63,6 +63,7 @@ class ExperimentData:
     test: ArrayDataset
     train_idx: np.ndarray  # rows of the train split the clients hold (data.validation's left out)
     test_idx: np.ndarray
+    num_classes: int  # the registry's, or a next-token dataset's vocabulary (dataset_num_classes)
     tokenizer: Any = None  # text datasets: the model's tokenizer (models.text.TextTokenizer)
     # rows of the train split held out as the validation split (data.validation; none at 0)
     val_idx: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -233,6 +234,11 @@ def load_experiment_data(params: Params, like: ExperimentData | None = None) -> 
         test=test,
         train_idx=clients,
         test_idx=subset_indices(len(test), d.test_subset, seed, "test"),
+        num_classes=(
+            int(lm_tokenizer.vocab_size)
+            if lm_tokenizer is not None
+            else get_dataset_info(d.dataset).num_classes
+        ),
         tokenizer=lm_tokenizer or text_tokenizer_for(params, train),
         val_idx=validation,
     )

@@ -19,7 +19,7 @@ from fedcore.lm import WindowDataset
 from fedcore.manifest import partition_stats, read_manifest, write_manifest, write_stats
 from fedcore.partition import Partition, make_partition
 from tasks.config import Params
-from tasks.data.experiment import ExperimentData, load_experiment_data
+from tasks.data.experiment import ExperimentData
 from tasks.io import missing
 
 
@@ -143,10 +143,11 @@ def write_partition(
     out = Path(out_dir)
     labels = data.train.labels.numpy()
     manifest, stats_path = out / "manifest.csv", out / "stats.json"
+    selection = data_selection(params, data)  # the rows the draw was made from
     write_manifest(part, labels, manifest)
     stats = partition_stats(part, labels, data.train.info.num_classes)
     stats["dataset"] = params.data.dataset
-    stats["data_selection"] = data_selection(params, data)
+    stats["data_selection"] = selection
     if isinstance(data.train, WindowDataset) and "groups" in part.params:
         names = data.train.group_names  # the natural clients' names (speaking roles)
         stats["client_groups"] = [names[g] for g in part.params["groups"]]
@@ -216,14 +217,8 @@ def load_partition(
 
 
 @task(name="partition", cache_policy=NO_CACHE)
-def partition_task(
-    params: Params,
-    out_dir: str,
-    data: ExperimentData | None = None,
-    part: Partition | None = None,
-) -> str:
-    """Partition the training data into client shards; write manifest.csv + stats.json.
-    ``data``, ``part``: the run's plan's (its draw, written as drawn), else drawn here."""
-    data = data or load_experiment_data(params)
-    write_partition(params, data, part or build_partition(params, data), out_dir)
+def partition_task(params: Params, out_dir: str, data: ExperimentData, part: Partition) -> str:
+    """Write the client shards ``part`` (the run's plan's draw, written as drawn) of the
+    experiment's ``data``: manifest.csv + stats.json."""
+    write_partition(params, data, part, out_dir)
     return out_dir

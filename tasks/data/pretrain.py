@@ -41,7 +41,7 @@ from fedcore.errors import ConfigError
 from models import get_model
 from tasks.data.backbone import BASE_FILE, backbone_options, model_input
 from tasks.config import Params
-from tasks.data.experiment import ExperimentData, load_experiment_data
+from tasks.data.experiment import ExperimentData
 from tasks.io import atomic_write_bytes, atomic_write_json
 
 CARD_FILE = "base.json"
@@ -64,15 +64,15 @@ def is_lm(params: Params) -> bool:
     return get_dataset_info(params.data.dataset).kind == "lm"
 
 
-def check_source(params: Params, data: ExperimentData | None = None) -> None:
+def check_source(params: Params, data: ExperimentData) -> None:
     """A pretrain source that cannot be used -> one line, before any training. ``data``: the
-    experiment's, when already read (else read here)."""
-    if is_lm(params):
+    experiment's (``load_experiment_data``)."""
+    if not is_lm(params):
+        source_split(params, data)
+    else:
         from tasks.data.pretrain_lm import source_blocks
 
-        source_blocks(params, (data or load_experiment_data(params)).tokenizer)
-    else:
-        source_split(params, data)
+        source_blocks(params, data.tokenizer)
 
 
 def _rows_sha256(ds: ArrayDataset, rows: np.ndarray) -> str:
@@ -83,12 +83,12 @@ def _rows_sha256(ds: ArrayDataset, rows: np.ndarray) -> str:
 
 
 def source_split(
-    params: Params, data: ExperimentData | None = None
+    params: Params, data: ExperimentData
 ) -> tuple[ArrayDataset, np.ndarray, ArrayDataset, np.ndarray]:
     """(train split, its source rows, test split, its rows) of the pretrain source; ``data``:
-    the experiment's, when already read."""
+    the experiment's (``load_experiment_data``)."""
     p, d = params.pretrain, params.data
-    fl = data or load_experiment_data(params)
+    fl = data
     name = p.dataset or d.dataset
     if name == d.dataset:
         train, test = fl.train, fl.test
@@ -130,12 +130,9 @@ def source_split(
     return train, rows.astype(np.int64), test, test_rows
 
 
-def train_base(
-    params: Params, out_dir: str | Path, data: ExperimentData | None = None
-) -> dict[str, Any]:
+def train_base(params: Params, out_dir: str | Path, data: ExperimentData) -> dict[str, Any]:
     """Train the base on the source; write base.pt and base.json; return the card. ``data``:
-    the experiment's, when already read."""
-    data = data or load_experiment_data(params)
+    the experiment's (``load_experiment_data``)."""
     if is_lm(params):
         from tasks.data.pretrain_lm import train_decoder_base
 
@@ -221,14 +218,16 @@ def train_base(
 def run_pretrain(
     params: Params,
     out_dir: str | Path,
+    data: ExperimentData | None,
     *,
     reuse: bool = False,
     timing_file: str | Path | None = None,
-    data: ExperimentData | None = None,
 ) -> dict[str, Any]:
     """The stage: train the base when ``model.base`` is pretrain (else write a card saying it is
-    unused, so the DVC pipeline stays one graph). ``reuse``: keep a base whose card has the same
-    fingerprint and whose bytes still match (the flow's cache; DVC does its own)."""
+    unused, so the DVC pipeline stays one graph). ``data``: the experiment's
+    (``load_experiment_data``; None where ``model.base`` is not pretrain). ``reuse``: keep a base
+    whose card has the same fingerprint and whose bytes still match (the flow's cache; DVC does
+    its own)."""
     out = Path(out_dir)
     if params.model.base != "pretrain":
         (out / BASE_FILE).unlink(missing_ok=True)
@@ -237,6 +236,8 @@ def run_pretrain(
         return card
     if reuse and (cached := cached_card(params, out)) is not None:
         return cached
+    if data is None:
+        raise ValueError("run_pretrain: model.base pretrain trains on the experiment's data")
     started = time.perf_counter()
     card = train_base(params, out, data)
     if timing_file is not None:
@@ -257,10 +258,10 @@ def cached_card(params: Params, out: Path) -> dict[str, Any] | None:
 
 
 @task(name="pretrain", cache_policy=NO_CACHE, retries=0)
-def pretrain_task(params: Params, out_dir: str, data: ExperimentData | None = None) -> str:
+def pretrain_task(params: Params, out_dir: str, data: ExperimentData) -> str:
     """Train (or reuse) the frozen base on the pretrain source; returns the base.pt path.
-    ``data``: the experiment's (the run's plan), when this process has it."""
-    run_pretrain(params, out_dir, reuse=True, data=data)
+    ``data``: the experiment's (the run's plan's)."""
+    run_pretrain(params, out_dir, data, reuse=True)
     return str(Path(out_dir) / BASE_FILE)
 
 

@@ -34,7 +34,7 @@ from fedcore.shakespeare import read_corpus
 from models import get_model
 from tasks.data.backbone import BASE_FILE, backbone_options
 from tasks.config import Params
-from tasks.data.experiment import ExperimentData, load_experiment_data
+from tasks.data.experiment import ExperimentData
 from tasks.io import atomic_write_bytes, atomic_write_json
 
 _SOURCE_STREAM = 11  # as tasks.data.pretrain: the seed stream of the source subset
@@ -107,11 +107,10 @@ def next_token_accuracy(
 
 
 def train_decoder_base(
-    params: Params, out_dir: str | Path, fingerprint: str, data: ExperimentData | None = None
+    params: Params, out_dir: str | Path, fingerprint: str, data: ExperimentData
 ) -> dict[str, Any]:
     """Pretrain the decoder on the held-out plays; write base.pt and base.json; the card."""
     p = params.pretrain
-    data = data or load_experiment_data(params)
     tokenizer = data.tokenizer
     blocks, plays = source_blocks(params, tokenizer)
     torch.manual_seed(params.experiment.seed)

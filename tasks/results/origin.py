@@ -21,14 +21,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from fedcore.errors import ConfigError
-from tasks.config import Params, experiment_dir, from_flat
-from tasks.config.params import NEUTRAL, significant
+from tasks.config import Params, experiment_dir
+from tasks.config.load import results_key
 
 ENTRIES = ("run", "deployment", "dvc", "reproduce")
 MAX_VERSION = 999
@@ -124,23 +124,9 @@ def prefect_run() -> tuple[str | None, str | None]:
 # ---- whose results ------------------------------------------------------------------------
 
 
-def _key(flat: dict[str, Any]) -> dict[str, Any]:
-    """The flat params that determine the numbers, as plain JSON values (``auto`` numerics
-    named as resolved: params are resolved at the entry points), with the defaults of keys
-    an older fedapt did not write filled in (a rerun after an upgrade is the same params)."""
-    return json.loads(json.dumps(significant(_typed(flat), NEUTRAL), sort_keys=True, default=str))
-
-
-def _typed(flat: dict[str, Any]) -> dict[str, Any]:
-    """``flat`` read back as Params and flattened again (defaults filled in); as given when
-    it does not validate (params of another fedapt version: compared key by key)."""
-    params = from_flat(flat)
-    return flat if params is None else params.flat()
-
-
 def differences(theirs: dict[str, Any], ours: dict[str, Any], limit: int = 4) -> str:
     """``key theirs -> ours`` for the keys that differ (the first ``limit``)."""
-    a, b = _key(theirs), _key(ours)
+    a, b = results_key(theirs), results_key(ours)
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
     shown = [f"{k} {a.get(k, '<unset>')} -> {b.get(k, '<unset>')}" for k in keys[:limit]]
     more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
@@ -168,19 +154,28 @@ def _finished_s3(params: Params) -> dict[str, Any] | None:
     return summary.get("params") if isinstance(summary, dict) else None
 
 
-def holder(params: Params, *, s3: bool = True) -> tuple[str, dict[str, Any]] | None:
-    """Where finished results of *other* params than ``params`` sit under its experiment
-    name, and their params; None when the name is free or holds these params' results."""
-    ours = params.flat()
+def _finished(params: Params, *, s3: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, params) of the finished results under ``params``' experiment name: the local
+    folder's, then (``s3``, when asked for) the bucket's."""
     local = experiment_dir(params)
-    theirs = _finished_local(local)
-    if theirs is not None and _key(theirs) != _key(ours):
-        return str(local), theirs
-    if s3 and (remote := _finished_s3(params)) is not None and _key(remote) != _key(ours):
+    if (theirs := _finished_local(local)) is not None:
+        yield str(local), theirs
+    if s3 and (remote := _finished_s3(params)) is not None:
         from tasks.results.storage import experiment_prefix
 
         prefix = f"{experiment_prefix(params.storage.prefix, params.experiment.name)}/"
-        return f"s3://{params.storage.bucket}/{prefix}", remote
+        yield f"s3://{params.storage.bucket}/{prefix}", remote
+
+
+def holder(
+    params: Params, flat: dict[str, Any], *, s3: bool = True
+) -> tuple[str, dict[str, Any]] | None:
+    """Where finished results of *other* params than ``params`` (flat: ``flat``, computed once
+    by the caller) sit under its experiment name, and their params; None when the name is
+    free or holds these params' results."""
+    for where, theirs in _finished(params, s3=s3):
+        if results_key(theirs) != results_key(flat):
+            return where, theirs
     return None
 
 
@@ -193,11 +188,12 @@ def _named(params: Params, name: str) -> Params:
 def check_results(params: Params, *, s3: bool = True, hint: str = "--new-version") -> None:
     """Refuse, in one line, a run that would write over the finished results of other
     params (locally, and on S3 when ``s3`` and a bucket is set)."""
-    found = holder(params, s3=s3)
+    flat = params.flat()
+    found = holder(params, flat, s3=s3)
     if found is None:
         return
     where, theirs = found
-    changed = differences(theirs, params.flat())
+    changed = differences(theirs, flat)
     raise ConfigError(
         f"{where} holds the finished results of other params ({changed}); a run never "
         f"overwrites them: set experiment.name to another name, or add {hint} (writes "
@@ -214,9 +210,10 @@ def version(params: Params, *, s3: bool = True) -> Params:
     name = params.experiment.name
     m = _VERSIONED.match(name)
     base, k = (m["base"], int(m["k"])) if m else (name, 1)
+    flat = params.flat()  # (the experiment's name is no key of the numbers)
     while k <= MAX_VERSION:
         candidate = _named(params, base if k == 1 else f"{base}-v{k}")
-        if holder(candidate, s3=s3) is None:
+        if holder(candidate, flat, s3=s3) is None:
             return candidate
         k += 1
     raise ConfigError(f"experiment {base}: versions v2..v{MAX_VERSION} all hold other results")

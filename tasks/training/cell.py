@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,7 +17,6 @@ from fedcore.algorithms import RunSpec
 from fedcore.client import LocalConfig
 from fedcore.codecs import check_sizes
 from fedcore.cohort import resolve_engine
-from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import FederationConfig, Simulation, initial_model
 from fedcore.errors import ConfigError
 from fedcore.events import Callback
@@ -31,8 +30,8 @@ from tasks.config.base import Section
 from tasks.data.backbone import backbone_options, build_backbone, model_input
 from tasks.data.experiment import ExperimentData
 from tasks.data.partitioning import shards_of
-from tasks.grid import CellSpec, ResolvedCell
-from tasks.training.runtime import clients_per_round, ray_settings
+from tasks.grid import CellSpec, ResolvedCell, grid_cells
+from tasks.training.runtime import clients_per_round, ray_settings, resolve_runtime
 
 T = TypeVar("T")
 
@@ -44,6 +43,7 @@ def model_factory(
     base copied in when ``base_path`` is given) with ``adapter`` injected (worker processes
     construct their own copy)."""
     info = data.train.info
+    options = backbone_options(params)
     inp = model_input(params, info)
     return functools.partial(
         build_backbone,
@@ -54,7 +54,7 @@ def model_factory(
         num_classes=info.num_classes,
         in_channels=inp.channels,
         input_size=inp.size,
-        options=backbone_options(params),
+        options=options,
     )
 
 
@@ -169,6 +169,20 @@ def initial_cell_model(params: Params, data: ExperimentData, adapter: str) -> nn
     return initial_model(model_factory(params, data, adapter), federation_config(params))
 
 
+def initial_models(
+    params: Params, data: ExperimentData, built: dict[str, nn.Module]
+) -> Callable[[str], nn.Module]:
+    """``adapter`` -> its cells' initial model: ``built``'s, else built now
+    (``initial_cell_model``) and kept in ``built``."""
+
+    def model_of(adapter: str) -> nn.Module:
+        if adapter not in built:
+            built[adapter] = initial_cell_model(params, data, adapter)
+        return built[adapter]
+
+    return model_of
+
+
 CellKeys = tuple[tuple[str, ...] | None, frozenset[str]]  # (payload keys, trainable keys)
 
 
@@ -198,6 +212,25 @@ def resolve_cell(
         trainable_keys=keys[1],
         seed=seed,
     )
+
+
+def resolve_cells(
+    params: Params,
+    models: Mapping[str, nn.Module],
+    base: str | Path | None,
+    seed: int | None = None,
+    like: Sequence[ResolvedCell] = (),
+) -> tuple[ResolvedCell, ...]:
+    """Every grid cell of ``params`` resolved (``resolve_cell``): each adapter checked against
+    the grid's codecs and its keys read off its initial model in ``models``, or (``like``: a
+    sweep's first seed's cells, checked there) its keys taken from ``like``."""
+    if like:
+        keys = {c.adapter: (c.payload_keys, c.trainable_keys) for c in like}
+    else:
+        for adapter, model in models.items():
+            check_codecs(params, adapter, model, params.grid.codecs)  # a top-k k above a tensor
+        keys = {a: adapter_keys(params, a, m) for a, m in models.items()}
+    return tuple(resolve_cell(params, s, keys[s.adapter], base, seed) for s in grid_cells(params))
 
 
 def check_codecs(params: Params, adapter: str, model: nn.Module, codecs: Sequence[str]) -> None:
@@ -243,8 +276,8 @@ def build_simulation(
     method = params.grid.adapter(cell.adapter)
     base = require_base(params, cell.base)  # written by now: the one check of it
     algo = params.grid.algorithm(cell.algorithm)
-    device = resolve_device(params.runtime.device)
-    m = clients_per_round(params)
+    runtime = resolve_runtime(params)  # the device and workers on this machine
+    device = runtime.device
     model_fn = model_factory(params, data, cell.adapter, base)
     inp = model_input(params, data.train.info)
     federation = federation_config(params)
@@ -252,7 +285,7 @@ def build_simulation(
     # in-process clients' model, and (trained state loaded) what registration logs. Given
     # (``model``): the one ``flows.plan.prepare`` built; it must be this cell's.
     adapted = initial_model(model_fn, federation) if model is None else model
-    ray = ray_settings(params, device)
+    ray = ray_settings(params, runtime)
     engine = params.runtime.engine
     if ray is not None and engine == "auto":
         engine = "sequential"  # Ray actors train clients one by one
@@ -272,7 +305,7 @@ def build_simulation(
         lr_schedule=engine_config(params.lr_schedule, LRSchedule, lr=cell.lr),
         federation=federation,
         model=adapted,
-        workers=resolve_workers(params.runtime.workers, device, m),
+        workers=runtime.workers,
         device=device,
         callbacks=list(callbacks),
         payload_keys=cell.payload_keys,

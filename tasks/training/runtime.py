@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from fedcore.device import resolve_device, resolve_workers
 from fedcore.engine import RaySettings
@@ -19,19 +20,40 @@ RAY_ADDRESS_VAR = "RAY_ADDRESS"  # Ray's own variable; `fedapt env` exports it (
 AUTH_VAR = "RAY_AUTH_MODE"  # Ray's token authentication: token (fedapt up ray, a run's own Ray)
 
 
-def check_runtime(params: Params) -> None:
-    """Every ``runtime.*`` check that needs no data, once: the device, a local Ray without
-    the GPUs the cells would request, a Ray cluster nothing answers at, and the
-    ``RAY_AUTH_MODE`` of a run's own Ray."""
-    resolve_device(params.runtime.device)
-    check_task_gpus(params)  # runtime.task_runner: ray
-    check_ray_clients(params)  # runtime.clients: ray
-    check_local_ray(params)
+@dataclass(frozen=True)
+class Runtime:
+    """``runtime.device`` and ``runtime.workers`` resolved on this machine, once: the device
+    training runs on, the CPU worker processes a round's clients use there (0: in this
+    process) and those a CPU run would use (a local Ray's CPUs)."""
+
+    device: str
+    workers: int
+    cpu_workers: int
 
 
 def clients_per_round(params: Params) -> int:
     f = params.federation
     return max(1, round(f.participation * params.partition.num_clients))
+
+
+def resolve_runtime(params: Params) -> Runtime:
+    """The device (a CUDA device that is not there -> one line) and the worker processes of
+    ``params.runtime`` on this machine."""
+    rt = params.runtime
+    device = resolve_device(rt.device)
+    cpu_workers = resolve_workers(rt.workers, "cpu", clients_per_round(params))
+    return Runtime(device, cpu_workers if device == "cpu" else 0, cpu_workers)
+
+
+def check_runtime(params: Params) -> Runtime:
+    """Every ``runtime.*`` check that needs no data, once: the device, a local Ray without
+    the GPUs the cells would request, a Ray cluster nothing answers at, and the
+    ``RAY_AUTH_MODE`` of a run's own Ray. Returns the runtime it resolved."""
+    runtime = resolve_runtime(params)
+    check_task_gpus(params)  # runtime.task_runner: ray
+    check_ray_clients(params, runtime)  # runtime.clients: ray
+    check_local_ray(params)
+    return runtime
 
 
 def ray_address(params: Params) -> str | None:
@@ -62,10 +84,10 @@ def check_ray_address(params: Params) -> None:
         ) from err
 
 
-def ray_settings(params: Params, device: str) -> RaySettings | None:
+def ray_settings(params: Params, runtime: Runtime) -> RaySettings | None:
     """Where the clients train on Ray (``runtime.clients: ray``; the cluster of
-    ``ray_address``); None: on this machine."""
-    rt = params.runtime
+    ``ray_address``); None: on this machine. ``runtime``: ``resolve_runtime(params)``."""
+    rt, device = params.runtime, runtime.device
     if rt.clients != "ray":
         return None
     actors = None if rt.ray_actors == "auto" else rt.ray_actors
@@ -74,7 +96,7 @@ def ray_settings(params: Params, device: str) -> RaySettings | None:
     else:
         gpus = float(rt.ray_actor_gpus)
     # A local Ray: the CPUs of the actors asked, else those runtime.workers would use.
-    local_cpus = actors or max(1, resolve_workers(rt.workers, "cpu", clients_per_round(params)))
+    local_cpus = actors or max(1, runtime.cpu_workers)
     local_gpus = 0
     if device != "cpu":
         import torch
@@ -83,19 +105,18 @@ def ray_settings(params: Params, device: str) -> RaySettings | None:
     return RaySettings(ray_address(params), actors, 1.0, gpus, local_cpus, local_gpus)
 
 
-def check_ray_clients(params: Params) -> None:
+def check_ray_clients(params: Params, runtime: Runtime) -> None:
     """Preflight of ``runtime.clients: ray``, one line before anything runs: a cluster
     address nothing answers at, or a local Ray without the GPUs the actors would request (a
     cluster's GPUs are checked when the cell's actors start)."""
     if params.runtime.clients != "ray":
         return
-    device = resolve_device(params.runtime.device)
-    settings = ray_settings(params, device)
+    settings = ray_settings(params, runtime)
     assert settings is not None
     if settings.address:
         check_ray_address(params)
     else:
-        check_actor_gpus(settings, device, [{"GPU": float(settings.local_gpus)}])
+        check_actor_gpus(settings, runtime.device, [{"GPU": float(settings.local_gpus)}])
 
 
 def visible_gpus() -> list[str]:

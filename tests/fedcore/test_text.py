@@ -375,6 +375,7 @@ def test_fedapt_run_on_tweets_registers_the_model(tmp_path, monkeypatch):
 
 def test_pretrain_on_text_is_one_line(tmp_path):
     from tasks.config import load_params
+    from tasks.data.experiment import load_experiment_data
     from tasks.data.pretrain import train_base
 
     p = load_params(
@@ -382,5 +383,5 @@ def test_pretrain_on_text_is_one_line(tmp_path):
         ["pretrain.dataset=tweet_sentiment", "model.base=pretrain", "data.train_subset=1000"],
     )
     with pytest.raises(ConfigError, match="pretrain.dataset 'tweet_sentiment' is text"):
-        train_base(p, tmp_path)
+        train_base(p, tmp_path, load_experiment_data(p))
     assert not any(tmp_path.iterdir())

@@ -161,7 +161,7 @@ def host(way: str, ray_first: bool) -> None:
         import ray  # noqa: F401
     from flows.localray import local_ray
     from flows.runners import ray_task_runner
-    from tasks.training.runtime import ray_settings
+    from tasks.training.runtime import ray_settings, resolve_runtime
 
     p = cpu_params(f"runtime.{way}=ray", "runtime.ray_workers=1", "runtime.ray_actors=1")
     with local_ray(p):
@@ -170,7 +170,7 @@ def host(way: str, ray_first: bool) -> None:
         if way == "clients":
             from fedcore.engine.ray_cluster import connect
 
-            settings = ray_settings(p, "cpu")
+            settings = ray_settings(p, resolve_runtime(p))
             assert settings is not None and connect(settings)
             stop = ray.shutdown
         else:

@@ -119,7 +119,7 @@ def _params(*sets: str):  # type: ignore[no-untyped-def]
 
 def test_a_run_on_ray_uses_ray_address_only_where_runtime_ray_address_is_null(monkeypatch):
     from flows.runners import cells_share_ray, grid_parallelism, grid_task_runner
-    from tasks.training.runtime import ray_address, ray_settings
+    from tasks.training.runtime import ray_address, ray_settings, resolve_runtime
 
     both = ("runtime.task_runner=ray", "runtime.clients=ray", "runtime.device=cpu")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -131,7 +131,7 @@ def test_a_run_on_ray_uses_ray_address_only_where_runtime_ray_address_is_null(mo
     assert run.runtime.ray_address is None  # the params stay as written
     assert ray_address(run) == "127.0.0.1:6390"
     assert grid_task_runner(run).address == "127.0.0.1:6390"
-    settings = ray_settings(run, "cpu")
+    settings = ray_settings(run, resolve_runtime(run))
     assert settings is not None and settings.address == "127.0.0.1:6390"
     assert not cells_share_ray(run) and grid_parallelism(run) is None  # a cluster's own size
 

@@ -106,8 +106,9 @@ def test_clients_never_hold_validation_rows(tmp_path):
 def test_pretrain_never_uses_validation_rows():
     from tasks.data.pretrain import source_split
 
-    with_val = source_split(params(*VAL))[1]
-    without = source_split(params())[1]
+    val, plain = params(*VAL), params()
+    with_val = source_split(val, load_experiment_data(val))[1]
+    without = source_split(plain, load_experiment_data(plain))[1]
     assert np.array_equal(with_val, without)  # the rows outside train_subset, either way
     assert not np.isin(with_val, load_experiment_data(params(*VAL)).val_idx).any()
 

@@ -31,31 +31,35 @@ SMALL = [
 ]
 
 
+def _split(p):
+    return source_split(p, load_experiment_data(p))
+
+
 def params(*extra: str):
     return load_params(REPO / "params.yaml", [*SMALL, *extra])
 
 
 def test_source_rows_are_disjoint_from_the_federation():
     p = params()
-    train, rows, test, test_rows = source_split(p)
+    train, rows, test, test_rows = source_split(p, load_experiment_data(p))
     fl = load_experiment_data(p)
     assert len(rows) == 256 and not set(rows) & set(fl.train_idx)
     assert set(train.labels[rows].tolist()) <= {5, 6, 7, 8, 9}
     assert set(test.labels[test_rows].tolist()) <= {5, 6, 7, 8, 9}
     assert set(test_rows) <= set(fl.test_idx)  # evaluated on the FL test subset's rows
-    again = source_split(p)[1]
+    again = source_split(p, load_experiment_data(p))[1]
     assert np.array_equal(rows, again)  # seeded
 
 
 def test_source_errors_are_one_line():
     with pytest.raises(ConfigError, match="uses every training row of fashion_mnist"):
-        source_split(params("data.train_subset=null"))
+        _split(params("data.train_subset=null"))
     with pytest.raises(ConfigError, match=r"pretrain.classes: fashion_mnist has classes 0..9"):
-        source_split(params("pretrain.classes=[3, 12]"))
+        _split(params("pretrain.classes=[3, 12]"))
     with pytest.raises(ConfigError, match="pretrain.classes: classes are label ids >= 0"):
         params("pretrain.classes=[]")
     with pytest.raises(ConfigError, match="unknown dataset 'imagenet'"):
-        source_split(params("pretrain.dataset=imagenet"))
+        _split(params("pretrain.dataset=imagenet"))
 
 
 def test_base_options_and_input():
@@ -81,7 +85,7 @@ def test_base_options_and_input():
 
 def test_pretrain_writes_a_deterministic_base_that_the_fl_model_starts_from(tmp_path):
     p = params()
-    card = run_pretrain(p, tmp_path / "a")
+    card = run_pretrain(p, tmp_path / "a", load_experiment_data(p))
     assert (
         card["used"] and card["source"]["rows"] == 256 and card["source"]["disjoint_from_fl_rows"]
     )
@@ -91,7 +95,7 @@ def test_pretrain_writes_a_deterministic_base_that_the_fl_model_starts_from(tmp_
     from models.registry import get_model
     from tests.helpers import independent_accuracy
 
-    _, _, source_test, test_rows = source_split(p)
+    _, _, source_test, test_rows = source_split(p, load_experiment_data(p))
     inp = model_input(p, load_experiment_data(p).train.info)
     test_data = ImageData(
         source_test.images,
@@ -111,14 +115,14 @@ def test_pretrain_writes_a_deterministic_base_that_the_fl_model_starts_from(tmp_
     saved = payload.decode((tmp_path / "a/base.pt").read_bytes())
     acc = independent_accuracy(net, saved, test_data, test_rows)
     assert card["final_test_accuracy"] == pytest.approx(acc, abs=1e-6)  # stored to 6 digits
-    run_pretrain(p, tmp_path / "b")
+    run_pretrain(p, tmp_path / "b", load_experiment_data(p))
     for f in ("base.pt", "base.json"):  # a rerun writes the same bytes
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
-    assert run_pretrain(p, tmp_path / "a", reuse=True).get("cached") is True
+    assert run_pretrain(p, tmp_path / "a", load_experiment_data(p), reuse=True).get("cached") is True
     changed = params("pretrain.lr=0.01")
-    assert run_pretrain(changed, tmp_path / "a", reuse=True).get("cached") is None  # retrained
+    assert run_pretrain(changed, tmp_path / "a", load_experiment_data(changed), reuse=True).get("cached") is None  # retrained
 
-    base_path = run_pretrain(p, tmp_path / "a", reuse=True) and str(tmp_path / "a/base.pt")
+    base_path = run_pretrain(p, tmp_path / "a", load_experiment_data(p), reuse=True) and str(tmp_path / "a/base.pt")
     base = payload.decode(Path(base_path).read_bytes())
     data = load_experiment_data(p)
     model = model_factory(p, data, "full", require_base(p, base_path))()
@@ -138,7 +142,7 @@ def test_pretrain_writes_a_deterministic_base_that_the_fl_model_starts_from(tmp_
 
 def test_unused_pretrain_writes_only_a_card(tmp_path):
     (tmp_path / "base.pt").write_bytes(b"stale")
-    card = run_pretrain(params("model.base=none"), tmp_path)
+    card = run_pretrain(params("model.base=none"), tmp_path, None)
     assert card == {"used": False, "reason": "model.base is none"}
     assert not (tmp_path / "base.pt").exists()
 

@@ -44,7 +44,7 @@ def test_tiny_federation_gives_next_token_accuracy(tmp_path):
 @pytest.mark.slow
 def test_pretrained_base_on_held_out_plays_starts_the_federation(tmp_path):
     p = params("model.base=pretrain")
-    card = run_pretrain(p, tmp_path / "pretrain")
+    card = run_pretrain(p, tmp_path / "pretrain", load_experiment_data(p))
     assert card["used"] and card["source"]["rows"] == 64 and card["context"] == 8
     assert card["source"]["plays"][0] == "Coriolanus"  # held out of the federation
     assert 0.0 <= card["final_test_accuracy"] <= 1.0 and card["epochs"][0]["train_loss"] > 0
@@ -54,7 +54,10 @@ def test_pretrained_base_on_held_out_plays_starts_the_federation(tmp_path):
     cell = build_simulation(cell_of(p, data, "fedavg", "houlsby", base=base), data, part)
     history = cell.sim.run()
     assert 0.0 <= history.rounds[0].accuracy <= 1.0
-    assert run_pretrain(p, tmp_path / "pretrain", reuse=True)["cached"] is True
+    assert (
+        run_pretrain(p, tmp_path / "pretrain", load_experiment_data(p), reuse=True)["cached"]
+        is True
+    )
 
 
 @pytest.mark.parametrize(
@@ -74,9 +77,11 @@ def test_mismatches_are_one_line(extra, needle):
 
 def test_pretrain_refusals_are_one_line():
     with pytest.raises(ConfigError, match=r"^pretrain.lr: the decoder pretrains with AdamW"):
-        check_source(params("model.base=pretrain", "pretrain.lr=0.05"))
+        p = params("model.base=pretrain", "pretrain.lr=0.05")
+        check_source(p, load_experiment_data(p))
     with pytest.raises(ConfigError, match=r"^pretrain.classes: a decoder's classes"):
-        check_source(params("model.base=pretrain", "pretrain.classes=[1]"))
+        p = params("model.base=pretrain", "pretrain.classes=[1]")
+        check_source(p, load_experiment_data(p))
     with pytest.raises(ConfigError, match=r"^partition.num_clients: 5000 clients but only"):
         build_partition(params("partition.num_clients=5000"), load_experiment_data(params()))
 
